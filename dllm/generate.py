@@ -1,0 +1,337 @@
+"""The denoising loop. It knows nothing about any particular sampler or cache policy:
+
+    prompts -> DecodeState (left-padded prompts + gen_length masks)
+    until every row is finished or the forward cap is hit:
+        rows      = unfinished rows (finished rows cost nothing)
+        positions = the columns the sampler wants scored
+        plan      = cache_policy.plan(state, rows)       which columns to recompute
+        logits    = model(x[rows], positions, plan)      only at the scored columns
+        scores    = token_scores(logits)
+        decision  = sampler.step(state, rows, positions, scores)
+        apply the decision, enforcing the invariants
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .cache import KVCache, get_policy
+from .config import GenerationConfig
+from .kernels import token_scores
+from .state import DecodeState, Decision, SpecialIds, select_positions
+
+_SCORE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DEFAULT_SAMPLERS = {"llada": "low_confidence", "dream": "entropy"}
+
+
+@dataclass
+class GenerationOutput:
+    """Result of `generate`.
+
+    sequences:  (B, Lp + G) the final canvases, left-padded prompts included.
+    generated:  (B, G) the generated region.
+    texts:      decoded answers, cut at the first EOS/EOT (None without a tokenizer).
+    nfe:        model forwards per row (a row stops costing forwards once finished).
+    forwards:   batched model forwards run.
+    steps:      denoising steps taken (equal to forwards here).
+    tokens_per_forward: generated positions committed per forward, per row.
+    answer_lengths: tokens before the first EOS/EOT, per row.
+    seconds:    wall-clock time of the loop.
+    hit_cap:    rows whose remaining masks were flushed at the forward cap.
+    trace:      (B, G) step at which each generated position was committed (when asked for).
+    """
+
+    sequences: torch.Tensor
+    generated: torch.Tensor
+    texts: list[str] | None
+    nfe: list[int]
+    forwards: int
+    steps: int
+    tokens_per_forward: list[float]
+    answer_lengths: list[int]
+    seconds: float
+    hit_cap: list[bool]
+    sampler: str
+    sampler_args: dict[str, Any]
+    trace: torch.Tensor | None = None
+
+    @property
+    def mean_tokens_per_forward(self) -> float:
+        return sum(self.tokens_per_forward) / max(len(self.tokens_per_forward), 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Answer tokens (up to the first EOS/EOT) per second, the Fast-dLLM throughput definition."""
+        return sum(self.answer_lengths) / self.seconds if self.seconds > 0 else float("inf")
+
+
+# -- prompt handling -------------------------------------------------------------------------
+def special_ids(model) -> SpecialIds:
+    c = model.config
+    return SpecialIds(mask=c.mask_token_id, eos=c.eos_token_id, pad=c.pad_token_id, eot=c.eot_token_id,
+                      bos=c.bos_token_id)
+
+
+def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool | None) -> list[list[int]]:
+    """Token ids of string prompts; with chat, through the tokenizer's chat template as the
+    references do (LLaDA: render, then tokenize without adding special tokens)."""
+    if tokenizer is None:
+        raise ValueError("string prompts need a tokenizer; pass token ids (input_ids) otherwise")
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if chat and not has_template:
+        raise ValueError("chat=True but the tokenizer has no chat template; pass chat=False for raw prompts")
+    use_chat = has_template if chat is None else chat
+    out = []
+    for p in prompts:
+        if not isinstance(p, str):
+            raise ValueError(f"prompts must all be strings, got {type(p).__name__}")
+        if use_chat:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                 tokenize=False)
+            out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        else:
+            out.append(list(tokenizer(p)["input_ids"]))
+    return out
+
+
+def _as_rows(prompts, attention_mask) -> list[list[int]]:
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() == 1:
+            prompts = prompts[None]
+        if prompts.dim() != 2:
+            raise ValueError(f"input_ids must be 1-D or 2-D, got shape {tuple(prompts.shape)}")
+        if attention_mask is None:
+            return [row.tolist() for row in prompts]
+        if attention_mask.shape != prompts.shape:
+            raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+                             f"{tuple(prompts.shape)}")
+        return [row[m.bool()].tolist() for row, m in zip(prompts, attention_mask)]
+    rows = list(prompts)
+    if rows and all(isinstance(t, int) for t in rows):
+        rows = [rows]
+    for r in rows:
+        if not isinstance(r, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in r):
+            raise ValueError("token-id prompts must be lists of integers")
+    return [list(r) for r in rows]
+
+
+def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_length: int) -> DecodeState:
+    mc = model.config
+    ids = special_ids(model)
+    if not rows:
+        raise ValueError("no prompts given")
+    for b, r in enumerate(rows):
+        bad = [t for t in r if not 0 <= t < mc.vocab_size]
+        if bad:
+            raise ValueError(f"prompt {b} holds token id {bad[0]} outside the vocabulary [0, {mc.vocab_size})")
+        if ids.mask in r:
+            raise ValueError(f"prompt {b} contains the mask token id {ids.mask} at position {r.index(ids.mask)}; "
+                             f"masks inside prompts are not allowed (remove it, or mask the generation region only)")
+        if mc.logit_shift and not r:
+            raise ValueError(f"prompt {b} is empty; {mc.family} predicts token i from position i-1 and needs at "
+                             f"least one prompt token")
+    lp = max(len(r) for r in rows)
+    if lp + cfg.gen_length > mc.max_seq_len:
+        raise ValueError(f"prompt length {lp} + gen_length {cfg.gen_length} = {lp + cfg.gen_length} exceeds the "
+                         f"model's maximum sequence length {mc.max_seq_len}")
+    B, L = len(rows), lp + cfg.gen_length
+    x = torch.full((B, L), ids.mask, dtype=torch.long)
+    pad_len = torch.tensor([lp - len(r) for r in rows], dtype=torch.long)
+    for b, r in enumerate(rows):
+        x[b, :lp - len(r)] = ids.pad
+        x[b, lp - len(r):lp] = torch.tensor(r, dtype=torch.long)
+    device = model.device
+    gen = None
+    if cfg.seed is not None:
+        gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    return DecodeState(x=x.to(device), gen_start=lp, gen_length=cfg.gen_length, block_length=block_length,
+                       pad_len=pad_len.to(device), ids=ids, temperature=float(cfg.temperature), generator=gen,
+                       steps=cfg.resolved_steps)
+
+
+def resolve_sampler(model, cfg: GenerationConfig):
+    from dllm import samplers
+
+    spec = cfg.sampler if cfg.sampler is not None else DEFAULT_SAMPLERS[model.config.family]
+    if isinstance(spec, samplers.Sampler):
+        if cfg.sampler_kwargs:
+            raise ValueError("sampler_kwargs are only used with a sampler given by name, not an instance")
+        return spec
+    if not isinstance(spec, str):
+        raise ValueError(f"sampler must be a registered name or a Sampler instance, got {type(spec).__name__}")
+    return samplers.get(spec, **cfg.sampler_kwargs)
+
+
+# -- the loop ---------------------------------------------------------------------------------
+def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
+    """Move rows whose active block has no mask left to their next block."""
+    while rows.numel():
+        done = ~state.masked_in_block(rows).any(1) & ~state.finished[rows]
+        moving = rows[done]
+        if moving.numel() == 0:
+            return
+        state.block_start[moving] = state.block_end[moving]
+        state.block_index[moving] += 1
+        state.step_in_block[moving] = 0
+        ended = state.block_start[moving] >= state.gen_end
+        state.finished[moving[ended]] = True
+        moving = moving[~ended]
+        state.block_end[moving] = (state.block_start[moving] + state.block_length).clamp(max=state.gen_end)
+        if moving.numel():
+            sampler.begin_block(state, moving)
+        rows = moving
+
+
+def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Decision, flush: bool) -> torch.Tensor:
+    """Write the allowed commits of `dec`; returns (B',) rows whose masks were flushed by the cap."""
+    x = state.x
+    cols_masked = x[rows].gather(1, positions) == state.ids.mask                 # (B', Q)
+    tokens = dec.tokens if dec.tokens is not None else scores.token
+    in_block = (positions >= state.block_start[rows, None]) & (positions < state.block_end[rows, None])
+    allowed = valid & cols_masked & (positions >= state.gen_start) & (positions < state.gen_end)
+    commit = dec.commit & allowed
+    if sampler.uses_blocks:
+        commit &= in_block
+    if dec.fill_all is not None:
+        commit |= dec.fill_all[:, None] & allowed
+    forced = torch.zeros_like(rows, dtype=torch.bool)
+    if flush:
+        forced = (allowed & ~commit).any(1)
+        commit = allowed
+    elif not sampler.fixed_schedule:
+        # Progress: a row that commits nothing commits its most confident candidate.
+        stuck = ~commit.any(1) & (allowed & in_block).any(1)
+        if stuck.any():
+            conf = scores.prob.double().masked_fill(~(allowed & in_block), float("-inf"))
+            best = conf.argmax(1)
+            commit[stuck, best[stuck]] = True
+    r_idx, q_idx = commit.nonzero(as_tuple=True)
+    b = rows[r_idx]
+    col = positions[r_idx, q_idx]
+    x[b, col] = tokens[r_idx, q_idx]
+    state.commit_step[b, col - state.gen_start] = state.global_step
+    if dec.block_end is not None:
+        state.block_end[rows] = dec.block_end.clamp(max=state.gen_end)
+    return rows[forced]
+
+
+@torch.no_grad()
+def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_policy="none",
+           on_step: Callable[[DecodeState], None] | None = None) -> int:
+    """Run the denoising loop on `state` in place; returns the number of batched forwards."""
+    policy = get_policy(cache_policy)
+    score_dtype = _SCORE_DTYPES[cfg.score_dtype]
+    if not sampler.uses_blocks:
+        state.block_length = state.gen_length
+        state.block_end = (state.block_start + state.gen_length).clamp(max=state.gen_end)
+    sampler.setup(state)
+    all_rows = torch.arange(state.batch_size, device=state.x.device)
+    sampler.begin_block(state, all_rows)
+    kv = KVCache.for_model(model, state.batch_size, state.length) if policy.needs_storage else None
+    cap = cfg.resolved_max_forwards
+    forwards = 0
+    _open_blocks(state, sampler, all_rows)
+    while True:
+        rows = (~state.finished).nonzero(as_tuple=True)[0]
+        if rows.numel() == 0:
+            break
+        flush = forwards == cap - 1
+        score_mask = sampler.score_mask(state, rows)
+        if flush:  # last allowed forward: score every remaining mask so it can be filled
+            score_mask = score_mask | (state.is_mask[rows] & state.in_generation()[None, :])
+        positions, valid = select_positions(score_mask)
+        plan = policy.plan(state, rows)
+        logits = model(state.x[rows], positions, positions=plan, position_ids=state.position_ids[rows],
+                       key_valid=state.key_valid[rows], cache=kv, rows=rows if kv is not None else None)
+        forwards += 1
+        state.nfe[rows] += 1
+        scores = token_scores(logits, temperature=state.temperature if sampler.gumbel_candidates else 0.0,
+                              generator=state.generator, score_dtype=score_dtype,
+                              keep_logits=sampler.needs_logits)
+        dec = sampler.step(state, rows, positions, valid, scores)
+        flushed = _apply(state, sampler, rows, positions, valid, scores, dec, flush)
+        if flush:
+            state.extra["hit_cap"] = flushed
+        state.step_in_block[rows] += 1
+        state.global_step += 1
+        _open_blocks(state, sampler, rows)
+        # A row with no mask left in its generation region is done.
+        left = (state.is_mask[rows] & state.in_generation()[None, :]).any(1)
+        state.finished[rows[~left]] = True
+        if on_step is not None:
+            on_step(state)
+    return forwards
+
+
+def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | None = None, *,
+             attention_mask: torch.Tensor | None = None, cache: str = "none",
+             on_step: Callable[[DecodeState], None] | None = None, **overrides) -> GenerationOutput:
+    """Generate with a masked-diffusion model.
+
+    prompts: a string, a list of strings (tokenized, through the chat template when `chat`), a
+        list of token ids, a list of such lists (ragged: left-padded here), or an input_ids tensor
+        (B, L) with an optional `attention_mask` marking its padding.
+    config: a GenerationConfig; keyword overrides (gen_length=..., sampler=..., ...) replace its fields.
+    cache: cache policy name (`dllm.cache.available_policies()`).
+    on_step: called with the DecodeState after every step (progress display).
+
+    Example::
+
+        out = dllm.generate(model, tok, ["Hi!", "Name three colours."], gen_length=64, block_length=32,
+                            steps=64, sampler="low_confidence")
+        print(out.texts, out.nfe, out.mean_tokens_per_forward)
+    """
+    cfg = config or GenerationConfig()
+    if overrides:
+        names = {f.name for f in dataclasses.fields(GenerationConfig)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ValueError(f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+        cfg = dataclasses.replace(cfg, **overrides)
+    if prompts is None:
+        raise ValueError("no prompts given")
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, str) for p in prompts):
+        rows = encode_prompts(tokenizer, prompts, cfg.chat)
+    else:
+        rows = _as_rows(prompts, attention_mask)
+    sampler = resolve_sampler(model, cfg)
+    block_length = cfg.resolved_block_length if sampler.uses_blocks else cfg.gen_length
+    state = build_state(model, rows, cfg, block_length)
+    start = time.perf_counter()
+    forwards = decode(model, state, sampler, cfg, cache_policy=cache, on_step=on_step)
+    if state.x.device.type == "cuda":
+        torch.cuda.synchronize(state.x.device)
+    seconds = time.perf_counter() - start
+    return _output(state, tokenizer, sampler, forwards, seconds, cfg.trace)
+
+
+def answer_length(tokens: list[int], stop_ids: list[int]) -> int:
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            return i
+    return len(tokens)
+
+
+def _output(state: DecodeState, tokenizer, sampler, forwards: int, seconds: float, trace: bool) -> GenerationOutput:
+    generated = state.generated()
+    stop = state.ids.stop_ids
+    lengths, texts = [], [] if tokenizer is not None else None
+    for row in generated.tolist():
+        n = answer_length(row, stop)
+        lengths.append(n)
+        if texts is not None:
+            texts.append(tokenizer.decode(row[:n], skip_special_tokens=True))
+    committed = (state.commit_step >= 0).sum(1)
+    nfe = state.nfe.tolist()
+    capped = set(state.extra.get("hit_cap", torch.empty(0, dtype=torch.long)).tolist())
+    return GenerationOutput(
+        sequences=state.x, generated=generated, texts=texts, nfe=nfe, forwards=forwards, steps=forwards,
+        tokens_per_forward=[c / max(n, 1) for c, n in zip(committed.tolist(), nfe)], answer_lengths=lengths,
+        seconds=seconds, hit_cap=[b in capped for b in range(state.batch_size)], sampler=sampler.name,
+        sampler_args=sampler.arguments(), trace=state.commit_step if trace else None)

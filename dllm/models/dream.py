@@ -1,0 +1,86 @@
+"""Dream (Dream-org/Dream-v0-Base-7B / -Instruct-7B): the Qwen2 config and weight names of the
+published checkpoints, mapped onto the shared bidirectional transformer.
+
+Architecture (spec: models-and-caches §3.3-3.4): Qwen2 layers with q/k/v biases, GQA (28 heads on
+4 KV heads in the 7B model), RMSNorm eps 1e-6, RoPE theta 1e6 whose cos/sin are cast to the
+activation dtype before rotating, attention never causal, untied `lm_head`. Dream keeps the
+autoregressive alignment: hidden state i-1 predicts token i. That shift is applied inside the
+model (`logit_shift`), so samplers always see aligned logits.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ModelConfig
+from .transformer import DiffusionTransformer
+
+
+def config_from_hf(d: dict[str, Any]) -> ModelConfig:
+    """ModelConfig from a Dream `config.json` (unsupported values refused by name)."""
+    if d.get("rope_scaling") not in (None, {}):
+        raise ValueError(f"Dream config key 'rope_scaling' = {d['rope_scaling']!r} is not supported (supported: null)")
+    if d.get("use_sliding_window"):
+        raise ValueError("Dream config key 'use_sliding_window' = true is not supported (supported: false)")
+    if d.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"Dream config key 'hidden_act' = {d['hidden_act']!r} is not supported (supported: 'silu')")
+    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                "mask_token_id")
+    missing = [k for k in required if d.get(k) is None]
+    if missing:
+        raise ValueError(f"Dream config.json lacks required keys: {', '.join(missing)}")
+    eos = d.get("eos_token_id", d.get("pad_token_id"))
+    if isinstance(eos, list):
+        eos = eos[0]
+    if eos is None:
+        raise ValueError("Dream config.json has neither eos_token_id nor pad_token_id")
+    return ModelConfig(
+        family="dream",
+        vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
+        n_heads=d["num_attention_heads"], n_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+        mlp_hidden=d["intermediate_size"], norm_eps=d.get("rms_norm_eps", 1e-6),
+        rope_theta=float(d.get("rope_theta", 10000.0)), max_seq_len=d.get("max_position_embeddings", 32768),
+        mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=d.get("pad_token_id", eos),
+        bos_token_id=d.get("bos_token_id"), qkv_bias=True, tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+        rope_fp32=False, logit_shift=True,
+    )
+
+
+def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """The Dream `config.json` describing `cfg`."""
+    return {
+        "architectures": ["DreamModel"], "model_type": "Dream",
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_hidden, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "hidden_act": "silu",
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta, "rope_scaling": None, "tie_word_embeddings": cfg.tie_embeddings,
+        "use_sliding_window": False, "attention_dropout": 0.0,
+        "mask_token_id": cfg.mask_token_id, "pad_token_id": cfg.pad_token_id,
+        "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+    }
+
+
+def hf_names(cfg: ModelConfig) -> dict[str, str]:
+    """Checkpoint weight name -> internal parameter name, for every weight the checkpoint holds."""
+    names = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight"}
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = "head.weight"
+    for i in range(cfg.n_layers):
+        b, o = f"model.layers.{i}.", f"layers.{i}."
+        names.update({
+            b + "input_layernorm.weight": o + "attn_norm.weight",
+            b + "post_attention_layernorm.weight": o + "mlp_norm.weight",
+            b + "self_attn.o_proj.weight": o + "attn.o.weight",
+            b + "mlp.gate_proj.weight": o + "mlp.gate.weight", b + "mlp.up_proj.weight": o + "mlp.up.weight",
+            b + "mlp.down_proj.weight": o + "mlp.down.weight",
+        })
+        for proj in ("q", "k", "v"):
+            for kind in ("weight", "bias"):
+                names[f"{b}self_attn.{proj}_proj.{kind}"] = f"{o}attn.{proj}.{kind}"
+    return names
+
+
+class DreamModel(DiffusionTransformer):
+    family = "dream"
+    config_from_hf = staticmethod(config_from_hf)
+    config_to_hf = staticmethod(config_to_hf)
+    hf_names = staticmethod(hf_names)

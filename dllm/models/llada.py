@@ -1,0 +1,103 @@
+"""LLaDA (GSAI-ML/LLaDA-8B-Base / -Instruct, LLaDA-1.5): the OLMo-style config and weight names
+of the published checkpoints, mapped onto the shared bidirectional transformer.
+
+Architecture (spec: models-and-caches §2.5): pre-norm RMSNorm (eps 1e-5), NeoX RoPE rotated in
+fp32 (theta 5e5), separate q/k/v without biases, SwiGLU with the gate in `ff_proj` and the up
+projection in `up_proj` (a Llama habit of reading `up_proj` as the gate loads but is wrong),
+untied LM head `ff_out`, no logit shift: position i predicts token i.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ModelConfig
+from .transformer import DiffusionTransformer
+
+# Keys of an OLMo-style config whose values this implementation does not cover, with the value
+# it needs; anything else is refused with a message naming the key.
+_REQUIRED = {
+    "rope": True, "alibi": False, "block_type": "llama", "attention_layer_norm": False,
+    "include_bias": False, "input_emb_norm": False, "scale_logits": False, "block_group_size": 1,
+    "layer_norm_type": "rms", "activation_type": "silu", "clip_qkv": None,
+}
+
+
+def _get(d: dict, *names: str, default: Any = None):
+    for n in names:
+        if d.get(n) is not None:
+            return d[n]
+    return default
+
+
+def config_from_hf(d: dict[str, Any]) -> ModelConfig:
+    """ModelConfig from a LLaDA `config.json` (every key read; unsupported values refused)."""
+    for key, want in _REQUIRED.items():
+        if key in d and d[key] != want and not (want is None and d[key] is None):
+            raise ValueError(f"LLaDA config key {key!r} = {d[key]!r} is not supported (supported: {want!r})")
+    d_model = _get(d, "d_model", "hidden_size")
+    n_heads = _get(d, "n_heads", "num_attention_heads")
+    n_kv = d.get("n_kv_heads")
+    if n_kv is None:
+        n_kv = 1 if d.get("multi_query_attention") else n_heads
+    mlp = d.get("mlp_hidden_size") or int(d.get("mlp_ratio", 4) * d_model)
+    missing = [k for k, v in (("d_model", d_model), ("n_layers", _get(d, "n_layers", "num_hidden_layers")),
+                              ("n_heads", n_heads), ("vocab_size", d.get("vocab_size")),
+                              ("mask_token_id", d.get("mask_token_id")), ("eos_token_id", d.get("eos_token_id")))
+               if v is None]
+    if missing:
+        raise ValueError(f"LLaDA config.json lacks required keys: {', '.join(missing)}")
+    eos = d["eos_token_id"]
+    return ModelConfig(
+        family="llada",
+        vocab_size=_get(d, "embedding_size", "vocab_size"),
+        d_model=d_model, n_layers=_get(d, "n_layers", "num_hidden_layers"), n_heads=n_heads, n_kv_heads=n_kv,
+        mlp_hidden=mlp, norm_eps=d.get("rms_norm_eps", 1e-5), rope_theta=float(d.get("rope_theta", 10000.0)),
+        max_seq_len=_get(d, "max_sequence_length", "max_position_embeddings", default=4096),
+        mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=_get(d, "pad_token_id", default=eos),
+        bos_token_id=d.get("bos_token_id"), qkv_bias=bool(d.get("include_qkv_bias", False)),
+        tie_embeddings=bool(d.get("weight_tying", False)), rope_fp32=True, logit_shift=False,
+    )
+
+
+def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """The LLaDA `config.json` describing `cfg` (the keys of the published checkpoint)."""
+    return {
+        "architectures": ["LLaDAModelLM"], "model_type": "llada",
+        "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+        "multi_query_attention": None, "mlp_hidden_size": cfg.mlp_hidden, "mlp_ratio": 4,
+        "activation_type": "silu", "block_type": "llama", "layer_norm_type": "rms", "rms_norm_eps": cfg.norm_eps,
+        "attention_layer_norm": False, "include_bias": False, "include_qkv_bias": cfg.qkv_bias,
+        "rope": True, "rope_theta": cfg.rope_theta, "rope_full_precision": True, "alibi": False,
+        "vocab_size": cfg.vocab_size, "embedding_size": cfg.vocab_size, "weight_tying": cfg.tie_embeddings,
+        "input_emb_norm": False, "scale_logits": False, "max_sequence_length": cfg.max_seq_len,
+        "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id,
+        "block_group_size": 1, "flash_attention": False, "use_cache": False,
+        "attention_dropout": 0.0, "residual_dropout": 0.0, "embedding_dropout": 0.0,
+    }
+
+
+def hf_names(cfg: ModelConfig) -> dict[str, str]:
+    """Checkpoint weight name -> internal parameter name, for every weight the checkpoint holds."""
+    p = "model.transformer."
+    names = {p + "wte.weight": "embed.weight", p + "ln_f.weight": "norm.weight"}
+    if not cfg.tie_embeddings:
+        names[p + "ff_out.weight"] = "head.weight"
+    for i in range(cfg.n_layers):
+        b, o = f"{p}blocks.{i}.", f"layers.{i}."
+        names.update({
+            b + "attn_norm.weight": o + "attn_norm.weight", b + "attn_out.weight": o + "attn.o.weight",
+            b + "ff_norm.weight": o + "mlp_norm.weight", b + "ff_proj.weight": o + "mlp.gate.weight",
+            b + "up_proj.weight": o + "mlp.up.weight", b + "ff_out.weight": o + "mlp.down.weight",
+        })
+        for src, dst in (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v")):
+            names[f"{b}{src}.weight"] = f"{o}attn.{dst}.weight"
+            if cfg.qkv_bias:
+                names[f"{b}{src}.bias"] = f"{o}attn.{dst}.bias"
+    return names
+
+
+class LLaDAModel(DiffusionTransformer):
+    family = "llada"
+    config_from_hf = staticmethod(config_from_hf)
+    config_to_hf = staticmethod(config_to_hf)
+    hf_names = staticmethod(hf_names)

@@ -1,0 +1,267 @@
+"""Load LLaDA and Dream checkpoints in the Hugging Face layout, from a folder or a hub id.
+
+The folder holds `config.json`, `model.safetensors` (or shards listed in
+`model.safetensors.index.json`) and the tokenizer files. No remote code runs: the architectures are
+native (`llada.py`, `dream.py`), the family is chosen from the keys present in config.json (not
+from `model_type` alone, which LLaDA-MoE shares), and the tokenizer is built by `transformers`
+from its data files.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from .dream import DreamModel
+from .llada import LLaDAModel
+from .transformer import DiffusionTransformer
+
+FAMILY_CLASSES: dict[str, type[DiffusionTransformer]] = {"llada": LLaDAModel, "dream": DreamModel}
+
+_FAMILY_HELP = ("supported families: 'llada' (LLaDA-8B / LLaDA-1.5: OLMo-style keys d_model, n_layers, n_heads, "
+                "block_type 'llama') and 'dream' (Dream-v0: Qwen2-style keys hidden_size, num_hidden_layers, "
+                "num_attention_heads plus mask_token_id)")
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+_TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                    "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json"]
+_HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+                 *_TOKENIZER_FILES]
+
+# End-of-turn token of each family's chat format.
+_EOT_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
+
+
+def detect_family(d: dict[str, Any]) -> str:
+    """'llada' or 'dream' from the keys of a config.json; anything else is a clear error."""
+    if not isinstance(d, dict):
+        raise ValueError(f"config.json must hold a JSON object, got {type(d).__name__}")
+    model_type = str(d.get("model_type", ""))
+    if "num_experts" in d or "moe_layer_freq" in d or model_type.lower() == "lladamoe":
+        raise ValueError(f"mixture-of-experts config (model_type {model_type!r}, e.g. LLaDA-MoE) is not supported; "
+                         + _FAMILY_HELP)
+    if all(k in d for k in ("d_model", "n_layers", "n_heads")):
+        return "llada"
+    if all(k in d for k in ("hidden_size", "num_hidden_layers", "num_attention_heads")):
+        archs = [str(a) for a in d.get("architectures") or []]
+        if model_type.lower() == "dream" or any("Dream" in a for a in archs) or "mask_token_id" in d:
+            return "dream"
+        raise ValueError(f"config.json (model_type {model_type!r}) looks like an autoregressive Qwen2/Llama model "
+                         f"without a mask token, not a masked-diffusion model; " + _FAMILY_HELP)
+    raise ValueError(f"cannot tell the model family of config.json (model_type {model_type!r}, keys "
+                     f"{sorted(d)[:12]}...); " + _FAMILY_HELP)
+
+
+def resolve_dtype(dtype) -> torch.dtype | None:
+    """torch.dtype from a name; None or "auto" keeps the checkpoint's dtype."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"unsupported dtype {dtype}; choose one of float32, float16, bfloat16")
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"unsupported dtype {dtype!r}; choose one of 'auto', 'float32', 'float16', 'bfloat16'")
+
+
+def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
+    """A local folder as is; otherwise a hub id fetched (or found in the local cache) with huggingface_hub."""
+    path = Path(path_or_id).expanduser()
+    if path.is_dir():
+        return path
+    name = str(path_or_id)
+    if path.exists():
+        raise ValueError(f"{name!r} is a file; pass the checkpoint folder that holds config.json")
+    parts = name.split("/")
+    if len(parts) != 2 or not all(parts) or name.startswith((".", "~")):
+        raise FileNotFoundError(f"no checkpoint folder at {name!r}, and it is not a hub id of the form 'org/name'")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - huggingface_hub is a dependency
+        raise FileNotFoundError(f"{name!r} is not a local folder and huggingface_hub is not installed") from None
+    try:
+        return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS))
+    except Exception as err:  # offline, unknown repo, gated, ...
+        try:  # an earlier download may sit in the local cache
+            return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS, local_files_only=True))
+        except Exception:
+            pass
+        raise FileNotFoundError(
+            f"could not fetch {name!r} from the Hugging Face hub ({type(err).__name__}: {str(err)[:200]}). "
+            f"If this machine is offline, download the checkpoint elsewhere (e.g. `huggingface-cli download "
+            f"{name} --local-dir ./{parts[1]}`), copy the folder here and pass its path: "
+            f"dllm.load('./{parts[1]}') or `dllm generate --model ./{parts[1]} ...`") from None
+
+
+def read_config(folder: Path) -> tuple[ModelConfig, dict[str, Any]]:
+    """ModelConfig and the raw config.json of a checkpoint folder."""
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"missing config.json in checkpoint folder {folder}")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"corrupt config.json in {folder}: {err}") from None
+    family = detect_family(raw)
+    return FAMILY_CLASSES[family].config_from_hf(raw), raw
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"corrupt shard index {index}: {err!r}") from None
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not (folder / f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"missing weight shard(s) {', '.join(missing)} listed in {index}")
+        return [folder / f for f in files]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    if list(folder.glob("*.bin")) or list(folder.glob("*.pt")):
+        raise ValueError(f"{folder} holds PyTorch pickle weights only; dllm reads safetensors "
+                         f"(model.safetensors or shards with model.safetensors.index.json)")
+    raise FileNotFoundError(f"no weights in {folder}: expected model.safetensors or model.safetensors.index.json")
+
+
+def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None, device) -> dict[str, torch.Tensor]:
+    """Read every safetensors file, check the key set against `names` and rename to internal names."""
+    from safetensors import SafetensorError, safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    for file in _weight_files(folder):
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    if key in seen:
+                        raise ValueError(f"weight {key!r} appears in more than one shard (again in {file.name})")
+                    seen.add(key)
+                    if key not in names:
+                        unexpected.append(key)
+                        continue
+                    t = f.get_tensor(key)
+                    out[names[key]] = t.to(device=device, dtype=dtype or t.dtype)
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise ValueError(f"corrupt or unreadable weight file {file}: {err}") from None
+    missing = sorted(set(names) - seen)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint weights in {folder} do not match the architecture: "
+                         f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
+                         f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}")
+    return out
+
+
+def build_model(cfg: ModelConfig, attention: str = "sdpa", *, dtype=torch.float32, device="cpu",
+                seed: int | None = None, init_std: float = 0.02) -> DiffusionTransformer:
+    """A randomly initialised model of `cfg` (tests, benchmarks, training from scratch)."""
+    model = FAMILY_CLASSES[cfg.family](cfg, attention=attention)
+    gen = torch.Generator().manual_seed(0 if seed is None else seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, init_std, generator=gen)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "sdpa") -> DiffusionTransformer:
+    cfg, _ = read_config(folder)
+    cls = FAMILY_CLASSES[cfg.family]
+    tensors = load_weights(folder, cls.hf_names(cfg), resolve_dtype(dtype), device)
+    with torch.device("meta"):
+        model = cls(cfg, attention=attention)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    bad = [f"{k}: checkpoint {tuple(t.shape)} vs config {expected[k]}" for k, t in tensors.items()
+           if tuple(t.shape) != expected[k]]
+    if bad:
+        raise ValueError(f"weight shapes in {folder} do not match its config.json: " + "; ".join(bad[:6]))
+    model.load_state_dict(tensors, strict=True, assign=True)
+    return model.eval()
+
+
+def _generation_defaults(folder: Path) -> dict[str, Any]:
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"corrupt generation_config.json in {folder}: {err}") from None
+
+
+def load_tokenizer(folder: Path, family: str):
+    """The checkpoint's tokenizer through transformers, never with remote code.
+
+    Dream ships a remote `DreamTokenizer` class that is a copy of Qwen2's BPE; its vocab.json,
+    merges.txt and added tokens load as transformers' own Qwen2 tokenizer.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer
+
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "vocab.json")):
+        raise FileNotFoundError(f"no tokenizer in {folder}: expected tokenizer.json, or vocab.json and merges.txt")
+    if (folder / "vocab.json").is_file() and not (folder / "merges.txt").is_file() \
+            and not (folder / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"missing merges.txt beside vocab.json in {folder}")
+    try:
+        if family == "dream":
+            return Qwen2Tokenizer.from_pretrained(str(folder))
+        try:
+            return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+        except (ValueError, OSError, KeyError):
+            return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    except Exception as err:
+        raise ValueError(f"cannot load the tokenizer in {folder}: {type(err).__name__}: {err}") from None
+
+
+def _token_id(tokenizer, token: str) -> int | None:
+    tid = tokenizer.convert_tokens_to_ids(token)
+    if tid is None or (tokenizer.unk_token_id is not None and tid == tokenizer.unk_token_id
+                       and token != tokenizer.unk_token):
+        return None
+    return int(tid)
+
+
+def load(path_or_id: str | os.PathLike, dtype="auto", device="cpu", attention: str = "sdpa"):
+    """Load a LLaDA or Dream checkpoint: returns (model, tokenizer).
+
+    path_or_id: a folder in the Hugging Face layout, or a hub id such as "GSAI-ML/LLaDA-8B-Instruct"
+        (fetched with huggingface_hub when the hub is reachable).
+    dtype: "auto" (as stored), "float32", "float16", "bfloat16" or a torch.dtype.
+    device: where the weights go ("cpu", "cuda", "cuda:1", ...).
+    attention: attention backend name (`dllm.attention.available_backends()`).
+
+    Example::
+
+        model, tok = dllm.load("GSAI-ML/LLaDA-8B-Instruct", dtype="bfloat16", device="cuda")
+        out = dllm.generate(model, tok, "What is 7 * 8?", gen_length=64, block_length=32)
+    """
+    resolve_dtype(dtype)  # validate before touching the disk
+    folder = resolve_checkpoint(path_or_id)
+    model = load_model(folder, dtype=dtype, device=device, attention=attention)
+    tokenizer = load_tokenizer(folder, model.config.family)
+    cfg = model.config
+    gen_defaults = _generation_defaults(folder)
+    eot = _token_id(tokenizer, _EOT_TOKENS[cfg.family])
+    bos = cfg.bos_token_id if cfg.bos_token_id is not None else gen_defaults.get("bos_token_id")
+    if bos is None:
+        bos = tokenizer.bos_token_id
+    model.config = cfg.replace(eot_token_id=eot, bos_token_id=bos)
+    for module in model.modules():  # the layers hold the same config object
+        if hasattr(module, "cfg"):
+            module.cfg = model.config
+    model.generation_defaults = gen_defaults
+    model.name_or_path = str(path_or_id)
+    return model, tokenizer

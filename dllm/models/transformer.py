@@ -1,0 +1,226 @@
+"""The bidirectional transformer shared by LLaDA and Dream, written bottom-up:
+RMSNorm -> rotary embedding -> Attention -> MLP -> Block -> DiffusionTransformer.
+
+Both families are pre-norm SwiGLU transformers with rotary embeddings and non-causal attention;
+their differences (q/k/v biases, the precision of the rotation, Dream's one-position logit shift,
+weight names) are fields of `ModelConfig` and the per-family files `llada.py` and `dream.py`.
+
+Forward contract (DESIGN §2.1-2.2): the canvas `x` never moves. A forward recomputes the positions
+a plan names, writes their keys (after RoPE) and values at their absolute canvas columns in a
+`KVCache` when one is given, lets those queries attend over every valid key, and returns logits
+only at the columns asked for, aligned so that row i predicts token i.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..attention import get_backend
+from ..config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """y = weight * (x / sqrt(mean(x^2) + eps)), normalised in fp32 and cast back before the
+    weight multiply, as both reference implementations do."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float):
+    """cos/sin of the NeoX (rotate-half) layout for integer positions, in fp32.
+    position_ids: (B, P) -> cos, sin: (B, 1, P, D)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device,
+                                             dtype=torch.int64).float() / head_dim))  # (D/2,)
+    angles = position_ids.float()[..., None] * inv_freq  # (B, P, D/2)
+    angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, P, D)
+    return angles.cos(), angles.sin()
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool) -> torch.Tensor:
+    """Rotate x (B, H, P, D). fp32=True rotates in fp32 (LLaDA's `rope_full_precision`); otherwise
+    cos/sin are cast to x's dtype first (Dream/Qwen2)."""
+    if fp32:
+        xf = x.float()
+        return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
+        self.q = nn.Linear(d, d, bias=cfg.qkv_bias)
+        self.k = nn.Linear(d, kv, bias=cfg.qkv_bias)
+        self.v = nn.Linear(d, kv, bias=cfg.qkv_bias)
+        self.o = nn.Linear(d, d, bias=False)
+
+    def forward(self, h, ctx: "_ForwardContext", layer: int):
+        cfg = self.cfg
+        B, P, _ = h.shape
+        q = self.q(h).view(B, P, cfg.n_heads, cfg.head_dim).transpose(1, 2)     # (B, H, P, D)
+        k = self.k(h).view(B, P, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # (B, H_kv, P, D)
+        v = self.v(h).view(B, P, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # (B, H_kv, P, D)
+        q = apply_rope(q, ctx.cos, ctx.sin, cfg.rope_fp32)
+        k = apply_rope(k, ctx.cos, ctx.sin, cfg.rope_fp32)
+        if ctx.cache is not None:
+            k, v = ctx.cache.update(layer, ctx.rows, ctx.positions, k, v)      # (B, H_kv, L, D)
+        out = ctx.attn(q, k, v, ctx.key_valid, 1.0 / math.sqrt(cfg.head_dim))  # (B, H, P, D)
+        return self.o(out.transpose(1, 2).reshape(B, P, cfg.d_model))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(h)) * up(h))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+
+    def forward(self, h):
+        return self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, ctx, layer):
+        x = x + self.attn(self.attn_norm(x), ctx, layer)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class _ForwardContext:
+    """What every layer of one forward shares."""
+
+    def __init__(self, attn, cos, sin, key_valid, cache, rows, positions):
+        self.attn, self.cos, self.sin = attn, cos, sin
+        self.key_valid, self.cache, self.rows, self.positions = key_valid, cache, rows, positions
+
+
+class DiffusionTransformer(nn.Module):
+    """A masked-diffusion LM: `forward(x, logits_at, ...)` -> logits (B, Q, V).
+
+    Subclasses (LLaDA, Dream) only add the family's checkpoint name map and config reader.
+    """
+
+    family = "generic"
+
+    def __init__(self, cfg: ModelConfig, attention: str = "sdpa"):
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.set_attention(attention)
+
+    # -- configuration -------------------------------------------------------------------
+    def set_attention(self, name: str) -> None:
+        """Select the attention backend by registered name (see `dllm.attention`)."""
+        self._attn = get_backend(name)
+        self.attention = name
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    # -- forward ---------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, logits_at: torch.Tensor | None = None, *,
+                positions: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                key_valid: torch.Tensor | None = None, cache=None, rows: torch.Tensor | None = None):
+        """Logits at the requested canvas columns.
+
+        x:            (B, L) token ids of the whole canvas.
+        logits_at:    (B, Q) columns whose logits are wanted; None = every column (B, L, V).
+                      Row q of the result predicts token x[:, logits_at[:, q]] for both families
+                      (Dream's shift is applied here).
+        positions:    (B, P) columns to recompute; None = all. With a subset, `cache` must hold
+                      the K/V of every other column; the columns Dream's shift needs are added.
+        position_ids: (B, L) rotary position of every column (left padding recounts from the
+                      first real token); None = 0..L-1.
+        key_valid:    (B, L) bool, False for padding keys; None = all valid.
+        cache:        a `dllm.cache.KVCache`; the recomputed K/V are written into it.
+        rows:         (B,) cache rows of this batch (None: 0..B-1).
+        Returns (B, Q, V) logits in the model dtype.
+        """
+        B, L = x.shape
+        if positions is None and cache is None:
+            return self._forward_full(x, logits_at, position_ids, key_valid)
+        if rows is None:
+            rows = torch.arange(B, device=x.device)
+        full = positions is None
+        if full:
+            positions = torch.arange(L, device=x.device).expand(B, L)
+        if logits_at is None:
+            logits_at = torch.arange(L, device=x.device).expand(B, L)
+        src = self._hidden_source(logits_at)
+        if not full:
+            positions = torch.cat([positions, src], dim=1)  # (B, P + Q); duplicates are harmless
+        hidden = self._run(x.gather(1, positions), positions, position_ids, key_valid, cache, rows)
+        if full:
+            hidden = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))
+        else:
+            hidden = hidden[:, -src.shape[1]:]
+        return self._logits(hidden)
+
+    def _forward_full(self, x, logits_at, position_ids, key_valid):
+        B, L = x.shape
+        positions = torch.arange(L, device=x.device).expand(B, L)
+        hidden = self._run(x, positions, position_ids, key_valid, None, None)  # (B, L, d)
+        if logits_at is not None:
+            src = self._hidden_source(logits_at)
+            hidden = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
+        elif self.config.logit_shift:
+            hidden = torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
+        return self._logits(hidden)
+
+    def _hidden_source(self, logits_at):
+        """Column whose hidden state predicts each requested column (Dream: the left neighbour)."""
+        if self.config.logit_shift:
+            return (logits_at - 1).clamp_(min=0)
+        return logits_at
+
+    def _run(self, tokens, positions, position_ids, key_valid, cache, rows):
+        # tokens: (B, P) ids at `positions`; returns final hidden states (B, P, d) before the norm.
+        if position_ids is None:
+            pos = positions
+        else:
+            pos = position_ids.gather(1, positions)
+        cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
+        ctx = _ForwardContext(self._attn, cos, sin, key_valid, cache, rows, positions)
+        h = self.embed(tokens)  # (B, P, d)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, ctx, i)
+        return h
+
+    def _logits(self, hidden):
+        h = self.norm(hidden)
+        return self.head(h) if self.head is not None else F.linear(h, self.embed.weight)

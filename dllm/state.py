@@ -1,0 +1,132 @@
+"""DecodeState: the canvas of one batched generation and its per-row bookkeeping.
+
+Layout of a row: `[left padding | prompt | generation region]`. Every row shares the padded prompt
+length `gen_start`, so the generation region is the same column range `[gen_start, gen_start + G)`
+in every row; rotary positions are recounted from each row's first real token, which makes a row's
+computation identical alone or in a batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SpecialIds:
+    mask: int
+    eos: int
+    pad: int
+    eot: int | None = None
+    bos: int | None = None
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return [self.eos] + ([self.eot] if self.eot is not None and self.eot != self.eos else [])
+
+
+@dataclass
+class Decision:
+    """A sampler's answer for one step, over the rows it was given.
+
+    commit:   (B', Q) bool, which of the scored positions to commit.
+    tokens:   (B', Q) long, the token to write there (default: the scores' candidate token).
+    fill_all: (B',) bool, rows whose every remaining mask is filled with `tokens` now (all
+              masked positions must then have been scored).
+    block_end:(B',) long, a new end column for the rows' active block (AdaBlock).
+    """
+
+    commit: torch.Tensor
+    tokens: torch.Tensor | None = None
+    fill_all: torch.Tensor | None = None
+    block_end: torch.Tensor | None = None
+
+
+@dataclass
+class DecodeState:
+    x: torch.Tensor                 # (B, L) canvas
+    gen_start: int                  # first generated column (the padded prompt length)
+    gen_length: int                 # G
+    block_length: int
+    pad_len: torch.Tensor           # (B,) left padding of each row
+    ids: SpecialIds
+    temperature: float = 0.0
+    generator: torch.Generator | None = None
+    steps: int = 0                  # denoising steps requested (fixed schedules)
+    block_start: torch.Tensor = None   # (B,) active block, absolute columns [start, end)
+    block_end: torch.Tensor = None
+    block_index: torch.Tensor = None   # (B,) how many blocks each row has finished
+    step_in_block: torch.Tensor = None  # (B,) steps spent in the active block
+    nfe: torch.Tensor = None           # (B,) forwards each row took part in
+    finished: torch.Tensor = None      # (B,) rows with nothing left to do
+    commit_step: torch.Tensor = None   # (B, G) step at which each generated position was committed, -1 if not
+    global_step: int = 0
+    extra: dict = field(default_factory=dict)   # sampler-owned state
+
+    def __post_init__(self):
+        B, dev = self.x.shape[0], self.x.device
+        zeros = lambda: torch.zeros(B, dtype=torch.long, device=dev)  # noqa: E731
+        self.block_start = torch.full((B,), self.gen_start, dtype=torch.long, device=dev)
+        self.block_end = (self.block_start + self.block_length).clamp(max=self.gen_end)
+        self.block_index, self.step_in_block, self.nfe = zeros(), zeros(), zeros()
+        self.finished = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.commit_step = torch.full((B, self.gen_length), -1, dtype=torch.long, device=dev)
+        cols = torch.arange(self.x.shape[1], device=dev)
+        self.key_valid = cols[None, :] >= self.pad_len[:, None]                     # (B, L)
+        self.position_ids = (cols[None, :] - self.pad_len[:, None]).clamp(min=0)   # (B, L)
+
+    # -- views ---------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def gen_end(self) -> int:
+        return self.gen_start + self.gen_length
+
+    @property
+    def is_mask(self) -> torch.Tensor:
+        return self.x == self.ids.mask
+
+    def columns(self) -> torch.Tensor:
+        return torch.arange(self.length, device=self.x.device)
+
+    def in_block(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B', L) bool: the columns of each row's active block."""
+        rows = self._rows(rows)
+        cols = self.columns()[None, :]
+        return (cols >= self.block_start[rows, None]) & (cols < self.block_end[rows, None])
+
+    def in_generation(self) -> torch.Tensor:
+        cols = self.columns()
+        return (cols >= self.gen_start) & (cols < self.gen_end)
+
+    def masked_in_block(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        rows = self._rows(rows)
+        return self.is_mask[rows] & self.in_block(rows)
+
+    def generated(self) -> torch.Tensor:
+        return self.x[:, self.gen_start:self.gen_end]
+
+    def _rows(self, rows):
+        return torch.arange(self.batch_size, device=self.x.device) if rows is None else rows
+
+
+def select_positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn a (B, L) bool mask into padded column indices.
+
+    Returns positions (B, Q) with the selected columns in increasing order, then padding that
+    repeats column 0, and valid (B, Q) bool; Q = the largest count in any row (at least 1).
+    """
+    counts = mask.sum(1)
+    q = max(int(counts.max()) if mask.numel() else 0, 1)
+    cols = torch.arange(mask.shape[1], device=mask.device)
+    # Selected columns first, in order: sort by (not selected, column).
+    keys = (~mask).long() * mask.shape[1] + cols
+    order = keys.argsort(dim=1)[:, :q]                                  # (B, Q)
+    valid = torch.arange(q, device=mask.device)[None, :] < counts[:, None]
+    return torch.where(valid, order, torch.zeros_like(order)), valid

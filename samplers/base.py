@@ -1,0 +1,100 @@
+"""The sampler contract (DESIGN §2.3).
+
+A sampler is built from a name and keyword arguments (`dllm.samplers.get("low_confidence")`).
+For each step the generation loop asks it which canvas columns it needs scores for, runs the
+model there, and hands it `TokenScores` for those columns; the sampler answers with a `Decision`
+(which of them to commit, and optionally a new block end or fill-all). The loop, not the sampler,
+enforces the invariants: prompt tokens never change, commits land only on masked positions of the
+generation region, a hard cap on forwards, finished rows stop costing compute, and progress (at
+least one commit per unfinished row per step) for every sampler that is not a fixed reference
+schedule.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from dllm.kernels.scoring import TokenScores
+from dllm.state import Decision, DecodeState
+
+
+class Sampler:
+    """Base class of unmasking samplers.
+
+    Class attributes a sampler declares:
+      name:            registry name.
+      uses_blocks:     True for semi-autoregressive samplers (commit only inside the active block);
+                       False means the whole generation region is one block.
+      fixed_schedule:  True for a reference schedule with a fixed number of steps that may commit
+                       nothing in a step (LLaDA's and Dream's own samplers); the step count bounds it.
+      needs_logits:    the loop passes the (B, Q, V) logits in `scores.logits`.
+      gumbel_candidates: the loop draws the candidate token by Gumbel-max at the request temperature;
+                       samplers that sample themselves (Dream's) set this False.
+    """
+
+    name: ClassVar[str] = "base"
+    uses_blocks: ClassVar[bool] = True
+    fixed_schedule: ClassVar[bool] = False
+    needs_logits: ClassVar[bool] = False
+    gumbel_candidates: ClassVar[bool] = True
+
+    def setup(self, state: DecodeState) -> None:
+        """Called once per request before the first step; validate against the request here."""
+
+    def begin_block(self, state: DecodeState, rows: torch.Tensor) -> None:
+        """Called when the rows `rows` open a new block (their block bounds are already set)."""
+
+    def score_mask(self, state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
+        """(B', L) bool: the columns of rows `rows` that need scores this step.
+        Default: the masked positions of the active block."""
+        return state.masked_in_block(rows)
+
+    def step(self, state: DecodeState, rows: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+             scores: TokenScores) -> Decision:
+        """Decide the commits of one step for the rows `rows` (B',).
+
+        positions/valid: (B', Q) the scored columns (padding entries have valid False);
+        scores: TokenScores at those columns.
+        """
+        raise NotImplementedError
+
+    # -- helpers ---------------------------------------------------------------------------
+    @classmethod
+    def describe(cls) -> str:
+        doc = (cls.__doc__ or "").strip().splitlines()
+        return doc[0] if doc else ""
+
+    def arguments(self) -> dict[str, Any]:
+        """The constructor arguments of this instance (logged with every result)."""
+        return dict(getattr(self, "_args", {}))
+
+
+def top_k_mask(score: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """(B, Q) bool selecting the k[b] highest scores of each row; ties go to the lower index.
+
+    torch.topk's tie order is backend-defined; a stable descending sort makes it deterministic.
+    """
+    order = torch.sort(score, dim=1, descending=True, stable=True).indices   # (B, Q)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(score.shape[1], device=score.device).expand_as(order))
+    return rank < k[:, None]
+
+
+def check_number(name: str, value, *, low=None, high=None, integer=False, allow_none=False,
+                 low_open=False, sampler: str = ""):
+    """Validate one sampler argument; the error names the sampler, the argument and the range."""
+    where = f"sampler {sampler!r}: " if sampler else ""
+    if value is None and allow_none:
+        return None
+    kind = "an integer" if integer else "a number"
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type:
+        raise ValueError(f"{where}{name} must be {kind}, got {value!r}")
+    if value != value:  # NaN
+        raise ValueError(f"{where}{name} must be {kind}, got NaN")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"{where}{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{where}{name} must be <= {high}, got {value!r}")
+    return value

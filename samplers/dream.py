@@ -1,0 +1,159 @@
+"""Dream's reference samplers (Dream's `diffusion_generate`; arXiv:2508.15487).
+
+No blocks: every masked position of the generation region is a candidate at every step. Steps use
+the timesteps t_i = linspace(1, eps, steps + 1) (float32). At step i (t = t_i, s = t_{i+1}):
+
+* `origin`: each masked position is revealed with probability 1 - s/t (1 at the last step), with
+  a token sampled from its distribution (argmax at temperature 0). The count is random, maybe 0.
+* `maskgit_plus` / `topk_margin` / `entropy`: commit k = int(n * (1 - s/t)) positions (all the
+  rest at the last step), n = masked count, chosen by the highest confidence: the candidate's
+  probability, the top-1 minus top-2 probability, or the negative entropy sum p log(p + 1e-10).
+  With alg_temp > 0 the k positions are drawn without replacement from softmax(confidence / alg_temp).
+
+The candidate distribution is softmax(logits / temperature) after top-p and top-k filtering, in the
+logits dtype; confidences are read from it, as the reference does. The reference computes k from
+the batch-averaged mask count; rows of one request always hold equal counts, so k is per row here
+(identical for the reference's inputs, and it keeps rows independent). With steps = gen_length the
+first step commits nothing, as in the reference.
+Published defaults: steps 512, eps 1e-3, alg origin (generation_config), temperature 0; README
+example: alg entropy, temperature 0.2, top_p 0.95, alg_temp 0.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Sampler, check_number, top_k_mask
+from dllm.state import Decision
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    """Temperature, then nucleus (keep the smallest prefix whose mass exceeds top_p, the first token
+    always), then top-k; removed logits become the dtype's lowest value. logits: (N, V)."""
+    if temperature > 0:
+        logits = logits / temperature
+    low = torch.finfo(logits.dtype).min
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
+        drop_sorted = torch.cat([torch.zeros_like(cum[..., :1], dtype=torch.bool), cum[..., :-1] > top_p], dim=-1)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, low)
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, low)
+    return logits
+
+
+class _DreamBase(Sampler):
+    uses_blocks = False
+    fixed_schedule = True
+    needs_logits = True
+    gumbel_candidates = False
+
+    def __init__(self, *, eps: float = 1e-3, top_p: float | None = None, top_k: int | None = None,
+                 alg_temp: float | None = None):
+        n = self.name
+        check_number("eps", eps, low=0, high=1, low_open=True, sampler=n)
+        if eps >= 1:
+            raise ValueError(f"sampler {n!r}: eps must lie in (0, 1), got {eps!r}")
+        check_number("top_p", top_p, low=0, high=1, low_open=True, allow_none=True, sampler=n)
+        check_number("top_k", top_k, low=1, integer=True, allow_none=True, sampler=n)
+        check_number("alg_temp", alg_temp, low=0, allow_none=True, sampler=n)
+        self.eps, self.top_p, self.top_k, self.alg_temp = eps, top_p, top_k, alg_temp
+        self._args = dict(eps=eps, top_p=top_p, top_k=top_k, alg_temp=alg_temp)
+
+    def setup(self, state):
+        state.extra["timesteps"] = torch.linspace(1, self.eps, state.steps + 1, device=state.x.device)
+
+    def score_mask(self, state, rows):
+        return state.is_mask[rows] & state.in_generation()[None, :]
+
+    def _sample(self, state, logits):
+        """(confidence, token) of each row of logits (N, V), following the reference's sample_tokens."""
+        logits = filter_logits(logits, state.temperature, self.top_p, self.top_k)
+        probs = torch.softmax(logits, dim=-1)
+        if state.temperature > 0:
+            token = torch.multinomial(probs, 1, generator=state.generator).squeeze(-1)
+            conf = probs.gather(-1, token[:, None]).squeeze(-1)
+        else:
+            conf, token = probs.max(dim=-1)
+        return self.confidence(probs, conf), token
+
+    def confidence(self, probs, conf):
+        return conf
+
+    def _times(self, state, rows):
+        i = state.step_in_block[rows]
+        ts = state.extra["timesteps"]
+        last = i >= state.steps - 1
+        i = i.clamp(max=state.steps - 1)
+        return ts[i], ts[i + 1], last
+
+    def step(self, state, rows, positions, valid, scores):
+        t, s, last = self._times(state, rows)
+        conf_flat, tok_flat = self._sample(state, scores.logits[valid])       # (N,)
+        conf = torch.full(valid.shape, float("-inf"), dtype=conf_flat.dtype, device=valid.device)
+        tokens = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
+        conf[valid], tokens[valid] = conf_flat, tok_flat
+        n = valid.sum(1)                                                       # (B',)
+        k = (n.float() * (1 - s / t)).long()                                   # float32 as the reference
+        k = torch.where(last, n, k)
+        if not self.alg_temp:
+            commit = top_k_mask(conf, k)
+        else:
+            commit = torch.zeros_like(valid)
+            weights = torch.softmax(conf / self.alg_temp, dim=-1)
+            for r in range(valid.shape[0]):
+                if k[r] > 0:
+                    pick = torch.multinomial(weights[r], int(k[r]), replacement=False, generator=state.generator)
+                    commit[r, pick] = True
+        return Decision(commit=commit & valid, tokens=tokens)
+
+
+class Origin(_DreamBase):
+    """Dream `origin`: reveal each masked position with probability 1 - s/t."""
+
+    name = "origin"
+
+    def __init__(self, *, eps: float = 1e-3, top_p: float | None = None, top_k: int | None = None):
+        super().__init__(eps=eps, top_p=top_p, top_k=top_k)
+        self._args.pop("alg_temp")
+
+    def step(self, state, rows, positions, valid, scores):
+        t, s, last = self._times(state, rows)
+        p = torch.where(last, torch.ones_like(t), 1 - s / t)                    # (B',)
+        p_flat = p[:, None].expand_as(valid)[valid]
+        reveal = torch.rand(p_flat.shape, generator=state.generator, device=valid.device) < p_flat   # (N,)
+        tokens = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
+        flat_tokens = torch.zeros(p_flat.shape, dtype=torch.long, device=valid.device)
+        if reveal.any():
+            flat_tokens[reveal] = self._sample(state, scores.logits[valid][reveal])[1]
+        commit = torch.zeros_like(valid)
+        commit[valid] = reveal
+        tokens[valid] = flat_tokens
+        return Decision(commit=commit, tokens=tokens)
+
+
+class MaskGitPlus(_DreamBase):
+    """Dream `maskgit_plus`: commit the k masked positions whose candidate is most probable."""
+
+    name = "maskgit_plus"
+
+
+class TopKMargin(_DreamBase):
+    """Dream `topk_margin`: commit the k masked positions with the largest top-1 minus top-2 probability."""
+
+    name = "topk_margin"
+
+    def confidence(self, probs, conf):
+        top2 = probs.topk(2, dim=-1).values
+        return top2[:, 0] - top2[:, 1]
+
+
+class Entropy(_DreamBase):
+    """Dream `entropy`: commit the k masked positions with the lowest entropy."""
+
+    name = "entropy"
+
+    def confidence(self, probs, conf):
+        return (probs * torch.log(probs + 1e-10)).sum(-1)

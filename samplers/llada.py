@@ -1,0 +1,76 @@
+"""LLaDA's reference samplers (ML-GSAI/LLaDA `generate.py`; arXiv:2502.09992, App. B).
+
+Semi-autoregressive blocks of `block_length`; `steps` are split evenly over the blocks. At the
+start of a block with n masked positions and s steps per block, step j commits n // s tokens, plus
+one more for the first n % s steps (the linear noise schedule gives uniform counts). Each step the
+candidate token of every masked in-block position is the argmax (Gumbel-max at temperature > 0)
+and the positions with the highest score are committed:
+
+* `low_confidence`: score = softmax probability of the candidate under the raw logits ("low
+  confidence remasking": the least confident positions stay masked).
+* `random`: score = a fresh uniform draw per position.
+
+Requirements, as in the reference: gen_length % block_length == 0, steps % (gen_length /
+block_length) == 0, steps <= gen_length. Ties between equal scores go to the lower position.
+Published defaults: steps = gen_length = block_length = 128 (chat demo: block 32), temperature 0.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Sampler, top_k_mask
+from dllm.state import Decision
+
+
+class LowConfidence(Sampler):
+    """LLaDA: commit the k most confident masked positions of the block (fixed per-step counts)."""
+
+    name = "low_confidence"
+    uses_blocks = True
+    fixed_schedule = True
+
+    def __init__(self):
+        self._args = {}
+
+    def setup(self, state):
+        G, K, steps = state.gen_length, state.block_length, state.steps
+        if G % K:
+            raise ValueError(f"sampler {self.name!r}: gen_length {G} must be a multiple of block_length {K}")
+        n_blocks = G // K
+        if steps % n_blocks:
+            raise ValueError(f"sampler {self.name!r}: steps {steps} must be a multiple of the number of blocks "
+                             f"{n_blocks} (gen_length {G} / block_length {K})")
+        if steps > G:
+            raise ValueError(f"sampler {self.name!r}: steps {steps} must be <= gen_length {G} "
+                             f"(at least one token per step)")
+        per_block = steps // n_blocks
+        state.extra["steps_per_block"] = per_block
+        state.extra["counts"] = torch.zeros(state.batch_size, per_block, dtype=torch.long, device=state.x.device)
+
+    def begin_block(self, state, rows):
+        per_block = state.extra["steps_per_block"]
+        n = state.masked_in_block(rows).sum(1)                                       # (B',)
+        j = torch.arange(per_block, device=n.device)
+        state.extra["counts"][rows] = n[:, None] // per_block + (j[None, :] < (n % per_block)[:, None]).long()
+
+    def scores_for(self, state, rows, positions, valid, scores):
+        return scores.prob
+
+    def step(self, state, rows, positions, valid, scores):
+        step = state.step_in_block[rows].clamp(max=state.extra["steps_per_block"] - 1)
+        k = state.extra["counts"][rows].gather(1, step[:, None]).squeeze(1)         # (B',)
+        score = self.scores_for(state, rows, positions, valid, scores).double()
+        score = score.masked_fill(~valid, float("-inf"))
+        return Decision(commit=top_k_mask(score, k) & valid)
+
+
+class RandomRemasking(LowConfidence):
+    """LLaDA: commit k random masked positions of the block (fixed per-step counts)."""
+
+    name = "random"
+
+    def scores_for(self, state, rows, positions, valid, scores):
+        # One (B, L) float32 draw per step over the whole canvas, as the reference draws it, so a
+        # seeded run reproduces the reference's choice of positions.
+        u = torch.rand(state.x.shape, generator=state.generator, device=state.x.device)
+        return u[rows].gather(1, positions)

@@ -1,0 +1,55 @@
+"""Sampler registry: names resolve to lazy import paths, so adding a sampler adds one file and one
+line here."""
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+_SAMPLERS: dict[str, str] = {
+    "low_confidence": "dllm.samplers.llada:LowConfidence",
+    "random": "dllm.samplers.llada:RandomRemasking",
+    "origin": "dllm.samplers.dream:Origin",
+    "maskgit_plus": "dllm.samplers.dream:MaskGitPlus",
+    "topk_margin": "dllm.samplers.dream:TopKMargin",
+    "entropy": "dllm.samplers.dream:Entropy",
+}
+
+
+def register(name: str, path: str) -> None:
+    """Register a sampler class under `name` from a `"module:Class"` path."""
+    _SAMPLERS[name] = path
+
+
+def available() -> list[str]:
+    return sorted(_SAMPLERS)
+
+
+def sampler_class(name: str):
+    if not isinstance(name, str) or name not in _SAMPLERS:
+        raise ValueError(f"unknown sampler {name!r}; valid options: {', '.join(available())}")
+    module, attr = _SAMPLERS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def get(name: str, **kwargs: Any):
+    """Build the sampler registered as `name` with keyword arguments.
+
+    >>> get("low_confidence")
+    Unknown names and unknown or out-of-range arguments raise ValueError naming what is allowed.
+    """
+    cls = sampler_class(name)
+    params = inspect.signature(cls.__init__).parameters
+    allowed = [p for p in params if p != "self" and params[p].kind is inspect.Parameter.KEYWORD_ONLY
+               or (p != "self" and params[p].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"sampler {name!r} has no argument(s) {', '.join(unknown)}; "
+                         f"its arguments: {', '.join(allowed) or '(none)'}")
+    return cls(**kwargs)
+
+
+def signature(name: str) -> dict[str, Any]:
+    """Argument name -> default of a registered sampler."""
+    params = inspect.signature(sampler_class(name).__init__).parameters
+    return {p: v.default for p, v in params.items() if p != "self"}
