@@ -1,0 +1,93 @@
+"""The forward contract of DESIGN §2.1-2.2: logits only where asked, a recompute plan over cached
+K/V at absolute positions, Dream's shift inside the model."""
+import pytest
+import torch
+
+import dllm
+from dllm.cache import KVCache, get_policy
+
+
+def _model(name, attention="eager"):
+    return dllm.build_model(dllm.ModelConfig.from_name(name), attention=attention, seed=0, init_std=0.3)
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
+def test_logits_at_equal_full_logits(name):
+    model = _model(name)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 300, (3, 19), generator=g)
+    full = model(x)                                                     # (B, L, V) aligned
+    at = torch.tensor([[0, 5, 18], [3, 3, 7], [17, 1, 2]])
+    part = model(x, at)
+    torch.testing.assert_close(part, full.gather(1, at[..., None].expand(-1, -1, full.shape[-1])),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_dream_logits_are_shifted_inside_the_model():
+    model = _model("dream-tiny")
+    x = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(1))
+    full = model(x)
+    # Recompute the unshifted logits with the head applied to every hidden state directly.
+    hidden = model._run(x, torch.arange(11).expand(2, 11), None, None, None, None)
+    raw = model._logits(hidden)
+    torch.testing.assert_close(full[:, 1:], raw[:, :-1])
+    torch.testing.assert_close(full[:, 0], raw[:, 0])
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
+def test_partial_recompute_of_an_unchanged_canvas_equals_full_forward(name):
+    """After a full forward filled the cache, recomputing any subset of columns of the same canvas
+    reads exact K/V for every other column, so the logits equal a full forward."""
+    model = _model(name)
+    g = torch.Generator().manual_seed(2)
+    B, L = 2, 23
+    x = torch.randint(0, 300, (B, L), generator=g)
+    cache = KVCache.for_model(model, B, L)
+    model(x, torch.arange(L).expand(B, L), cache=cache)
+    plan = torch.tensor([[3, 4, 20], [0, 11, 22]])
+    at = torch.tensor([[4, 9, 12, 5], [1, 16, 22, 22]])
+    torch.testing.assert_close(model(x, at, positions=plan, cache=cache), model(x, at), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
+def test_one_layer_partial_recompute_after_edits_is_exact(name):
+    """With one layer a column's K/V depend only on its own token, so after editing some tokens,
+    recomputing the edited columns (plus the asked-for ones) over the cache is exact, and the
+    buffers hold the new canvas's K/V at the recomputed absolute columns."""
+    cfg = dllm.ModelConfig.from_name(name).replace(n_layers=1)
+    model = dllm.build_model(cfg, attention="eager", seed=0, init_std=0.3)
+    g = torch.Generator().manual_seed(3)
+    B, L = 2, 23
+    x = torch.randint(0, 300, (B, L), generator=g)
+    pad = torch.tensor([0, 5])
+    key_valid = torch.arange(L)[None] >= pad[:, None]
+    pos_ids = (torch.arange(L)[None] - pad[:, None]).clamp(min=0)
+    cache = KVCache.for_model(model, B, L)
+    model(x, torch.arange(L).expand(B, L), position_ids=pos_ids, key_valid=key_valid, cache=cache)
+    x2 = x.clone()
+    changed = torch.tensor([[4, 9, 10], [6, 15, 22]])
+    x2.scatter_(1, changed, torch.randint(0, 300, (B, 3), generator=g))
+    at = torch.tensor([[5, 9, 12], [7, 16, 22]])
+    got = model(x2, at, positions=torch.cat([changed, at], 1), position_ids=pos_ids, key_valid=key_valid,
+                cache=cache)
+    want = model(x2, at, position_ids=pos_ids, key_valid=key_valid)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    fresh = KVCache.for_model(model, B, L)
+    model(x2, None, position_ids=pos_ids, key_valid=key_valid, cache=fresh)
+    torch.testing.assert_close(cache.k[0], fresh.k[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(cache.v[0], fresh.v[0], atol=1e-6, rtol=1e-5)
+
+
+def test_cache_update_scatters_at_absolute_columns():
+    cache = KVCache(1, 2, 1, 6, 2, torch.float32)
+    k = torch.arange(2 * 1 * 2 * 2, dtype=torch.float32).view(2, 1, 2, 2) + 1
+    kb, vb = cache.update(0, torch.tensor([1]), torch.tensor([[4, 0]]), k[:1], -k[:1])
+    assert kb.shape == (1, 1, 6, 2)
+    assert torch.equal(cache.k[0][1, 0, 4], k[0, 0, 0]) and torch.equal(cache.k[0][1, 0, 0], k[0, 0, 1])
+    assert torch.equal(cache.v[0][1, 0, 4], -k[0, 0, 0])
+    assert cache.k[0][0].abs().sum() == 0          # the other row is untouched
+
+
+def test_unknown_cache_policy():
+    with pytest.raises(ValueError, match=r"unknown cache policy 'dual2'.*none"):
+        get_policy("dual2")
