@@ -180,12 +180,13 @@ def build_model(cfg: ModelConfig, attention: str = "sdpa", *, dtype=torch.float3
 def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "sdpa") -> DiffusionTransformer:
     cfg, _ = read_config(folder)
     cls = FAMILY_CLASSES[cfg.family]
-    tensors = load_weights(folder, cls.hf_names(cfg), resolve_dtype(dtype), device)
+    names = cls.hf_names(cfg)
+    tensors = load_weights(folder, names, resolve_dtype(dtype), device)
     with torch.device("meta"):
         model = cls(cfg, attention=attention)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    bad = [f"{k}: checkpoint {tuple(t.shape)} vs config {expected[k]}" for k, t in tensors.items()
-           if tuple(t.shape) != expected[k]]
+    bad = [f"{hf}: checkpoint {tuple(tensors[ours].shape)} vs config {expected[ours]}"
+           for hf, ours in sorted(names.items()) if tuple(tensors[ours].shape) != expected[ours]]
     if bad:
         raise ValueError(f"weight shapes in {folder} do not match its config.json: " + "; ".join(bad[:6]))
     model.load_state_dict(tensors, strict=True, assign=True)
@@ -208,20 +209,16 @@ def load_tokenizer(folder: Path, family: str):
     Dream ships a remote `DreamTokenizer` class that is a copy of Qwen2's BPE; its vocab.json,
     merges.txt and added tokens load as transformers' own Qwen2 tokenizer.
     """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer
+    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
     if not any((folder / f).is_file() for f in ("tokenizer.json", "vocab.json")):
         raise FileNotFoundError(f"no tokenizer in {folder}: expected tokenizer.json, or vocab.json and merges.txt")
     if (folder / "vocab.json").is_file() and not (folder / "merges.txt").is_file() \
             and not (folder / "tokenizer.json").is_file():
         raise FileNotFoundError(f"missing merges.txt beside vocab.json in {folder}")
+    cls = Qwen2Tokenizer if family == "dream" or not (folder / "tokenizer.json").is_file() else PreTrainedTokenizerFast
     try:
-        if family == "dream":
-            return Qwen2Tokenizer.from_pretrained(str(folder))
-        try:
-            return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-        except (ValueError, OSError, KeyError):
-            return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+        return cls.from_pretrained(str(folder))
     except Exception as err:
         raise ValueError(f"cannot load the tokenizer in {folder}: {type(err).__name__}: {err}") from None
 
