@@ -93,9 +93,10 @@ def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
             return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS, local_files_only=True))
         except Exception:
             pass
+        reason = " ".join(str(err).split())[:200]
         raise FileNotFoundError(
-            f"could not fetch {name!r} from the Hugging Face hub ({type(err).__name__}: {str(err)[:200]}). "
-            f"If this machine is offline, download the checkpoint elsewhere (e.g. `huggingface-cli download "
+            f"could not fetch {name!r} from the Hugging Face hub ({type(err).__name__}: {reason}). "
+            f"If this machine is offline, download the checkpoint elsewhere (e.g. `hf download "
             f"{name} --local-dir ./{parts[1]}`), copy the folder here and pass its path: "
             f"dllm.load('./{parts[1]}') or `dllm generate --model ./{parts[1]} ...`") from None
 

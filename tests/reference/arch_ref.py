@@ -1,0 +1,246 @@
+"""Plain-torch reference forwards of LLaDA-8B and Dream-v0-7B, from the real state-dict layout.
+
+Written from spec/models-and-caches.md §2.5-2.6 (LLaDA) and §3.3-3.5 (Dream); independent of
+`dllm`. Functions take the checkpoint's ``state_dict`` (real HF names) and its ``config.json`` dict.
+
+Numerics, per model (these are the points where the two families differ):
+
+* RMSNorm (both): upcast to fp32, x * rsqrt(mean(x^2) + eps), cast back, then ``weight * x`` in the
+  activation dtype. eps from the config (LLaDA ``rms_norm_eps`` 1e-5, Dream 1e-6).
+* RoPE (both NeoX / rotate-half, angles = outer(position, inv_freq) in fp32, concatenated with
+  themselves). LLaDA (``rope_full_precision``) rotates q and k in fp32 and casts back; Dream casts
+  cos/sin to the activation dtype and rotates in that dtype.
+* Attention (both bidirectional, scale 1/sqrt(head_dim), GQA by ``repeat_interleave`` over heads):
+  written out as matmul + softmax, computed in fp32 and cast back to the activation dtype (the
+  "upcast" reference; in fp32 it equals SDPA up to summation order).
+* Masks. LLaDA: absolute positions 0..L-1 always; a (B, L) mask with a zero becomes the additive
+  key-only bias (1 - m) * finfo(float32).min of shape (B, 1, 1, L); pad queries still see real keys.
+  Dream: without zeros positions are 0..L-1 and no mask; with zeros position ids are cumsum(m) - 1
+  with pads set to 1, and the mask is query_valid AND key_valid. That boolean mask leaves pad query
+  rows with no admissible key; here it is applied as an additive finfo(float32).min bias, so such
+  rows attend uniformly (finite, never NaN). Logits at pad positions are therefore unspecified and
+  must not be compared; real positions never see pad keys, so they are unaffected.
+* Heads: LLaDA logits are aligned (row i predicts token i) with width ``embedding_size``; Dream
+  returns RAW logits (row i predicts token i + 1). :func:`dream_shift` aligns them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["dream_forward_ref", "dream_shift", "llada_forward_ref"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pieces
+# ---------------------------------------------------------------------------------------------
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """fp32 normalisation, cast back, then the weight multiply in the activation dtype."""
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rope_angles(positions: Tensor, head_dim: int, theta: float) -> Tensor:
+    """positions (B|1, L) integer -> angles (B|1, 1, L, D) in fp32, halves repeated (NeoX layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, L, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (B, L, D)
+    return angles[:, None]  # (B, 1, L, D): broadcast over heads
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    """[x1, x2] (halves of the last dim) -> [-x2, x1]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """Bidirectional attention in fp32. q (B, H, L, D); k, v (B, H, L, D); bias broadcastable to
+    (B, H, L, L), additive, fp32. Returns (B, H, L, D) in q's dtype."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = (q.to(torch.float32) @ k.to(torch.float32).transpose(-1, -2)) * scale  # (B, H, L, L)
+    if bias is not None:
+        scores = scores + bias
+    scores = scores - scores.amax(dim=-1, keepdim=True)  # stable softmax, written out
+    weights = scores.exp()
+    weights = weights / weights.sum(dim=-1, keepdim=True)  # (B, H, L, L)
+    return (weights @ v.to(torch.float32)).to(q.dtype)  # (B, H, L, D)
+
+
+def _split_heads(x: Tensor, n_heads: int) -> Tensor:
+    B, L, _ = x.shape
+    return x.view(B, L, n_heads, -1).transpose(1, 2)  # (B, H, L, D)
+
+
+def _merge_heads(x: Tensor) -> Tensor:
+    B, H, L, D = x.shape
+    return x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, H*D)
+
+
+def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, H_kv, L, D) -> (B, H_kv * n_rep, L, D); kv head j serves query heads j*n_rep ... (j+1)*n_rep-1."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# LLaDA
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_llada_config(config: Mapping) -> None:
+    expected = {
+        "rope": True,
+        "alibi": False,
+        "block_type": "llama",
+        "block_group_size": 1,
+        "activation_type": "silu",
+        "layer_norm_type": "rms",
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "attention_layer_norm": False,
+        "scale_logits": False,
+        "input_emb_norm": False,
+    }
+    bad = {k: config.get(k) for k, v in expected.items() if config.get(k, v) != v}
+    if bad:
+        raise ValueError(f"llada_forward_ref models only {expected}; config has {bad}")
+
+
+def llada_forward_ref(
+    state_dict: Mapping[str, Tensor],
+    config: Mapping,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+) -> Tensor:
+    """LLaDA forward (spec §2.5-2.6): ``input_ids`` (B, L) -> aligned logits (B, L, embedding_size).
+
+    ``state_dict`` uses the real names (``model.transformer.wte.weight`` ...); ``config`` is the
+    ``config.json`` dict. ``attention_mask`` (B, L), 1 = real token, is used only when it contains a
+    zero (additive key-only bias). Positions are the absolute columns 0..L-1. Runs in the dtype of
+    the weights; row i predicts token i (no shift).
+    """
+    _check_llada_config(config)
+    p = "model.transformer."
+    d, n_heads = config["d_model"], config["n_heads"]
+    n_kv = config["n_kv_heads"] or (1 if config["multi_query_attention"] else n_heads)
+    head_dim = d // n_heads
+    eps = config["rms_norm_eps"]
+    B, L = input_ids.shape
+
+    x = F.embedding(input_ids, state_dict[p + "wte.weight"])  # (B, L, d)
+
+    bias = None
+    if attention_mask is not None and bool((attention_mask == 0).any()):
+        m = attention_mask.to(torch.float32).view(B, L)
+        bias = ((1.0 - m) * torch.finfo(torch.float32).min)[:, None, None, :]  # (B, 1, 1, L), keys only
+
+    angles = _rope_angles(torch.arange(L, device=input_ids.device)[None], head_dim, config["rope_theta"])
+    cos, sin = angles.cos(), angles.sin()  # (1, 1, L, D) fp32
+
+    for i in range(config["n_layers"]):
+        b = f"{p}blocks.{i}."
+        h = _rms_norm(x, state_dict[b + "attn_norm.weight"], eps)
+        q = _split_heads(F.linear(h, state_dict[b + "q_proj.weight"]), n_heads)  # (B, H, L, D)
+        k = _split_heads(F.linear(h, state_dict[b + "k_proj.weight"]), n_kv)  # (B, H_kv, L, D)
+        v = _split_heads(F.linear(h, state_dict[b + "v_proj.weight"]), n_kv)  # (B, H_kv, L, D)
+        # rope_full_precision: rotate in fp32, cast back.
+        qf, kf = q.to(torch.float32), k.to(torch.float32)
+        q = (qf * cos + _rotate_half(qf) * sin).to(q.dtype)
+        k = (kf * cos + _rotate_half(kf) * sin).to(k.dtype)
+        k, v = _repeat_kv(k, n_heads // n_kv), _repeat_kv(v, n_heads // n_kv)  # (B, H, L, D)
+        att = _merge_heads(_attention(q, k, v, bias))  # (B, L, d)
+        x = x + F.linear(att, state_dict[b + "attn_out.weight"])
+
+        h = _rms_norm(x, state_dict[b + "ff_norm.weight"], eps)
+        gate = F.silu(F.linear(h, state_dict[b + "ff_proj.weight"]))  # (B, L, mlp): ff_proj is the gate
+        up = F.linear(h, state_dict[b + "up_proj.weight"])  # (B, L, mlp)
+        x = x + F.linear(gate * up, state_dict[b + "ff_out.weight"])  # block ff_out = down
+
+    x = _rms_norm(x, state_dict[p + "ln_f.weight"], eps)
+    head = state_dict[p + "wte.weight"] if config["weight_tying"] else state_dict[p + "ff_out.weight"]
+    return F.linear(x, head)  # (B, L, V)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dream
+# ---------------------------------------------------------------------------------------------
+
+
+def dream_forward_ref(
+    state_dict: Mapping[str, Tensor],
+    config: Mapping,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+) -> Tensor:
+    """Dream forward (spec §3.3, mask convention §3.5): ``input_ids`` (B, L) -> RAW logits (B, L, V).
+
+    Row i of the result predicts token i + 1 (Qwen2 next-token alignment); apply
+    :func:`dream_shift` to align. ``attention_mask`` (B, L), 1 = real token: when it has a zero,
+    position ids are cumsum(mask) - 1 (pads set to 1) and attention is restricted to
+    query_valid AND key_valid (pad query rows: see the module docstring); otherwise positions are
+    0..L-1 and attention is unmasked. Runs in the dtype of the weights.
+    """
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"dream_forward_ref models hidden_act 'silu', got {config['hidden_act']!r}")
+    if config.get("rope_scaling") is not None:
+        raise ValueError("dream_forward_ref models rope_scaling null only")
+    d, n_heads, n_kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = d // n_heads
+    eps = config["rms_norm_eps"]
+    B, L = input_ids.shape
+    device = input_ids.device
+
+    x = F.embedding(input_ids, state_dict["model.embed_tokens.weight"])  # (B, L, d)
+
+    if attention_mask is not None and bool((attention_mask == 0).any()):
+        m = attention_mask.to(device).long().view(B, L)
+        positions = m.cumsum(-1) - 1  # (B, L): first real token at 0
+        positions = positions.masked_fill(m == 0, 1)
+        valid = m.bool()
+        allowed = valid[:, None, :, None] & valid[:, None, None, :]  # (B, 1, L, L): query AND key
+        bias = torch.zeros(B, 1, L, L, dtype=torch.float32, device=device)
+        bias = bias.masked_fill(~allowed, torch.finfo(torch.float32).min)
+    else:
+        positions = torch.arange(L, device=device)[None]  # (1, L)
+        bias = None
+
+    angles = _rope_angles(positions, head_dim, config["rope_theta"])  # (B|1, 1, L, D) fp32
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # rotation runs in activation dtype
+
+    for i in range(config["num_hidden_layers"]):
+        b = f"model.layers.{i}."
+        a = b + "self_attn."
+        h = _rms_norm(x, state_dict[b + "input_layernorm.weight"], eps)
+        q = _split_heads(F.linear(h, state_dict[a + "q_proj.weight"], state_dict[a + "q_proj.bias"]), n_heads)
+        k = _split_heads(F.linear(h, state_dict[a + "k_proj.weight"], state_dict[a + "k_proj.bias"]), n_kv)
+        v = _split_heads(F.linear(h, state_dict[a + "v_proj.weight"], state_dict[a + "v_proj.bias"]), n_kv)
+        q = q * cos + _rotate_half(q) * sin  # (B, H, L, D)
+        k = k * cos + _rotate_half(k) * sin  # (B, H_kv, L, D)
+        k, v = _repeat_kv(k, n_heads // n_kv), _repeat_kv(v, n_heads // n_kv)  # (B, H, L, D)
+        att = _merge_heads(_attention(q, k, v, bias))  # (B, L, d)
+        x = x + F.linear(att, state_dict[a + "o_proj.weight"])  # no o_proj bias
+
+        h = _rms_norm(x, state_dict[b + "post_attention_layernorm.weight"], eps)
+        gate = F.silu(F.linear(h, state_dict[b + "mlp.gate_proj.weight"]))  # (B, L, mlp)
+        up = F.linear(h, state_dict[b + "mlp.up_proj.weight"])  # (B, L, mlp)
+        x = x + F.linear(gate * up, state_dict[b + "mlp.down_proj.weight"])
+
+    x = _rms_norm(x, state_dict["model.norm.weight"], eps)
+    head = state_dict["model.embed_tokens.weight"] if config["tie_word_embeddings"] else state_dict["lm_head.weight"]
+    return F.linear(x, head)  # (B, L, V), raw (unshifted)
+
+
+def dream_shift(logits: Tensor) -> Tensor:
+    """Align Dream's raw logits: shifted[:, 0] = raw[:, 0], shifted[:, i] = raw[:, i - 1].
+
+    (B, L, V) -> (B, L, V). Position 0's value is meaningless and never used (always prompt).
+    """
+    return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)

@@ -1,0 +1,363 @@
+"""Literal re-transcriptions of the published decoding loops, used as oracles for dllm's samplers.
+
+* :func:`llada_generate_ref`: ML-GSAI/LLaDA ``generate.py`` at HEAD b7e6c35 (spec
+  models-and-caches.md §5.1, samplers.md §2.1, §3.1).
+* :func:`dream_generate_ref`: Dream's ``diffusion_generate`` / ``_sample`` from the HF model repo's
+  ``generation_utils.py`` (spec models-and-caches.md §5.2, samplers.md §2.3, §3.2).
+
+Both loops are re-written from the algorithms, step for step in the reference order, with three
+deliberate, documented differences:
+
+1. Every random draw takes an explicit ``torch.Generator`` (``generator=None`` = torch's global RNG,
+   as in the originals). Draw order and shapes follow the references:
+   LLaDA, per step: (B, L, V) float64 uniforms for Gumbel-max when temperature > 0, then (B, L)
+   float32 uniforms for ``remasking="random"``.
+   Dream, per step: ``origin`` draws one float32 uniform per masked position (row-major), then
+   categorical samples for the revealed ones; other algs draw categorical samples for every masked
+   position, then (``alg_temp`` > 0) ``multinomial`` without replacement over the positions.
+2. Categorical sampling at temperature > 0 uses ``torch.multinomial(probs, 1, generator=...)``
+   instead of ``torch.distributions.Categorical(probs).sample()`` (which cannot take a generator).
+   The distribution is the same, the random stream is not; when there is nothing to sample no
+   draw is made.
+3. ``torch.topk``'s order among equal values is backend-defined. Every top-k selection here is a
+   stable descending sort, so ties go to the LOWEST position (and, in Dream's top-p filter, to the
+   lowest token id).
+
+The model is a callable ``logits_fn(x, attention_mask) -> logits``: x (B, L) long; attention_mask
+the 2-D (B, L) 0/1 mask extended over the generation region, exactly what the reference hands to
+the model, or None; logits (B, L, V). LLaDA expects aligned logits; Dream expects RAW (unshifted)
+logits and the loop applies the shift itself, as the reference does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["dream_generate_ref", "llada_generate_ref", "llada_transfer_counts"]
+
+LogitsFn = Callable[[Tensor, "Tensor | None"], Tensor]
+
+
+def _topk_lowest_first(scores: Tensor, k: int) -> Tensor:
+    """Indices of the k largest entries of each row of ``scores`` (..., N); ties -> lowest index.
+
+    A stable descending sort keeps equal values in index order, replacing ``torch.topk`` whose tie
+    order is backend-defined.
+    """
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    return order[..., :k]
+
+
+# ---------------------------------------------------------------------------------------------
+# LLaDA generate.py
+# ---------------------------------------------------------------------------------------------
+
+
+def llada_transfer_counts(block_mask: Tensor, steps: int) -> Tensor:
+    """Per-row, per-step commit counts of a block (``get_num_transfer_tokens``).
+
+    block_mask (B, K) bool -> (B, steps) int64: with n masks in the row, every step gets n // steps
+    and the first n % steps steps one more.
+    """
+    n = block_mask.sum(dim=1, keepdim=True)  # (B, 1)
+    counts = torch.zeros(block_mask.shape[0], steps, dtype=torch.int64, device=block_mask.device) + n // steps
+    for row in range(block_mask.shape[0]):
+        counts[row, : int(n[row] % steps)] += 1
+    return counts
+
+
+def _add_gumbel_noise(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
+    """Gumbel-max in float64: argmax of exp(l) / (-log u)^T samples softmax(l / T).
+
+    At T == 0 the SAME tensor is returned (no draw), which matters for ``confidence_eos_eot_inf``.
+    """
+    if temperature == 0:
+        return logits
+    logits = logits.to(torch.float64)
+    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)  # (B, L, V)
+    return logits.exp() / (-torch.log(u)) ** temperature
+
+
+@torch.no_grad()
+def llada_generate_ref(
+    logits_fn: LogitsFn,
+    prompt: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    steps: int,
+    gen_length: int,
+    block_length: int,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
+    mask_id: int,
+    generator: torch.Generator | None = None,
+    cfg_scale: float = 0.0,
+    logits_eos_inf: bool = False,
+    confidence_eos_eot_inf: bool = False,
+    eos_id: int | None = None,
+    eot_id: int | None = None,
+) -> Tensor:
+    """LLaDA's semi-autoregressive low-confidence / random remasking loop (``generate.py``).
+
+    Args:
+        logits_fn: ``(x (B, L), attention_mask (B, L) | None) -> aligned logits (B, L, V)``.
+        prompt: (B, Lp) long, left-padded when rows differ in length (pad must not be ``mask_id``).
+        attention_mask: (B, Lp) 0/1 or None; if given it is extended with ones over the generation
+            region and passed on every call (with CFG, duplicated to 2B rows).
+        steps, gen_length, block_length: ``gen_length % block_length == 0`` and ``steps`` divisible
+            by the number of blocks; each block gets ``steps / num_blocks`` steps.
+        temperature: 0 = argmax; > 0 = Gumbel-max in float64.
+        remasking: ``"low_confidence"`` (softmax of the raw logits, in the logits dtype, at x0) or
+            ``"random"`` (U(0, 1) float32 scores).
+        mask_id: id of the mask token (126336 for LLaDA-8B).
+        generator: used for every random draw.
+        cfg_scale: unsupervised classifier-free guidance; the unconditional copy masks every
+            position that was not a mask in the initial canvas (pads included).
+        logits_eos_inf: set the ``eos_id`` logit column to -inf before the argmax.
+        confidence_eos_eot_inf: the literal reference quirk (spec Q2): after the argmax, -inf goes
+            into the ``eos_id`` column of the noised logits and the ``eot_id`` column of the raw
+            logits; at T == 0 they are one tensor, so EOS/EOT predictions get confidence 0.
+        eos_id, eot_id: required by the two flags above (LLaDA-8B: 126081, 126348).
+
+    Returns:
+        The final canvas (B, Lp + gen_length), prompt included.
+    """
+    if remasking not in ("low_confidence", "random"):
+        raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
+    if (logits_eos_inf or confidence_eos_eot_inf) and eos_id is None:
+        raise ValueError("logits_eos_inf / confidence_eos_eot_inf need eos_id")
+    if confidence_eos_eot_inf and eot_id is None:
+        raise ValueError("confidence_eos_eot_inf needs eot_id")
+    B, Lp = prompt.shape
+    x = torch.full((B, Lp + gen_length), mask_id, dtype=torch.long, device=prompt.device)  # (B, L)
+    x[:, :Lp] = prompt.clone()
+    if attention_mask is not None:
+        ones = torch.ones((B, gen_length), dtype=attention_mask.dtype, device=attention_mask.device)
+        attention_mask = torch.cat([attention_mask, ones], dim=-1)  # (B, L)
+    prompt_index = x != mask_id  # (B, L), computed once: pads count as prompt
+
+    if gen_length % block_length != 0:
+        raise ValueError(f"gen_length {gen_length} is not a multiple of block_length {block_length}")
+    num_blocks = gen_length // block_length
+    if steps % num_blocks != 0:
+        raise ValueError(f"steps {steps} is not a multiple of the number of blocks {num_blocks}")
+    steps_per_block = steps // num_blocks
+
+    for block in range(num_blocks):
+        start, end = Lp + block * block_length, Lp + (block + 1) * block_length
+        counts = llada_transfer_counts(x[:, start:end] == mask_id, steps_per_block)  # (B, s)
+        for i in range(steps_per_block):
+            mask_index = x == mask_id  # (B, L)
+            if cfg_scale > 0.0:
+                un_x = x.clone()
+                un_x[prompt_index] = mask_id
+                both = torch.cat([x, un_x], dim=0)  # (2B, L)
+                mask2 = None if attention_mask is None else torch.cat([attention_mask, attention_mask], dim=0)
+                cond, uncond = torch.chunk(logits_fn(both, mask2), 2, dim=0)
+                logits = uncond + (cfg_scale + 1) * (cond - uncond)  # (B, L, V)
+            else:
+                logits = logits_fn(x, attention_mask).clone()  # (B, L, V); clone: edited in place below
+
+            if logits_eos_inf:
+                logits[:, :, eos_id] = -torch.inf
+
+            logits_with_noise = _add_gumbel_noise(logits, temperature, generator)
+            x0 = torch.argmax(logits_with_noise, dim=-1)  # (B, L)
+
+            if confidence_eos_eot_inf:
+                logits_with_noise[:, :, eos_id] = -torch.inf
+                logits[:, :, eot_id] = -torch.inf
+
+            if remasking == "low_confidence":
+                p = F.softmax(logits, dim=-1)  # (B, L, V), logits dtype, raw (un-noised) logits
+                x0_p = torch.gather(p, dim=-1, index=x0.unsqueeze(-1)).squeeze(-1)  # (B, L)
+            else:
+                x0_p = torch.rand(x0.shape, device=x0.device, generator=generator)  # (B, L) float32
+
+            x0_p[:, end:] = -torch.inf  # never beyond the current block
+            x0 = torch.where(mask_index, x0, x)
+            confidence = torch.where(mask_index, x0_p, -torch.inf)  # (B, L)
+
+            transfer = torch.zeros_like(x0, dtype=torch.bool)
+            for row in range(B):
+                # torch.topk in the reference; ties -> lowest position here (module docstring).
+                chosen = _topk_lowest_first(confidence[row], int(counts[row, i]))
+                transfer[row, chosen] = True
+            x[transfer] = x0[transfer]
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# Dream diffusion_generate
+# ---------------------------------------------------------------------------------------------
+
+
+def _top_p_logits(logits: Tensor, top_p: float) -> Tensor:
+    """Nucleus filter: drop tokens once the cumulative softmax (descending) exceeds top_p, always
+    keeping the first; dropped logits become finfo.min. Sort is stable (ties -> lower token id)."""
+    sorted_logits, sorted_idx = torch.sort(logits, descending=True, stable=True)
+    cum = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
+    remove = cum > top_p
+    remove[..., 1:] = remove[..., :-1].clone()  # shift right: keep the token that crosses top_p
+    remove[..., 0] = False
+    mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, sorted_idx, remove)
+    return logits.masked_fill(mask, torch.finfo(logits.dtype).min)
+
+
+def _top_k_logits(logits: Tensor, top_k: int) -> Tensor:
+    """Keep logits >= the k-th largest (ties at the threshold survive); others -> finfo.min."""
+    top_k = min(top_k, logits.size(-1))
+    kth = torch.topk(logits, top_k)[0][..., -1, None]  # values only: tie order irrelevant
+    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
+
+
+def _sample_tokens(
+    logits: Tensor,
+    *,
+    temperature: float,
+    top_p: float | None,
+    top_k: int | None,
+    kind: str,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor]:
+    """Dream's ``sample_tokens`` on (N, V) logits, all in the logits dtype -> (confidence (N,), x0 (N,)).
+
+    kind: ``"prob"`` (probability of x0), ``"margin"`` (top1 - top2 probability) or
+    ``"neg_entropy"`` (sum p log(p + 1e-10)). x0 is sampled at temperature > 0 (multinomial from the
+    tempered, filtered softmax), else the argmax (first maximum).
+    """
+    if temperature > 0:
+        logits = logits / temperature
+    if top_p is not None and top_p < 1:
+        logits = _top_p_logits(logits, top_p)
+    if top_k is not None:
+        logits = _top_k_logits(logits, top_k)
+    probs = torch.softmax(logits, dim=-1)  # (N, V)
+
+    if temperature > 0:
+        x0 = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (N,)
+        confidence = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
+    else:
+        confidence, x0 = probs.max(dim=-1)
+
+    if kind == "margin":
+        sorted_probs = torch.sort(probs, dim=-1, descending=True).values
+        confidence = sorted_probs[:, 0] - sorted_probs[:, 1]
+    elif kind == "neg_entropy":
+        confidence = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+    return confidence, x0
+
+
+_DREAM_ALG_KIND = {"maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}
+
+
+@torch.no_grad()
+def dream_generate_ref(
+    logits_fn: LogitsFn,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    max_new_tokens: int,
+    steps: int,
+    eps: float = 1e-3,
+    alg: str = "origin",
+    alg_temp: float | None = None,
+    temperature: float = 0.0,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    mask_id: int,
+    generator: torch.Generator | None = None,
+    logits_hook: Callable[[int, Tensor, Tensor], Tensor] | None = None,
+    tokens_hook: Callable[[int | None, Tensor, Tensor | None], Tensor] | None = None,
+) -> Tensor:
+    """Dream's global (no blocks) masked-diffusion loop (``diffusion_generate`` / ``_sample``).
+
+    Args:
+        logits_fn: ``(x (B, L), attention_mask (B, L) | None) -> RAW logits (B, L, V)``; shifted here.
+        input_ids: (B, Lp) long, left-padded when rows differ (Dream pads with <|endoftext|>).
+        attention_mask: (B, Lp) 0/1 or None. Only if it contains a zero is it extended with ones
+            over the generation region and passed on (the callee derives position ids
+            cumsum - 1, pads -> 1, and the query AND key mask); otherwise None is passed.
+        max_new_tokens, steps: canvas = input_ids right-padded with ``max_new_tokens`` masks;
+            timesteps = linspace(1, eps, steps + 1) in float32.
+        alg: ``"origin"`` (each masked position revealed with probability 1 - s/t, all at the last
+            step) or ``"maskgit_plus"`` / ``"topk_margin"`` / ``"entropy"`` (commit
+            k = int(n_bar * (1 - s/t)), int(n_bar) at the last step, n_bar = masked count averaged
+            over the batch, chosen per row over the whole canvas).
+        alg_temp: None/0 -> top-k confidences; > 0 -> k positions drawn without replacement from
+            softmax(confidence / alg_temp).
+        temperature, top_p, top_k: token sampling in ``sample_tokens``.
+        mask_id: mask token id (151666 for Dream-v0).
+        generator: used for every random draw.
+        logits_hook: ``(step, x, logits) -> logits`` after the shift (reference hook).
+        tokens_hook: ``(step | None, x, logits | None) -> x``, called once before the loop with
+            step None and after every step (reference hook).
+
+    Returns:
+        The final canvas (B, Lp + max_new_tokens).
+
+    Reference quirk kept: k is one number for the whole batch; a row with fewer than k masked
+    positions would have unmasked positions (confidence -inf) selected and overwritten with the
+    mask id. Rows without masks in the prompt stay in lockstep, so this does not arise for them.
+    """
+    if alg != "origin" and alg not in _DREAM_ALG_KIND:
+        raise ValueError(f"alg must be one of {['origin', *_DREAM_ALG_KIND]}, got {alg!r}")
+    B, Lp = input_ids.shape
+    max_length = Lp + max_new_tokens
+    x = F.pad(input_ids, (0, max_new_tokens), value=mask_id)  # (B, L)
+
+    if attention_mask is not None and bool((attention_mask == 0).any()):
+        attention_mask = F.pad(attention_mask, (0, max_length - attention_mask.shape[1]), value=1)  # (B, L)
+    else:
+        attention_mask = None  # the reference's "full": no mask, positions 0..L-1
+
+    timesteps = torch.linspace(1, eps, steps + 1, device=x.device)  # float32
+    if tokens_hook is not None:
+        x = tokens_hook(None, x, None)
+
+    for i in range(steps):
+        mask_index = x == mask_id  # (B, L)
+        logits = logits_fn(x, attention_mask)  # (B, L, V) raw
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # shift: row i predicts token i
+        if logits_hook is not None:
+            logits = logits_hook(i, x, logits)
+        mask_logits = logits[mask_index]  # (n, V), masked positions in row-major order
+        t, s = timesteps[i], timesteps[i + 1]
+
+        if alg == "origin":
+            p_transfer = 1 - s / t if i < steps - 1 else 1
+            x0 = torch.full_like(x[mask_index], mask_id)  # (n,)
+            reveal = torch.rand(x0.shape, device=x.device, generator=generator) < p_transfer  # (n,)
+            if bool(reveal.any()):
+                _, x0[reveal] = _sample_tokens(
+                    mask_logits[reveal], temperature=temperature, top_p=top_p, top_k=top_k,
+                    kind="prob", generator=generator,
+                )
+            x[mask_index] = x0
+        elif bool(mask_index.any()):
+            confidence, x0 = _sample_tokens(
+                mask_logits, temperature=temperature, top_p=top_p, top_k=top_k,
+                kind=_DREAM_ALG_KIND[alg], generator=generator,
+            )
+            n_bar = mask_index.sum() / mask_index.shape[0]  # float32 tensor, batch average
+            k = int(n_bar * (1 - s / t)) if i < steps - 1 else int(n_bar)
+            full_confidence = torch.full(x.shape, -torch.inf, dtype=logits.dtype, device=x.device)  # (B, L)
+            full_confidence[mask_index] = confidence
+            if k > 0:
+                if alg_temp is None or alg_temp == 0:
+                    chosen = _topk_lowest_first(full_confidence, k)  # (B, k); reference: torch.topk
+                else:
+                    weights = F.softmax(full_confidence / alg_temp, dim=-1)  # (B, L)
+                    chosen = torch.multinomial(weights, num_samples=k, generator=generator)  # (B, k)
+                x_ = torch.full_like(x, mask_id)
+                x_[mask_index] = x0
+                rows = torch.arange(B, device=x.device).unsqueeze(1).expand_as(chosen)  # (B, k)
+                x[rows, chosen] = x_[rows, chosen]
+
+        if tokens_hook is not None:
+            x = tokens_hook(i, x, logits)
+    return x

@@ -1,0 +1,185 @@
+"""Generation against independent transcriptions of the published loops, batching, seeding."""
+import pytest
+import torch
+
+import dllm
+from tests.reference.samplers_ref import dream_generate_ref, llada_generate_ref
+
+
+def llada_logits_fn(model):
+    """What LLaDA's reference model computes: absolute positions 0..L-1, padding keys masked."""
+    def fn(x, attention_mask):
+        key_valid = None if attention_mask is None else attention_mask.bool()
+        return model(x, key_valid=key_valid)
+    return fn
+
+
+def dream_raw_logits_fn(model):
+    """Dream's reference model output before the caller's shift (positions recounted from the
+    first real token, as diffusion_generate does). dllm returns shifted logits; unshift them
+    (the last raw column is never read by the shift)."""
+    def fn(x, attention_mask):
+        key_valid = position_ids = None
+        if attention_mask is not None:
+            key_valid = attention_mask.bool()
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        shifted = model(x, key_valid=key_valid, position_ids=position_ids)
+        return torch.cat([shifted[:, 1:], shifted[:, -1:]], dim=1)
+    return fn
+
+
+def _batch(rows, pad):
+    """Left-padded input_ids and attention mask of ragged token lists."""
+    lp = max(len(r) for r in rows)
+    ids = torch.full((len(rows), lp), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), lp), dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, lp - len(r):] = torch.tensor(r)
+        mask[b, lp - len(r):] = 1
+    return ids, (mask if (mask == 0).any() else None)
+
+
+PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [64, 3, 12], [250, 11, 11, 19, 100]]
+
+LLADA_CASES = [  # (gen_length, block_length, steps)
+    (16, 16, 16), (16, 8, 8), (20, 10, 6), (12, 4, 12), (24, 8, 9), (15, 5, 3),
+]
+
+
+@pytest.mark.parametrize("remasking", ["low_confidence", "random"])
+@pytest.mark.parametrize("gen,block,steps", LLADA_CASES, ids=lambda v: str(v))
+def test_llada_samplers_equal_reference(llada, remasking, gen, block, steps):
+    model, _ = llada
+    for rows in ([PROMPTS[0]], PROMPTS):
+        ids, mask = _batch(rows, model.config.pad_token_id)
+        want = llada_generate_ref(llada_logits_fn(model), ids, mask, steps=steps, gen_length=gen, block_length=block,
+                                  remasking=remasking, mask_id=model.config.mask_token_id,
+                                  generator=torch.Generator().manual_seed(11))
+        out = dllm.generate(model, None, rows, gen_length=gen, block_length=block, steps=steps, sampler=remasking,
+                            seed=11)
+        assert torch.equal(out.sequences, want), (out.sequences, want)
+        assert out.forwards == steps and out.nfe == [steps] * len(rows)
+
+
+DREAM_CASES = [(16, 16), (16, 5), (12, 7), (8, 20), (10, 1)]  # (gen_length, steps)
+
+
+@pytest.mark.parametrize("alg", ["origin", "maskgit_plus", "topk_margin", "entropy"])
+@pytest.mark.parametrize("gen,steps", DREAM_CASES, ids=lambda v: str(v))
+def test_dream_samplers_equal_reference(dream, alg, gen, steps):
+    model, _ = dream
+    for rows in ([PROMPTS[0]], PROMPTS):
+        ids, mask = _batch(rows, model.config.pad_token_id)
+        want = dream_generate_ref(dream_raw_logits_fn(model), ids, mask, max_new_tokens=gen, steps=steps, alg=alg,
+                                  mask_id=model.config.mask_token_id, generator=torch.Generator().manual_seed(5))
+        out = dllm.generate(model, None, rows, gen_length=gen, steps=steps, sampler=alg, seed=5)
+        assert torch.equal(out.sequences, want), (alg, out.sequences, want)
+        assert max(out.nfe) <= steps
+
+
+def test_dream_first_step_commits_nothing_with_steps_equal_gen_length(dream):
+    """The reference's schedule spends its first forward committing 0 tokens and commits 2 at the
+    end; a fixed schedule is kept exactly (its step count bounds it)."""
+    model, _ = dream
+    out = dllm.generate(model, None, [PROMPTS[0]], gen_length=16, steps=16, sampler="entropy", trace=True)
+    per_step = torch.bincount(out.trace[0], minlength=16).tolist()
+    assert per_step[0] == 0 and per_step[-1] == 2 and sum(per_step) == 16
+    assert out.forwards == 16
+
+
+def test_llada_per_step_counts_spread_as_reference(llada):
+    model, _ = llada
+    out = dllm.generate(model, None, [PROMPTS[1]], gen_length=20, block_length=10, steps=6, trace=True)
+    per_step = torch.bincount(out.trace[0], minlength=6).tolist()
+    assert per_step == [4, 3, 3, 4, 3, 3]
+    # Block order: every position of block 0 is committed before any of block 1.
+    assert out.trace[0, :10].max() < out.trace[0, 10:].min()
+
+
+@pytest.mark.parametrize("family,sampler", [("llada", "low_confidence"), ("llada", "entropy"),
+                                            ("dream", "maskgit_plus"), ("dream", "topk_margin"),
+                                            ("dream", "entropy"), ("dream", "low_confidence")])
+def test_batched_equals_unbatched(request, family, sampler):
+    """A row decodes the same tokens alone or in a ragged batch (at temperature 0)."""
+    model, _ = request.getfixturevalue(family)
+    kw = dict(gen_length=12, block_length=6, steps=12, sampler=sampler)
+    batched = dllm.generate(model, None, PROMPTS, **kw)
+    for b, row in enumerate(PROMPTS):
+        alone = dllm.generate(model, None, [row], **kw)
+        assert torch.equal(alone.generated[0], batched.generated[b]), (b, alone.generated, batched.generated)
+
+
+@pytest.mark.parametrize("sampler", ["maskgit_plus", "entropy"])
+def test_dream_samplers_run_on_llada_and_llada_sampler_on_dream(llada, dream, sampler):
+    for model, name in ((llada[0], sampler), (dream[0], "low_confidence")):
+        out = dllm.generate(model, None, PROMPTS, gen_length=8, block_length=4, steps=8, sampler=name)
+        assert not (out.generated == model.config.mask_token_id).any()
+
+
+@pytest.mark.parametrize("family,sampler", [("llada", "low_confidence"), ("llada", "random"),
+                                            ("dream", "origin"), ("dream", "entropy")])
+def test_seeded_sampling_is_reproducible(request, family, sampler):
+    model, _ = request.getfixturevalue(family)
+    kw = dict(gen_length=12, block_length=12, steps=6, temperature=0.8, sampler=sampler)
+    a = dllm.generate(model, None, PROMPTS, seed=3, **kw)
+    b = dllm.generate(model, None, PROMPTS, seed=3, **kw)
+    c = dllm.generate(model, None, PROMPTS, seed=4, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    assert not torch.equal(a.sequences, c.sequences)
+
+
+def test_dream_alg_temp_and_top_p_top_k(dream):
+    model, _ = dream
+    kw = dict(gen_length=10, steps=5, temperature=0.5, sampler="entropy",
+              sampler_kwargs=dict(alg_temp=0.3, top_p=0.9, top_k=20))
+    a = dllm.generate(model, None, PROMPTS, seed=1, **kw)
+    b = dllm.generate(model, None, PROMPTS, seed=1, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    assert not (a.generated == model.config.mask_token_id).any()
+
+
+def test_prompt_is_never_changed_and_padding_kept(llada):
+    model, _ = llada
+    out = dllm.generate(model, None, PROMPTS, gen_length=8, block_length=8, steps=4)
+    lp = max(len(r) for r in PROMPTS)
+    for b, r in enumerate(PROMPTS):
+        assert out.sequences[b, lp - len(r):lp].tolist() == r
+        assert (out.sequences[b, :lp - len(r)] == model.config.pad_token_id).all()
+
+
+def test_forward_cap_flushes_the_remaining_masks(llada):
+    model, _ = llada
+    out = dllm.generate(model, None, PROMPTS, gen_length=16, block_length=8, steps=16, max_forwards=5)
+    assert out.forwards == 5 and all(out.hit_cap)
+    assert not (out.generated == model.config.mask_token_id).any()
+    full = dllm.generate(model, None, PROMPTS, gen_length=16, block_length=8, steps=16)
+    assert not any(full.hit_cap) and full.forwards == 16
+
+
+def test_outputs_and_stats(llada):
+    model, tok = llada
+    out = dllm.generate(model, tok, ["hello there", "a"], gen_length=8, block_length=4, steps=4, chat=False)
+    assert len(out.texts) == 2 and all(isinstance(t, str) for t in out.texts)
+    assert out.tokens_per_forward == [2.0, 2.0]
+    eos = model.config.eos_token_id
+    for b in range(2):
+        row = out.generated[b].tolist()
+        assert out.answer_lengths[b] == next((i for i, t in enumerate(row) if t in (eos, model.config.eot_token_id)),
+                                             len(row))
+
+
+def test_texts_are_cut_at_the_first_eos_or_eot(llada):
+    """The decoded answer stops at the first EOS or EOT; everything after it is padding."""
+    model, tok = llada
+    from dllm.generate import _output, build_state
+    from dllm.samplers import get
+    eos, eot = model.config.eos_token_id, model.config.eot_token_id
+    assert eot is not None and eot != eos
+    words = tok("hi there", add_special_tokens=False)["input_ids"]
+    other = tok(" more", add_special_tokens=False)["input_ids"]
+    for stop in (eos, eot):
+        gen = words + [stop] + other + [eos]
+        state = build_state(model, [[1, 2]], dllm.GenerationConfig(gen_length=len(gen)), len(gen))
+        state.x[0, state.gen_start:] = torch.tensor(gen)
+        out = _output(state, tok, get("low_confidence"), 1, 1.0, False)
+        assert out.texts == ["hi there"] and out.answer_lengths == [len(words)]
