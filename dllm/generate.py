@@ -233,6 +233,7 @@ def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_poli
     sampler.begin_block(state, all_rows)
     kv = KVCache.for_model(model, state.batch_size, state.length) if policy.needs_storage else None
     cap = cfg.resolved_max_forwards
+    padded = bool((state.pad_len > 0).any())  # without padding, attention needs no mask at all
     forwards = 0
     _open_blocks(state, sampler, all_rows)
     while True:
@@ -246,11 +247,15 @@ def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_poli
         positions, valid = select_positions(score_mask)
         plan = policy.plan(state, rows)
         logits = model(state.x[rows], positions, positions=plan, position_ids=state.position_ids[rows],
-                       key_valid=state.key_valid[rows], cache=kv, rows=rows if kv is not None else None)
+                       key_valid=state.key_valid[rows] if padded else None, cache=kv,
+                       rows=rows if kv is not None else None)
         forwards += 1
         state.nfe[rows] += 1
+        # The mask token is never a candidate: a trained model gives it no mass, and committing
+        # it would leave the position masked (the references then end with a mask on the canvas).
+        logits[..., state.ids.mask] = float("-inf")
         scores = token_scores(logits, temperature=state.temperature if sampler.gumbel_candidates else 0.0,
-                              generator=state.generator, score_dtype=score_dtype,
+                              generator=state.generator, score_dtype=score_dtype, fields=sampler.score_fields,
                               keep_logits=sampler.needs_logits)
         dec = sampler.step(state, rows, positions, valid, scores)
         flushed = _apply(state, sampler, rows, positions, valid, scores, dec, flush)

@@ -4,7 +4,8 @@ gap).
 
 `token_scores_ref` is the plain torch reference, used on every device until a fused kernel is
 registered for CUDA. It materialises the softmax of only the asked-for positions, in `score_dtype`
-(float32 by default; float64 for the Fast-dLLM-style float64 confidence).
+(float32 by default; float64 for the Fast-dLLM-style float64 confidence), and computes the
+optional statistics only when a sampler asks for them.
 
 Temperature > 0 picks the candidate by Gumbel-max in float64 as the LLaDA reference does:
 argmax(exp(l) / (-log u)^T), computed in the equivalent log form argmax(l - T log(-log u)) so large
@@ -16,12 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
+OPTIONAL_FIELDS = frozenset({"margin", "entropy", "logit_gap"})
+
 
 @dataclass
 class TokenScores:
-    """Per-position statistics, each (B, Q) unless noted.
+    """Per-position statistics, each (B, Q); optional ones are None unless asked for.
 
-    token:     candidate token (argmax, or the Gumbel-max sample at temperature > 0)
+    token:     candidate token (argmax, first maximum on ties; or the Gumbel-max sample)
     prob:      softmax probability of `token` (un-tempered)
     margin:    top-1 minus top-2 probability
     entropy:   entropy of the softmax, in nats
@@ -31,38 +34,50 @@ class TokenScores:
 
     token: torch.Tensor
     prob: torch.Tensor
-    margin: torch.Tensor
-    entropy: torch.Tensor
-    logit_gap: torch.Tensor
+    margin: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    logit_gap: torch.Tensor | None = None
     logits: torch.Tensor | None = None
 
 
-def check_finite(logits: torch.Tensor) -> None:
-    """NaN or +inf logits stop the run (-inf is a legitimate suppressed token)."""
-    if torch.isnan(logits).any() or torch.isposinf(logits).any():
-        bad = torch.isnan(logits) | torch.isposinf(logits)
-        where = bad.nonzero()[0].tolist()
-        raise FloatingPointError(f"model produced NaN/inf logits (first at index {where}); check the dtype "
-                                 f"(float16 can overflow) and the checkpoint weights")
+def _raise_not_finite(top: torch.Tensor) -> None:
+    bad = (~torch.isfinite(top)).nonzero()[0].tolist()
+    raise FloatingPointError(f"model produced NaN/inf logits (first bad position {bad}, or every logit -inf); "
+                             f"check the dtype (float16 can overflow) and the checkpoint weights")
 
 
 def token_scores_ref(logits: torch.Tensor, *, temperature: float = 0.0, generator: torch.Generator | None = None,
-                     score_dtype: torch.dtype = torch.float32, keep_logits: bool = False) -> TokenScores:
-    """Reference scoring. logits: (B, Q, V) in any float dtype."""
-    check_finite(logits)
+                     score_dtype: torch.dtype = torch.float32, fields=OPTIONAL_FIELDS,
+                     keep_logits: bool = False) -> TokenScores:
+    """Reference scoring. logits: (B, Q, V) in any float dtype; -inf marks a suppressed token.
+
+    fields: which optional statistics to compute ("margin", "entropy", "logit_gap").
+    NaN or +inf logits (or a position whose every logit is -inf) raise FloatingPointError.
+    """
+    unknown = set(fields) - OPTIONAL_FIELDS
+    if unknown:
+        raise ValueError(f"unknown score field(s) {sorted(unknown)}; valid: {sorted(OPTIONAL_FIELDS)}")
     lf = logits.to(score_dtype)                                           # (B, Q, V)
+    top1, argmax = lf.max(dim=-1)                                         # NaN propagates into top1
+    if lf.numel() and not bool(torch.isfinite(top1).all()):
+        _raise_not_finite(top1)
     probs = torch.softmax(lf, dim=-1)                                     # (B, Q, V)
     if temperature > 0:
         u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
         token = (logits.double() - temperature * torch.log(-torch.log(u))).argmax(-1)  # (B, Q)
     else:
-        token = lf.argmax(-1)                                             # first maximum on ties
-    prob = probs.gather(-1, token[..., None]).squeeze(-1)                # (B, Q)
-    top_p = probs.topk(2, dim=-1).values if probs.shape[-1] > 1 else torch.cat([probs, probs * 0], -1)
-    top_l = lf.topk(2, dim=-1).values if lf.shape[-1] > 1 else torch.cat([lf, lf], -1)
-    entropy = torch.special.entr(probs).sum(-1)                           # -sum p log p, 0 log 0 = 0
-    return TokenScores(token=token, prob=prob, margin=top_p[..., 0] - top_p[..., 1], entropy=entropy,
-                       logit_gap=top_l[..., 0] - top_l[..., 1], logits=logits if keep_logits else None)
+        token = argmax                                                    # first maximum on ties
+    out = TokenScores(token=token, prob=probs.gather(-1, token[..., None]).squeeze(-1),
+                      logits=logits if keep_logits else None)
+    if "margin" in fields:
+        top_p = probs.topk(min(2, probs.shape[-1]), dim=-1).values
+        out.margin = top_p[..., 0] - (top_p[..., 1] if top_p.shape[-1] > 1 else 0)
+    if "logit_gap" in fields:
+        top_l = lf.topk(min(2, lf.shape[-1]), dim=-1).values
+        out.logit_gap = top_l[..., 0] - (top_l[..., 1] if top_l.shape[-1] > 1 else top_l[..., 0])
+    if "entropy" in fields:
+        out.entropy = torch.special.entr(probs).sum(-1)                   # -sum p log p, 0 log 0 = 0
+    return out
 
 
 def token_scores(logits: torch.Tensor, **kwargs) -> TokenScores:

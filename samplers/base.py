@@ -31,6 +31,8 @@ class Sampler:
       needs_logits:    the loop passes the (B, Q, V) logits in `scores.logits`.
       gumbel_candidates: the loop draws the candidate token by Gumbel-max at the request temperature;
                        samplers that sample themselves (Dream's) set this False.
+      score_fields:    optional TokenScores statistics the sampler reads ("margin", "entropy",
+                       "logit_gap"); the token and its probability are always there.
     """
 
     name: ClassVar[str] = "base"
@@ -38,6 +40,7 @@ class Sampler:
     fixed_schedule: ClassVar[bool] = False
     needs_logits: ClassVar[bool] = False
     gumbel_candidates: ClassVar[bool] = True
+    score_fields: ClassVar[frozenset] = frozenset()
 
     def setup(self, state: DecodeState) -> None:
         """Called once per request before the first step; validate against the request here."""

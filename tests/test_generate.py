@@ -6,11 +6,18 @@ import dllm
 from tests.reference.samplers_ref import dream_generate_ref, llada_generate_ref
 
 
+def _never_mask(logits, model):
+    """A trained model gives the mask token no mass; these random ones can, so the oracle's model
+    gets the same guarantee dllm enforces (the mask id is never a candidate)."""
+    logits[..., model.config.mask_token_id] = float("-inf")
+    return logits
+
+
 def llada_logits_fn(model):
     """What LLaDA's reference model computes: absolute positions 0..L-1, padding keys masked."""
     def fn(x, attention_mask):
         key_valid = None if attention_mask is None else attention_mask.bool()
-        return model(x, key_valid=key_valid)
+        return _never_mask(model(x, key_valid=key_valid), model)
     return fn
 
 
@@ -23,7 +30,7 @@ def dream_raw_logits_fn(model):
         if attention_mask is not None:
             key_valid = attention_mask.bool()
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        shifted = model(x, key_valid=key_valid, position_ids=position_ids)
+        shifted = _never_mask(model(x, key_valid=key_valid, position_ids=position_ids), model)
         return torch.cat([shifted[:, 1:], shifted[:, -1:]], dim=1)
     return fn
 
@@ -40,6 +47,7 @@ def _batch(rows, pad):
 
 
 PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [64, 3, 12], [250, 11, 11, 19, 100]]
+PROMPTS4 = PROMPTS + [[7, 7, 120, 45, 9, 200, 31, 2, 18]]
 
 LLADA_CASES = [  # (gen_length, block_length, steps)
     (16, 16, 16), (16, 8, 8), (20, 10, 6), (12, 4, 12), (24, 8, 9), (15, 5, 3),
@@ -50,7 +58,7 @@ LLADA_CASES = [  # (gen_length, block_length, steps)
 @pytest.mark.parametrize("gen,block,steps", LLADA_CASES, ids=lambda v: str(v))
 def test_llada_samplers_equal_reference(llada, remasking, gen, block, steps):
     model, _ = llada
-    for rows in ([PROMPTS[0]], PROMPTS):
+    for rows in ([PROMPTS[0]], PROMPTS4):
         ids, mask = _batch(rows, model.config.pad_token_id)
         want = llada_generate_ref(llada_logits_fn(model), ids, mask, steps=steps, gen_length=gen, block_length=block,
                                   remasking=remasking, mask_id=model.config.mask_token_id,
@@ -68,7 +76,7 @@ DREAM_CASES = [(16, 16), (16, 5), (12, 7), (8, 20), (10, 1)]  # (gen_length, ste
 @pytest.mark.parametrize("gen,steps", DREAM_CASES, ids=lambda v: str(v))
 def test_dream_samplers_equal_reference(dream, alg, gen, steps):
     model, _ = dream
-    for rows in ([PROMPTS[0]], PROMPTS):
+    for rows in ([PROMPTS[0]], PROMPTS4):
         ids, mask = _batch(rows, model.config.pad_token_id)
         want = dream_generate_ref(dream_raw_logits_fn(model), ids, mask, max_new_tokens=gen, steps=steps, alg=alg,
                                   mask_id=model.config.mask_token_id, generator=torch.Generator().manual_seed(5))
@@ -183,3 +191,13 @@ def test_texts_are_cut_at_the_first_eos_or_eot(llada):
         state.x[0, state.gen_start:] = torch.tensor(gen)
         out = _output(state, tok, get("low_confidence"), 1, 1.0, False)
         assert out.texts == ["hi there"] and out.answer_lengths == [len(words)]
+
+
+def test_the_mask_token_is_never_committed(llada_dir):
+    """Even a model whose LM head prefers the mask token never writes it: it is not a candidate."""
+    model, _ = dllm.load(llada_dir, dtype="float32")
+    with torch.no_grad():
+        model.head.weight[model.config.mask_token_id] = model.head.weight.sum(0)  # large mask logits
+    out = dllm.generate(model, None, PROMPTS, gen_length=12, block_length=6, steps=6)
+    assert not (out.generated == model.config.mask_token_id).any()
+    assert out.forwards == 6 and not any(out.hit_cap)

@@ -1,0 +1,527 @@
+"""Generation speed of dllm against a plain LLaDA-reference-style loop, measured in one run.
+
+For every preset (a random-weight model from `dllm.build_model`, seeded, so generation is
+deterministic) both loops generate from the same prompt batch with the same model object and the
+same step count:
+
+* dllm:      `dllm.generate(..., sampler="low_confidence")`, which scores only the masked
+             positions of the active block.
+* reference: what ML-GSAI/LLaDA `generate.py` does each step: a full-canvas forward returning
+             logits at EVERY position (`model(x)`), a float64 softmax of every position over the
+             whole vocabulary, argmax, confidence gather, -inf beyond the block and on unmasked
+             positions, a per-row `torch.topk` with LLaDA's per-block transfer counts.
+
+Printed per preset: seconds per forward (median [p20, p80] over repeats; a warm-up run at the same
+shapes excluded), generated tokens/s, and the paired ratio dllm s/step / reference s/step (goal:
+<= 0.5 at llada-vocab). At temperature 0 both loops must produce the same tokens; if they do not,
+the script says so and exits with status 1. Every finished preset is appended to `--out` as one
+JSON line (a `BenchRow`), so `--resume` can skip what is already there.
+
+    python benchmarks/bench_generate.py                          # the default run (~4.8 min on 2 idle cores)
+    python benchmarks/bench_generate.py --quick                  # tiny + llada-vocab, 1 repeat (~15 s)
+    python benchmarks/bench_generate.py --presets tiny,llada-vocab,llada-compute,dream-compute \
+        --repeats 3 --out rows.jsonl
+
+The sampler is LLaDA's `low_confidence` for every preset, Dream's included (the reference loop is
+LLaDA's); `model(x)` already applies Dream's logit shift, so the rule is the same. A known way for
+the loops to differ: when the argmax at a position is the mask id itself, the reference leaves
+[MASK] in its output while dllm keeps stepping past `steps`; the message says so. CPU timings are
+only meaningful on an otherwise idle machine: the `busy` column (Linux PSI) shows contention.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import dllm
+from dllm.attention import get_backend
+from dllm.config import ModelConfig
+
+RATIO_GOAL = 0.5
+GOAL_PRESET = "llada-vocab"
+SAMPLER = "low_confidence"
+BUSY_WARN = 0.1
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class BenchPreset:
+    model: str           # dllm ModelConfig preset
+    prompt_length: int
+    gen_length: int
+    block_length: int
+    steps: int
+
+
+# Step counts keep the default run (every preset, 3 repeats) near 5 minutes on 2 CPU cores:
+# the compute-bound presets take one step per block, the smallest count LLaDA's schedule allows.
+BENCH_PRESETS: dict[str, BenchPreset] = {
+    "tiny": BenchPreset("llada-tiny", prompt_length=16, gen_length=64, block_length=16, steps=32),
+    "dream-tiny": BenchPreset("dream-tiny", prompt_length=16, gen_length=64, block_length=16, steps=32),
+    "llada-vocab": BenchPreset("llada-vocab", prompt_length=64, gen_length=128, block_length=32, steps=16),
+    "llada-compute": BenchPreset("llada-compute", prompt_length=256, gen_length=256, block_length=32, steps=8),
+    "dream-compute": BenchPreset("dream-compute", prompt_length=256, gen_length=256, block_length=32, steps=8),
+}
+DEFAULT_PRESETS = "tiny,llada-vocab,llada-compute,dream-compute"
+QUICK_PRESETS = "tiny,llada-vocab"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class BenchRow:
+    # provenance
+    timestamp_utc: str
+    git_commit: str | None
+    git_dirty: bool | None
+    dllm_version: str
+    torch_version: str
+    triton_version: str | None
+    # hardware
+    device: str
+    device_name: str
+    cpu_model: str
+    cpu_cores: int
+    torch_threads: int
+    cuda_device: str | None
+    world_size: int
+    load_avg_1m: float | None     # other processes on the machine skew CPU timings
+    cpu_busy: float | None        # share of this preset's wall time some task waited for a CPU (Linux PSI)
+    # config
+    preset: str
+    model: str
+    family: str
+    n_params: int
+    vocab_size: int
+    batch: int
+    prompt_length: int
+    gen_length: int
+    block_length: int
+    steps: int
+    dtype: str
+    attention: str
+    sampler: str
+    cache: str
+    score_dtype: str
+    ref_softmax_dtype: str
+    temperature: float
+    init_std: float
+    seed: int
+    interpreted: bool
+    # metrics (seconds; median / p20 / p80 over `repeats`, warm-up excluded)
+    repeats: int
+    forwards: int
+    ref_forwards: int
+    nfe: float
+    tokens_per_forward: float
+    dllm_s_per_forward: float
+    dllm_s_per_forward_p20: float
+    dllm_s_per_forward_p80: float
+    ref_s_per_forward: float
+    ref_s_per_forward_p20: float
+    ref_s_per_forward_p80: float
+    ratio: float                  # dllm s/step / reference s/step, median of the paired repeats
+    ratio_p20: float
+    ratio_p80: float
+    ratio_goal: float | None
+    dllm_tokens_per_s: float      # generated tokens (B * G) per second
+    ref_tokens_per_s: float
+    dllm_loop_s_per_forward: float  # dllm's own GenerationOutput.seconds (decode loop only)
+    tokens_match: bool            # quality: both loops wrote the same tokens at temperature 0
+    mismatched_tokens: int
+    dllm_seconds: list[float]
+    ref_seconds: list[float]
+    warmup_seconds: float
+    build_seconds: float
+
+
+# -- the reference-style loop -----------------------------------------------------------------
+def transfer_counts(block_mask: torch.Tensor, steps: int) -> torch.Tensor:
+    """LLaDA `get_num_transfer_tokens`: (B, K) bool -> (B, steps) long; n // steps per step and
+    one more for the first n % steps steps."""
+    n = block_mask.sum(dim=1, keepdim=True)                                   # (B, 1)
+    counts = torch.zeros(n.shape[0], steps, dtype=torch.long, device=block_mask.device) + n // steps
+    for row in range(n.shape[0]):
+        counts[row, : int(n[row] % steps)] += 1
+    return counts
+
+
+@torch.no_grad()
+def reference_generate(model, prompt: torch.Tensor, *, steps: int, gen_length: int, block_length: int,
+                       mask_id: int, softmax_dtype: torch.dtype | None = torch.float64) -> torch.Tensor:
+    """LLaDA `generate.py` at temperature 0, remasking="low_confidence", no CFG.
+    prompt: (B, Lp) long, no padding. softmax_dtype None = the logits dtype (LLaDA HEAD)."""
+    B, Lp = prompt.shape
+    x = torch.full((B, Lp + gen_length), mask_id, dtype=torch.long, device=prompt.device)  # (B, L)
+    x[:, :Lp] = prompt
+    num_blocks = gen_length // block_length
+    steps_per_block = steps // num_blocks
+    for block in range(num_blocks):
+        end = Lp + (block + 1) * block_length
+        counts = transfer_counts(x[:, end - block_length:end] == mask_id, steps_per_block)  # (B, s)
+        for i in range(steps_per_block):
+            mask_index = x == mask_id                                         # (B, L)
+            logits = model(x)                                                 # (B, L, V) every position
+            logits[..., mask_id] = -math.inf  # the mask id is never a candidate, as in dllm
+            x0 = torch.argmax(logits, dim=-1)                                 # (B, L)
+            p = F.softmax(logits if softmax_dtype is None else logits.to(softmax_dtype), dim=-1)  # (B, L, V)
+            x0_p = torch.gather(p, dim=-1, index=x0[..., None]).squeeze(-1)  # (B, L)
+            x0_p[:, end:] = -math.inf
+            x0 = torch.where(mask_index, x0, x)
+            confidence = torch.where(mask_index, x0_p, -math.inf)
+            transfer = torch.zeros_like(x0, dtype=torch.bool)
+            for row in range(B):
+                _, chosen = torch.topk(confidence[row], k=int(counts[row, i]))
+                transfer[row, chosen] = True
+            x[transfer] = x0[transfer]
+    return x
+
+
+# -- measurement helpers ------------------------------------------------------------------------
+def quantile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device):
+    gc.collect()
+    sync(device)
+    start = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - start
+
+
+def git_info() -> tuple[str | None, bool | None]:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                check=True, timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                    capture_output=True, text=True, check=True, timeout=10).stdout.strip())
+        return commit, dirty
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_avg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def psi_cpu_stall_us() -> int | None:
+    """Cumulative microseconds during which some task waited for a CPU (/proc/pressure/cpu)."""
+    try:
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        return int(some.rsplit("total=", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(device: torch.device) -> dict:
+    commit, dirty = git_info()
+    cuda_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    cpu = cpu_model()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return dict(timestamp_utc="", git_commit=commit, git_dirty=dirty, dllm_version=dllm.__version__,
+                torch_version=torch.__version__, triton_version=package_version("triton"),
+                device=device.type, device_name=cuda_name or cpu, cpu_model=cpu, cpu_cores=cores,
+                torch_threads=torch.get_num_threads(), cuda_device=cuda_name, world_size=1)
+
+
+def prompt_batch(cfg: ModelConfig, batch: int, length: int, seed: int, device: torch.device) -> torch.Tensor:
+    """(B, Lp) random ids below every special id, so no prompt holds a mask, pad or EOS."""
+    specials = [i for i in (cfg.mask_token_id, cfg.eos_token_id, cfg.pad_token_id, cfg.bos_token_id,
+                            cfg.eot_token_id) if i is not None]
+    high = min(min(specials), cfg.vocab_size)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, high, (batch, length), generator=gen).to(device)
+
+
+def resolve_presets(names: str, args) -> list[tuple[str, BenchPreset]]:
+    out = []
+    for name in [n.strip() for n in names.split(",") if n.strip()]:
+        if name not in BENCH_PRESETS:
+            raise SystemExit(f"unknown preset {name!r}; available: {', '.join(BENCH_PRESETS)}")
+        p = BENCH_PRESETS[name]
+        changes = {k: getattr(args, k) for k in ("prompt_length", "gen_length", "block_length", "steps")
+                   if getattr(args, k) is not None}
+        p = dataclasses.replace(p, **changes)
+        if changes.get("gen_length") and "block_length" not in changes and p.block_length > p.gen_length:
+            p = dataclasses.replace(p, block_length=p.gen_length)
+        if min(p.prompt_length, p.gen_length, p.block_length, p.steps) < 1:
+            raise SystemExit(f"{name}: lengths and steps must be >= 1, got {p}")
+        if p.gen_length % p.block_length:
+            raise SystemExit(f"{name}: gen_length {p.gen_length} is not a multiple of block_length {p.block_length}")
+        n_blocks = p.gen_length // p.block_length
+        if changes and "steps" not in changes:  # keep the preset's steps per block (at most one token per step)
+            base = BENCH_PRESETS[name]
+            per_block = base.steps // (base.gen_length // base.block_length)
+            p = dataclasses.replace(p, steps=min(per_block, p.block_length) * n_blocks)
+        if p.steps % n_blocks or p.steps > p.gen_length:
+            raise SystemExit(f"{name}: steps {p.steps} must be a multiple of the number of blocks {n_blocks} "
+                             f"and at most gen_length {p.gen_length}")
+        out.append((name, p))
+    if not out:
+        raise SystemExit("no presets given")
+    return out
+
+
+CONFIG_KEY = ("preset", "model", "batch", "prompt_length", "gen_length", "block_length", "steps", "dtype",
+              "attention", "device", "score_dtype", "ref_softmax_dtype")
+
+
+def config_key(row: dict) -> tuple:
+    """The fields that identify a configuration, for --resume."""
+    return tuple(row.get(k) for k in CONFIG_KEY)
+
+
+# -- one preset -------------------------------------------------------------------------------
+def bench_preset(name: str, p: BenchPreset, batch: int, args, env: dict, device: torch.device) -> BenchRow:
+    dtype = DTYPES[args.dtype]
+    stall0, wall0 = psi_cpu_stall_us(), time.perf_counter()
+    cfg = ModelConfig.from_name(p.model)
+    (model, build_s) = timed(lambda: dllm.build_model(cfg, args.attention, dtype=dtype, device=device,
+                                                      seed=args.seed, init_std=args.init_std), device)
+    prompt = prompt_batch(cfg, batch, p.prompt_length, args.seed, device)         # (B, Lp)
+    ref_softmax = None if args.ref_softmax_dtype == "logits" else torch.float64
+    n_blocks = p.gen_length // p.block_length
+
+    def run_dllm(prompt_t, gen_length, steps):
+        rows = prompt_t.tolist()
+        return timed(lambda: dllm.generate(model, None, rows, gen_length=gen_length, block_length=p.block_length,
+                                           steps=steps, sampler=SAMPLER, seed=args.seed, temperature=0.0,
+                                           score_dtype=args.score_dtype), device)
+
+    def run_ref(prompt_t, gen_length, steps):
+        return timed(lambda: reference_generate(model, prompt_t, steps=steps, gen_length=gen_length,
+                                                block_length=p.block_length, mask_id=cfg.mask_token_id,
+                                                softmax_dtype=ref_softmax), device)
+
+    def compare(out, ref_x, steps, what):
+        got, want = out.sequences.cpu(), ref_x.cpu()
+        bad = int((got != want).sum())
+        if bad:
+            first = (got != want).nonzero()[0].tolist()
+            left = int((want == cfg.mask_token_id).sum())
+            why = (f"; the reference left {left} [MASK] token(s): its argmax was the mask id, and dllm took "
+                   f"{out.forwards} forwards for {steps} steps" if left else "")
+            print(f"  !! {name} B={batch} {what}: dllm and reference differ at {bad} positions "
+                  f"(first (row, col) {first}: dllm {int(got[tuple(first)])}, reference {int(want[tuple(first)])}"
+                  f"{why})", file=sys.stderr, flush=True)
+        return bad
+
+    # Warm-up: one block at the same canvas length (prompt + all blocks but one), so every shape
+    # of the timed runs has been seen once; excluded from the figures.
+    filler = prompt_batch(cfg, batch, p.gen_length - p.block_length, args.seed + 1, device)
+    warm_prompt = torch.cat([prompt, filler], dim=1)                              # (B, Lp + G - K)
+    warm_steps = p.steps // n_blocks
+    (warm_out, t1), (warm_ref, t2) = (run_dllm(warm_prompt, p.block_length, warm_steps),
+                                      run_ref(warm_prompt, p.block_length, warm_steps))
+    mismatched = compare(warm_out, warm_ref, warm_steps, "warm-up")
+
+    dllm_s, ref_s, loop_s = [], [], []
+    out = None
+    for r in range(args.repeats):
+        order = ("dllm", "ref") if r % 2 == 0 else ("ref", "dllm")  # alternate, so drift hits both alike
+        for which in order:
+            if which == "dllm":
+                out, sec = run_dllm(prompt, p.gen_length, p.steps)
+                dllm_s.append(sec)
+                loop_s.append(out.seconds)
+            else:
+                ref_x, sec = run_ref(prompt, p.gen_length, p.steps)
+                ref_s.append(sec)
+        mismatched += compare(out, ref_x, p.steps, f"repeat {r}")
+
+    forwards = out.forwards
+    per_fwd = [s / forwards for s in dllm_s]
+    ref_per_fwd = [s / p.steps for s in ref_s]
+    ratios = [a / b for a, b in zip(per_fwd, ref_per_fwd)]
+    tokens = batch * p.gen_length
+    stall1, wall1 = psi_cpu_stall_us(), time.perf_counter()
+    busy = None if stall0 is None or stall1 is None else round((stall1 - stall0) / 1e6 / (wall1 - wall0), 3)
+    env = dict(env, timestamp_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), load_avg_1m=load_avg(),
+               cpu_busy=busy)
+    return BenchRow(
+        **env, preset=name, model=p.model, family=cfg.family, n_params=cfg.n_params, vocab_size=cfg.vocab_size,
+        batch=batch, prompt_length=p.prompt_length, gen_length=p.gen_length, block_length=p.block_length,
+        steps=p.steps, dtype=args.dtype, attention=args.attention, sampler=SAMPLER, cache="none",
+        score_dtype=args.score_dtype, ref_softmax_dtype=args.ref_softmax_dtype, temperature=0.0,
+        init_std=args.init_std, seed=args.seed, interpreted=os.environ.get("TRITON_INTERPRET") == "1",
+        repeats=args.repeats, forwards=forwards, ref_forwards=p.steps, nfe=sum(out.nfe) / len(out.nfe),
+        tokens_per_forward=out.mean_tokens_per_forward,
+        dllm_s_per_forward=quantile(per_fwd, 0.5), dllm_s_per_forward_p20=quantile(per_fwd, 0.2),
+        dllm_s_per_forward_p80=quantile(per_fwd, 0.8),
+        ref_s_per_forward=quantile(ref_per_fwd, 0.5), ref_s_per_forward_p20=quantile(ref_per_fwd, 0.2),
+        ref_s_per_forward_p80=quantile(ref_per_fwd, 0.8),
+        ratio=quantile(ratios, 0.5), ratio_p20=quantile(ratios, 0.2), ratio_p80=quantile(ratios, 0.8),
+        ratio_goal=RATIO_GOAL if name == GOAL_PRESET else None,
+        dllm_tokens_per_s=tokens / quantile(dllm_s, 0.5), ref_tokens_per_s=tokens / quantile(ref_s, 0.5),
+        dllm_loop_s_per_forward=quantile(loop_s, 0.5) / forwards,
+        tokens_match=mismatched == 0, mismatched_tokens=mismatched,
+        dllm_seconds=[round(s, 6) for s in dllm_s], ref_seconds=[round(s, 6) for s in ref_s],
+        warmup_seconds=t1 + t2, build_seconds=build_s)
+
+
+# -- output -----------------------------------------------------------------------------------
+HEADER = (f"{'preset':<14}{'B':>3} {'Lp/G/K/steps':<16}{'fwd':>4}  {'dllm s/fwd [p20, p80]':<27}"
+          f"{'ref s/step [p20, p80]':<27}{'dllm tok/s':>11}{'ref tok/s':>10}  {'ratio [p20, p80]':<22}{'tokens':<8}{'busy':>5}")
+
+
+def format_row(r: BenchRow) -> str:
+    def med(m, lo, hi):
+        return f"{m:.4f} [{lo:.4f}, {hi:.4f}]"
+
+    shape = f"{r.prompt_length}/{r.gen_length}/{r.block_length}/{r.steps}"
+    ratio = f"{r.ratio:.3f} [{r.ratio_p20:.3f}, {r.ratio_p80:.3f}]"
+    return (f"{r.preset:<14}{r.batch:>3} {shape:<16}{r.forwards:>4}  "
+            f"{med(r.dllm_s_per_forward, r.dllm_s_per_forward_p20, r.dllm_s_per_forward_p80):<27}"
+            f"{med(r.ref_s_per_forward, r.ref_s_per_forward_p20, r.ref_s_per_forward_p80):<27}"
+            f"{r.dllm_tokens_per_s:>11.1f}{r.ref_tokens_per_s:>10.1f}  {ratio:<22}"
+            f"{'same' if r.tokens_match else 'DIFFER':<8}{'?' if r.cpu_busy is None else f'{r.cpu_busy:.0%}':>5}")
+
+
+def parse_args(argv=None):
+    cuda = torch.cuda.is_available()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--presets", default=None,
+                    help=f"comma-separated, from {', '.join(BENCH_PRESETS)} (default {DEFAULT_PRESETS})")
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats per loop (default 3; --quick: 1)")
+    ap.add_argument("--quick", action="store_true", help=f"presets {QUICK_PRESETS}, 1 repeat")
+    ap.add_argument("--batch", default="1", help="comma-separated batch sizes, e.g. 1,4 (default 1)")
+    ap.add_argument("--prompt-length", type=int, help="override every preset's prompt length")
+    ap.add_argument("--gen-length", type=int, help="override every preset's generation length")
+    ap.add_argument("--block-length", type=int, help="override every preset's block length")
+    ap.add_argument("--steps", type=int, help="override every preset's step count (a multiple of the blocks)")
+    ap.add_argument("--device", default="cuda" if cuda else "cpu", help="default: cuda if available, else cpu")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                    help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    ap.add_argument("--attention", default="sdpa", help="attention backend (dllm.attention.available_backends())")
+    ap.add_argument("--score-dtype", choices=("float32", "float64"), default="float32",
+                    help="dllm's confidence softmax precision (GenerationConfig.score_dtype)")
+    ap.add_argument("--ref-softmax-dtype", choices=("float64", "logits"), default="float64",
+                    help="reference confidence softmax: float64 (LLaDA before f51cb17, Fast-dLLM) or the "
+                         "logits dtype (LLaDA HEAD)")
+    ap.add_argument("--init-std", type=float, default=0.3, help="random-weight std (large = confident, stable argmax)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="append one JSON line per preset here")
+    ap.add_argument("--resume", action="store_true", help="skip configurations already present in --out")
+    args = ap.parse_args(argv)
+    if args.presets is None:
+        args.presets = QUICK_PRESETS if args.quick else DEFAULT_PRESETS
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not cuda:
+        ap.error("--device cuda but torch.cuda.is_available() is False")
+    if args.dtype is None:
+        args.dtype = "bfloat16" if device.type == "cuda" else "float32"
+    try:
+        args.batches = [int(b) for b in args.batch.split(",") if b.strip()]
+    except ValueError:
+        ap.error(f"--batch must be comma-separated integers, got {args.batch!r}")
+    if not args.batches or min(args.batches) < 1:
+        ap.error(f"--batch sizes must be >= 1, got {args.batch!r}")
+    if args.resume and not args.out:
+        ap.error("--resume needs --out")
+    return args, device
+
+
+def main(argv=None) -> int:
+    start = time.perf_counter()
+    args, device = parse_args(argv)
+    presets = resolve_presets(args.presets, args)
+    get_backend(args.attention)  # unknown names fail here, listing the valid ones
+    env = environment(device)
+    done = set()
+    if args.resume and Path(args.out).is_file():
+        done = {config_key(json.loads(line)) for line in Path(args.out).read_text().splitlines() if line.strip()}
+
+    print(f"dllm {env['dllm_version']} | torch {env['torch_version']} | git {(env['git_commit'] or '?')[:10]}"
+          f"{' (dirty)' if env['git_dirty'] else ''} | {env['device_name']} | {env['cpu_cores']} cores, "
+          f"{env['torch_threads']} torch threads | {args.dtype}, attention {args.attention}, sampler {SAMPLER}, "
+          f"score {args.score_dtype} (reference softmax {args.ref_softmax_dtype}) | load {load_avg()}", flush=True)
+    print(f"ratio = dllm s/step / reference s/step (same model, prompts, steps); goal <= {RATIO_GOAL} at "
+          f"{GOAL_PRESET}; {args.repeats} repeat(s), warm-up excluded; busy = share of the time some task waited "
+          f"for a CPU", flush=True)
+    print(HEADER, flush=True)
+    rows: list[BenchRow] = []
+    for name, p in presets:
+        for batch in args.batches:
+            key = config_key(dict(dataclasses.asdict(p), preset=name, batch=batch, dtype=args.dtype,
+                                  attention=args.attention, device=device.type, score_dtype=args.score_dtype,
+                                  ref_softmax_dtype=args.ref_softmax_dtype))
+            if key in done:
+                print(f"{name:<14}{batch:>3} (already in {args.out}, skipped)", flush=True)
+                continue
+            row = bench_preset(name, p, batch, args, env, device)
+            rows.append(row)
+            print(format_row(row), flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(dataclasses.asdict(row)) + "\n")
+            gc.collect()
+
+    for r in rows:
+        if r.ratio_goal is not None:
+            verdict = "met" if r.ratio <= r.ratio_goal else "NOT met"
+            print(f"goal: ratio <= {r.ratio_goal} at {r.preset} (B={r.batch}): {r.ratio:.3f} -> {verdict}")
+    busy = [f"{r.preset} {r.cpu_busy:.0%}" for r in rows if r.cpu_busy is not None and r.cpu_busy > BUSY_WARN]
+    if busy:
+        print(f"warning: other processes competed for the CPU ({', '.join(busy)} of the wall time some task waited "
+              f"for a core); these timings are unreliable, rerun on a quiet machine")
+    bad = [f"{r.preset} (B={r.batch}, {r.mismatched_tokens} tokens)" for r in rows if not r.tokens_match]
+    print(f"tokens at temperature 0: {'dllm and reference DIFFER: ' + ', '.join(bad) if bad else 'identical in every run'}")
+    print(f"total wall time {time.perf_counter() - start:.1f} s")
+    if bad:
+        print(f"FAIL: dllm and the reference loop produced different tokens for {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
