@@ -39,9 +39,7 @@ def get(name: str, **kwargs: Any):
     Unknown names and unknown or out-of-range arguments raise ValueError naming what is allowed.
     """
     cls = sampler_class(name)
-    params = inspect.signature(cls.__init__).parameters
-    allowed = [p for p in params if p != "self" and params[p].kind is inspect.Parameter.KEYWORD_ONLY
-               or (p != "self" and params[p].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    allowed = list(signature(name))
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(f"sampler {name!r} has no argument(s) {', '.join(unknown)}; "
