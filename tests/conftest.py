@@ -11,28 +11,30 @@ import pytest  # noqa: E402
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+def _checkpoint(tmp_path_factory, family, **kwargs):
+    from tests.fixtures import checkpoints
+    writer = getattr(checkpoints, f"write_{family}_checkpoint")
+    return writer(tmp_path_factory.mktemp(family), seed=0, **kwargs)
+
+
 @pytest.fixture(scope="session")
 def llada_dir(tmp_path_factory):
-    from tests.fixtures.checkpoints import write_llada_checkpoint
-    return write_llada_checkpoint(tmp_path_factory.mktemp("llada"), seed=0)
+    return _checkpoint(tmp_path_factory, "llada")
 
 
 @pytest.fixture(scope="session")
 def llada_sharded_dir(tmp_path_factory):
-    from tests.fixtures.checkpoints import write_llada_checkpoint
-    return write_llada_checkpoint(tmp_path_factory.mktemp("llada_sharded"), seed=0, sharded=True)
+    return _checkpoint(tmp_path_factory, "llada", sharded=True)
 
 
 @pytest.fixture(scope="session")
 def dream_dir(tmp_path_factory):
-    from tests.fixtures.checkpoints import write_dream_checkpoint
-    return write_dream_checkpoint(tmp_path_factory.mktemp("dream"), seed=0)
+    return _checkpoint(tmp_path_factory, "dream")
 
 
 @pytest.fixture(scope="session")
 def dream_sharded_dir(tmp_path_factory):
-    from tests.fixtures.checkpoints import write_dream_checkpoint
-    return write_dream_checkpoint(tmp_path_factory.mktemp("dream_sharded"), seed=0, sharded=True)
+    return _checkpoint(tmp_path_factory, "dream", sharded=True)
 
 
 @pytest.fixture(scope="session")
