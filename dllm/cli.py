@@ -51,7 +51,7 @@ def cmd_generate(args) -> int:
     sampler_kwargs = parse_kv(args.sampler_arg, "--sampler-arg")
     try:
         cfg = GenerationConfig(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
-                               temperature=args.temperature, sampler=args.sampler, sampler_kwargs=sampler_kwargs,
+                               temperature=args.temperature, cfg_scale=args.cfg_scale, sampler=args.sampler, sampler_kwargs=sampler_kwargs,
                                seed=args.seed, max_forwards=args.max_forwards, chat=args.chat)
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device, attention=args.attention)
         prompts = args.prompt
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--block-length", type=int, default=None)
     g.add_argument("--steps", type=int, default=None)
     g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--cfg-scale", type=float, default=0.0, help="classifier-free guidance scale (LLaDA; 0 = off)")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--max-forwards", type=int, default=None)
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,

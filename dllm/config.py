@@ -125,6 +125,8 @@ class GenerationConfig:
         one block); samplers without blocks (Dream's) ignore it.
     steps: denoising steps for fixed-schedule samplers (default: gen_length, one token per step).
     temperature: 0 = greedy; > 0 = Gumbel-max sampling in float64 as the LLaDA reference does.
+    cfg_scale: unsupervised classifier-free guidance (LLaDA): each step also runs the canvas with
+        the prompt masked and uses uncond + (cfg_scale + 1) * (cond - uncond); 0 = off.
     sampler: registered sampler name (`dllm.samplers.available()`), or a sampler instance; None
         picks the model family's reference sampler (LLaDA `low_confidence`, Dream `entropy`).
     sampler_kwargs: keyword arguments for the sampler when it is given by name.
@@ -140,6 +142,7 @@ class GenerationConfig:
     block_length: int | None = None
     steps: int | None = None
     temperature: float = 0.0
+    cfg_scale: float = 0.0
     sampler: Any = None
     sampler_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None
@@ -162,6 +165,9 @@ class GenerationConfig:
             raise ValueError(f"block_length {self.block_length} exceeds gen_length {self.gen_length}")
         if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0 or self.temperature == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if isinstance(self.cfg_scale, bool) or not isinstance(self.cfg_scale, (int, float)) \
+                or not 0 <= self.cfg_scale < float("inf"):
+            raise ValueError(f"cfg_scale must be a finite number >= 0, got {self.cfg_scale!r}")
         if self.score_dtype not in ("float32", "float64"):
             raise ValueError(f"score_dtype must be 'float32' or 'float64', got {self.score_dtype!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):

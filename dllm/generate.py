@@ -150,7 +150,7 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
         gen = torch.Generator(device=device).manual_seed(cfg.seed)
     return DecodeState(x=x.to(device), gen_start=lp, gen_length=cfg.gen_length, block_length=block_length,
                        pad_len=pad_len.to(device), ids=ids, temperature=float(cfg.temperature), generator=gen,
-                       steps=cfg.resolved_steps)
+                       score_dtype=_SCORE_DTYPES[cfg.score_dtype], steps=cfg.resolved_steps)
 
 
 def resolve_sampler(model, cfg: GenerationConfig):
@@ -219,12 +219,31 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     return rows[forced]
 
 
+def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv, cfg_scale: float):
+    """Logits (B', Q, V) at `positions` for the rows `rows`; with classifier-free guidance the
+    prompt-masked copy runs in the same batched forward."""
+    x = state.x[rows]
+    pos_ids = state.position_ids[rows]
+    key_valid = state.key_valid[rows] if padded else None
+    if cfg_scale <= 0:
+        return model(x, positions, positions=plan, position_ids=pos_ids, key_valid=key_valid, cache=kv,
+                     rows=rows if kv is not None else None)
+    if kv is not None:
+        raise ValueError("cfg_scale > 0 is not supported together with a cache that stores K/V")
+    uncond = x.clone()
+    uncond[:, :state.gen_start] = state.ids.mask  # the whole prompt region, padding included, as LLaDA does
+    two = lambda t: None if t is None else torch.cat([t, t])  # noqa: E731
+    both = model(torch.cat([x, uncond]), two(positions), positions=two(plan), position_ids=two(pos_ids),
+                 key_valid=two(key_valid))
+    cond, unc = both.chunk(2)
+    return unc + (cfg_scale + 1) * (cond - unc)
+
+
 @torch.no_grad()
 def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_policy="none",
            on_step: Callable[[DecodeState], None] | None = None) -> int:
     """Run the denoising loop on `state` in place; returns the number of batched forwards."""
     policy = get_policy(cache_policy)
-    score_dtype = _SCORE_DTYPES[cfg.score_dtype]
     if not sampler.uses_blocks:
         state.block_length = state.gen_length
         state.block_end = (state.block_start + state.gen_length).clamp(max=state.gen_end)
@@ -246,16 +265,15 @@ def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_poli
             score_mask = score_mask | (state.is_mask[rows] & state.in_generation()[None, :])
         positions, valid = select_positions(score_mask)
         plan = policy.plan(state, rows)
-        logits = model(state.x[rows], positions, positions=plan, position_ids=state.position_ids[rows],
-                       key_valid=state.key_valid[rows] if padded else None, cache=kv,
-                       rows=rows if kv is not None else None)
+        logits = _forward(model, state, rows, positions, plan, padded, kv, cfg.cfg_scale)
         forwards += 1
         state.nfe[rows] += 1
         # The mask token is never a candidate: a trained model gives it no mass, and committing
         # it would leave the position masked (the references then end with a mask on the canvas).
         logits[..., state.ids.mask] = float("-inf")
+        logits = sampler.process_logits(state, rows, logits)
         scores = token_scores(logits, temperature=state.temperature if sampler.gumbel_candidates else 0.0,
-                              generator=state.generator, score_dtype=score_dtype, fields=sampler.score_fields,
+                              generator=state.generator, score_dtype=state.score_dtype, fields=sampler.score_fields,
                               keep_logits=sampler.needs_logits)
         dec = sampler.step(state, rows, positions, valid, scores)
         flushed = _apply(state, sampler, rows, positions, valid, scores, dec, flush)

@@ -52,6 +52,7 @@ class DecodeState:
     ids: SpecialIds
     temperature: float = 0.0
     generator: torch.Generator | None = None
+    score_dtype: torch.dtype = torch.float32
     steps: int = 0                  # denoising steps requested (fixed schedules)
     block_start: torch.Tensor = None   # (B,) active block, absolute columns [start, end)
     block_end: torch.Tensor = None

@@ -48,6 +48,10 @@ class Sampler:
     def begin_block(self, state: DecodeState, rows: torch.Tensor) -> None:
         """Called when the rows `rows` open a new block (their block bounds are already set)."""
 
+    def process_logits(self, state: DecodeState, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Transform the (B', Q, V) logits before scoring (may edit them in place). Default: none."""
+        return logits
+
     def score_mask(self, state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
         """(B', L) bool: the columns of rows `rows` that need scores this step.
         Default: the masked positions of the active block."""

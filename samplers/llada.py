@@ -10,9 +10,20 @@ and the positions with the highest score are committed:
   confidence remasking": the least confident positions stay masked).
 * `random`: score = a fresh uniform draw per position.
 
+Options (LLaDA commit 8e01df8, used per task in its EVAL.md):
+* `logits_eos_inf`: the EOS logit is set to -inf before the candidate is chosen (EOS never
+  predicted).
+* `confidence_eos_eot_inf`: the reference's literal behaviour: after the candidate is chosen, the
+  EOS column of the (noised) logits and the EOT column of the raw logits become -inf; at
+  temperature 0 these are one tensor, so a position predicting EOS or EOT gets confidence 0 (it is
+  postponed, not forbidden) and the other confidences are renormalised without those two columns;
+  at temperature > 0 only EOT is affected.
+Classifier-free guidance is `cfg_scale` of the request (it applies to every sampler).
+
 Requirements, as in the reference: gen_length % block_length == 0, steps % (gen_length /
 block_length) == 0, steps <= gen_length. Ties between equal scores go to the lower position.
-Published defaults: steps = gen_length = block_length = 128 (chat demo: block 32), temperature 0.
+Published defaults: steps = gen_length = block_length = 128 (chat demo: block 32), temperature 0,
+both options off.
 """
 from __future__ import annotations
 
@@ -29,10 +40,19 @@ class LowConfidence(Sampler):
     uses_blocks = True
     fixed_schedule = True
 
-    def __init__(self):
-        self._args = {}
+    def __init__(self, *, logits_eos_inf: bool = False, confidence_eos_eot_inf: bool = False):
+        for name, value in (("logits_eos_inf", logits_eos_inf), ("confidence_eos_eot_inf", confidence_eos_eot_inf)):
+            if not isinstance(value, bool):
+                raise ValueError(f"sampler {self.name!r}: {name} must be True or False, got {value!r}")
+        self.logits_eos_inf = logits_eos_inf
+        self.confidence_eos_eot_inf = confidence_eos_eot_inf
+        self.needs_logits = confidence_eos_eot_inf
+        self._args = dict(logits_eos_inf=logits_eos_inf, confidence_eos_eot_inf=confidence_eos_eot_inf)
 
     def setup(self, state):
+        if self.confidence_eos_eot_inf and state.ids.eot is None:
+            raise ValueError(f"sampler {self.name!r}: confidence_eos_eot_inf needs an end-of-turn token id, and this "
+                             f"model's tokenizer has none (<|eot_id|>)")
         G, K, steps = state.gen_length, state.block_length, state.steps
         if G % K:
             raise ValueError(f"sampler {self.name!r}: gen_length {G} must be a multiple of block_length {K}")
@@ -53,8 +73,19 @@ class LowConfidence(Sampler):
         j = torch.arange(per_block, device=n.device)
         state.extra["counts"][rows] = n[:, None] // per_block + (j[None, :] < (n % per_block)[:, None]).long()
 
+    def process_logits(self, state, rows, logits):
+        if self.logits_eos_inf:
+            logits[..., state.ids.eos] = float("-inf")
+        return logits
+
     def scores_for(self, state, rows, positions, valid, scores):
-        return scores.prob
+        if not self.confidence_eos_eot_inf:
+            return scores.prob
+        logits = scores.logits.to(state.score_dtype, copy=True)                    # (B', Q, V)
+        logits[..., state.ids.eot] = float("-inf")
+        if state.temperature == 0:
+            logits[..., state.ids.eos] = float("-inf")
+        return torch.softmax(logits, dim=-1).gather(-1, scores.token[..., None]).squeeze(-1)
 
     def step(self, state, rows, positions, valid, scores):
         step = state.step_in_block[rows].clamp(max=state.extra["steps_per_block"] - 1)

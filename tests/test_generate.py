@@ -9,7 +9,8 @@ from tests.reference.samplers_ref import dream_generate_ref, llada_generate_ref
 def _never_mask(logits, model):
     """A trained model gives the mask token no mass; these random ones can, so the oracle's model
     gets the same guarantee dllm enforces (the mask id is never a candidate)."""
-    logits[..., model.config.mask_token_id] = float("-inf")
+    # The lowest finite value rather than -inf, so the CFG combination u + s (c - u) stays finite.
+    logits[..., model.config.mask_token_id] = torch.finfo(logits.dtype).min
     return logits
 
 
@@ -201,3 +202,56 @@ def test_the_mask_token_is_never_committed(llada_dir):
     out = dllm.generate(model, None, PROMPTS, gen_length=12, block_length=6, steps=6)
     assert not (out.generated == model.config.mask_token_id).any()
     assert out.forwards == 6 and not any(out.hit_cap)
+
+
+@pytest.fixture(scope="module")
+def llada_eos_heavy(llada_dir):
+    """A copy of the tiny LLaDA whose LM head often prefers EOS or EOT, so the options matter."""
+    model, _ = dllm.load(llada_dir, dtype="float32")
+    with torch.no_grad():
+        for tid in (model.config.eos_token_id, model.config.eot_token_id):
+            model.head.weight[tid] = model.head.weight[tid] + 0.6 * model.head.weight.mean(0) / \
+                model.head.weight.mean(0).norm() * model.head.weight.norm(dim=1).mean()
+    return model
+
+
+@pytest.mark.parametrize("options", [dict(logits_eos_inf=True), dict(confidence_eos_eot_inf=True),
+                                     dict(logits_eos_inf=True, confidence_eos_eot_inf=True)],
+                         ids=lambda o: "+".join(o))
+@pytest.mark.parametrize("gen,block,steps", [(16, 8, 8), (12, 12, 12)], ids=lambda v: str(v))
+def test_llada_eos_options_equal_reference(llada_eos_heavy, options, gen, block, steps):
+    model = llada_eos_heavy
+    eos, eot = model.config.eos_token_id, model.config.eot_token_id
+    plain = dllm.generate(model, None, PROMPTS4, gen_length=gen, block_length=block, steps=steps)
+    assert ((plain.generated == eos) | (plain.generated == eot)).any(), "the fixture must predict EOS/EOT"
+    ids, mask = _batch(PROMPTS4, model.config.pad_token_id)
+    want = llada_generate_ref(llada_logits_fn(model), ids, mask, steps=steps, gen_length=gen, block_length=block,
+                              mask_id=model.config.mask_token_id, eos_id=eos, eot_id=eot, **options)
+    out = dllm.generate(model, None, PROMPTS4, gen_length=gen, block_length=block, steps=steps,
+                        sampler_kwargs=options)
+    assert torch.equal(out.sequences, want)
+    if options.get("logits_eos_inf"):
+        assert not (out.generated == eos).any()
+    assert not torch.equal(out.sequences, plain.sequences)
+
+
+@pytest.mark.parametrize("remasking", ["low_confidence", "random"])
+@pytest.mark.parametrize("cfg_scale", [0.5, 2.0])
+def test_llada_cfg_equals_reference(llada, remasking, cfg_scale):
+    model, _ = llada
+    ids, mask = _batch(PROMPTS4, model.config.pad_token_id)
+    want = llada_generate_ref(llada_logits_fn(model), ids, mask, steps=8, gen_length=16, block_length=8,
+                              remasking=remasking, mask_id=model.config.mask_token_id, cfg_scale=cfg_scale,
+                              generator=torch.Generator().manual_seed(2))
+    out = dllm.generate(model, None, PROMPTS4, gen_length=16, block_length=8, steps=8, sampler=remasking,
+                        cfg_scale=cfg_scale, seed=2)
+    assert torch.equal(out.sequences, want)
+    assert out.forwards == 8
+
+
+def test_eos_eot_options_are_validated(llada):
+    from dllm import samplers
+    with pytest.raises(ValueError, match=r"sampler 'low_confidence': logits_eos_inf must be True or False, got 1"):
+        samplers.get("low_confidence", logits_eos_inf=1)
+    with pytest.raises(ValueError, match=r"cfg_scale must be a finite number >= 0, got -1"):
+        dllm.GenerationConfig(cfg_scale=-1)
