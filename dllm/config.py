@@ -134,7 +134,10 @@ class GenerationConfig:
     max_forwards: hard cap on model forwards; when hit, every remaining mask is filled with the
         current prediction and the output says so. Default: max(steps, gen_length).
     chat: apply the tokenizer's chat template to string prompts (None: when it has one).
-    score_dtype: precision of the softmax behind confidences ("float32" or "float64").
+    score_dtype: precision of the softmax behind the LLaDA-style confidences: "logits" (the model
+        dtype, as current LLaDA `generate.py`; in bf16 confident positions tie often and ties go to
+        the lower position), "float32", or "float64" (Fast-dLLM, older LLaDA). Dream's samplers
+        always follow Dream's `sample_tokens` in the logits dtype.
     trace: record the step at which every generated position was committed.
     """
 
@@ -148,7 +151,7 @@ class GenerationConfig:
     seed: int | None = None
     max_forwards: int | None = None
     chat: bool | None = None
-    score_dtype: str = "float32"
+    score_dtype: str = "logits"
     trace: bool = False
 
     def __post_init__(self):
@@ -168,8 +171,8 @@ class GenerationConfig:
         if isinstance(self.cfg_scale, bool) or not isinstance(self.cfg_scale, (int, float)) \
                 or not 0 <= self.cfg_scale < float("inf"):
             raise ValueError(f"cfg_scale must be a finite number >= 0, got {self.cfg_scale!r}")
-        if self.score_dtype not in ("float32", "float64"):
-            raise ValueError(f"score_dtype must be 'float32' or 'float64', got {self.score_dtype!r}")
+        if self.score_dtype not in ("logits", "float32", "float64"):
+            raise ValueError(f"score_dtype must be 'logits', 'float32' or 'float64', got {self.score_dtype!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
         if not isinstance(self.sampler_kwargs, dict):

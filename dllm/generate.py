@@ -25,6 +25,10 @@ from .kernels import token_scores
 from .state import DecodeState, Decision, SpecialIds, select_positions
 
 _SCORE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _score_dtype(name: str, model) -> torch.dtype:
+    return model.dtype if name == "logits" else _SCORE_DTYPES[name]
 DEFAULT_SAMPLERS = {"llada": "low_confidence", "dream": "entropy"}
 
 
@@ -150,7 +154,7 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
         gen = torch.Generator(device=device).manual_seed(cfg.seed)
     return DecodeState(x=x.to(device), gen_start=lp, gen_length=cfg.gen_length, block_length=block_length,
                        pad_len=pad_len.to(device), ids=ids, temperature=float(cfg.temperature), generator=gen,
-                       score_dtype=_SCORE_DTYPES[cfg.score_dtype], steps=cfg.resolved_steps)
+                       score_dtype=_score_dtype(cfg.score_dtype, model), steps=cfg.resolved_steps)
 
 
 def resolve_sampler(model, cfg: GenerationConfig):
@@ -190,7 +194,9 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     """Write the allowed commits of `dec`; returns (B',) rows whose masks were flushed by the cap."""
     x = state.x
     cols_masked = x[rows].gather(1, positions) == state.ids.mask                 # (B', Q)
-    tokens = dec.tokens if dec.tokens is not None else scores.token
+    # The sampler's tokens where it committed; commits the loop forces (progress, cap flush) take
+    # the scored candidate.
+    tokens = scores.token if dec.tokens is None else torch.where(dec.commit, dec.tokens, scores.token)
     in_block = (positions >= state.block_start[rows, None]) & (positions < state.block_end[rows, None])
     allowed = valid & cols_masked & (positions >= state.gen_start) & (positions < state.gen_end)
     commit = dec.commit & allowed
@@ -272,8 +278,9 @@ def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_poli
         # it would leave the position masked (the references then end with a mask on the canvas).
         logits[..., state.ids.mask] = float("-inf")
         logits = sampler.process_logits(state, rows, logits)
+        fields = sampler.score_fields | ({"prob"} if not sampler.fixed_schedule else set())
         scores = token_scores(logits, temperature=state.temperature if sampler.gumbel_candidates else 0.0,
-                              generator=state.generator, score_dtype=state.score_dtype, fields=sampler.score_fields,
+                              generator=state.generator, score_dtype=state.score_dtype, fields=fields,
                               keep_logits=sampler.needs_logits)
         dec = sampler.step(state, rows, positions, valid, scores)
         flushed = _apply(state, sampler, rows, positions, valid, scores, dec, flush)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-OPTIONAL_FIELDS = frozenset({"margin", "entropy", "logit_gap"})
+OPTIONAL_FIELDS = frozenset({"prob", "margin", "entropy", "logit_gap"})
 
 
 @dataclass
@@ -33,7 +33,7 @@ class TokenScores:
     """
 
     token: torch.Tensor
-    prob: torch.Tensor
+    prob: torch.Tensor | None = None
     margin: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     logit_gap: torch.Tensor | None = None
@@ -51,24 +51,27 @@ def token_scores_ref(logits: torch.Tensor, *, temperature: float = 0.0, generato
                      keep_logits: bool = False) -> TokenScores:
     """Reference scoring. logits: (B, Q, V) in any float dtype; -inf marks a suppressed token.
 
-    fields: which optional statistics to compute ("margin", "entropy", "logit_gap").
+    fields: which statistics besides the token to compute ("prob", "margin", "entropy", "logit_gap");
+        the softmax is materialised only when one of them needs it.
     NaN or +inf logits (or a position whose every logit is -inf) raise FloatingPointError.
     """
-    unknown = set(fields) - OPTIONAL_FIELDS
+    fields = frozenset(fields)
+    unknown = fields - OPTIONAL_FIELDS
     if unknown:
         raise ValueError(f"unknown score field(s) {sorted(unknown)}; valid: {sorted(OPTIONAL_FIELDS)}")
     lf = logits.to(score_dtype)                                           # (B, Q, V)
     top1, argmax = lf.max(dim=-1)                                         # NaN propagates into top1
     if lf.numel() and not bool(torch.isfinite(top1).all()):
         _raise_not_finite(top1)
-    probs = torch.softmax(lf, dim=-1)                                     # (B, Q, V)
     if temperature > 0:
         u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
         token = (logits.double() - temperature * torch.log(-torch.log(u))).argmax(-1)  # (B, Q)
     else:
         token = argmax                                                    # first maximum on ties
-    out = TokenScores(token=token, prob=probs.gather(-1, token[..., None]).squeeze(-1),
-                      logits=logits if keep_logits else None)
+    out = TokenScores(token=token, logits=logits if keep_logits else None)
+    probs = torch.softmax(lf, dim=-1) if fields & {"prob", "margin", "entropy"} else None  # (B, Q, V)
+    if "prob" in fields:
+        out.prob = probs.gather(-1, token[..., None]).squeeze(-1)
     if "margin" in fields:
         top_p = probs.topk(min(2, probs.shape[-1]), dim=-1).values
         out.margin = top_p[..., 0] - (top_p[..., 1] if top_p.shape[-1] > 1 else 0)

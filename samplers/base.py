@@ -31,8 +31,8 @@ class Sampler:
       needs_logits:    the loop passes the (B, Q, V) logits in `scores.logits`.
       gumbel_candidates: the loop draws the candidate token by Gumbel-max at the request temperature;
                        samplers that sample themselves (Dream's) set this False.
-      score_fields:    optional TokenScores statistics the sampler reads ("margin", "entropy",
-                       "logit_gap"); the token and its probability are always there.
+      score_fields:    TokenScores statistics the sampler reads ("prob", "margin", "entropy",
+                       "logit_gap"); the candidate token is always there.
     """
 
     name: ClassVar[str] = "base"
@@ -40,7 +40,7 @@ class Sampler:
     fixed_schedule: ClassVar[bool] = False
     needs_logits: ClassVar[bool] = False
     gumbel_candidates: ClassVar[bool] = True
-    score_fields: ClassVar[frozenset] = frozenset()
+    score_fields: ClassVar[frozenset] = frozenset({"prob"})
 
     def setup(self, state: DecodeState) -> None:
         """Called once per request before the first step; validate against the request here."""

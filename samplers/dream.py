@@ -49,6 +49,7 @@ class _DreamBase(Sampler):
     fixed_schedule = True
     needs_logits = True
     gumbel_candidates = False
+    score_fields = frozenset()   # confidences come from the logits, as Dream's sample_tokens computes them
 
     def __init__(self, *, eps: float = 1e-3, top_p: float | None = None, top_k: int | None = None,
                  alg_temp: float | None = None):

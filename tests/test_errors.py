@@ -26,7 +26,7 @@ def tiny_dream():
     (dict(steps=-2), r"steps must be a positive integer, got -2"),
     (dict(temperature=-0.5), r"temperature must be a finite number >= 0, got -0.5"),
     (dict(temperature=float("nan")), r"temperature must be a finite number"),
-    (dict(score_dtype="float16"), r"score_dtype must be 'float32' or 'float64', got 'float16'"),
+    (dict(score_dtype="float16"), r"score_dtype must be 'logits', 'float32' or 'float64', got 'float16'"),
     (dict(seed="7"), r"seed must be an integer or None, got '7'"),
     (dict(max_forwards=0), r"max_forwards must be a positive integer, got 0"),
 ])

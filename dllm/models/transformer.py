@@ -172,6 +172,9 @@ class DiffusionTransformer(nn.Module):
         Returns (B, Q, V) logits in the model dtype.
         """
         B, L = x.shape
+        if positions is not None and cache is None:
+            raise ValueError("recomputing a subset of positions needs a KVCache holding the other columns' K/V; "
+                             "pass cache=... or positions=None")
         if positions is None and cache is None:
             return self._forward_full(x, logits_at, position_ids, key_valid)
         if rows is None:
