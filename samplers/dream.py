@@ -102,13 +102,29 @@ class _DreamBase(Sampler):
         if not self.alg_temp:
             commit = top_k_mask(conf, k)
         else:
-            commit = torch.zeros_like(valid)
-            weights = torch.softmax(conf / self.alg_temp, dim=-1)
+            commit = self._draw_positions(state, positions, valid, conf, k)
+        return Decision(commit=commit & valid, tokens=tokens)
+
+    def _draw_positions(self, state, positions, valid, conf, k):
+        """k positions per row drawn without replacement from softmax(confidence / alg_temp).
+
+        The draw spans the whole canvas row (zero weight off the masked positions) in one call,
+        as the reference makes it, so a seeded run draws the reference's random stream."""
+        full = torch.full((valid.shape[0], state.length), float("-inf"), dtype=conf.dtype, device=conf.device)
+        r_idx, q_idx = valid.nonzero(as_tuple=True)
+        full[r_idx, positions[r_idx, q_idx]] = conf[r_idx, q_idx]
+        weights = torch.softmax(full / self.alg_temp, dim=-1)  # (B', L)
+        picked = torch.zeros_like(full, dtype=torch.bool)
+        if bool((k == k[0]).all()):
+            if int(k[0]) > 0:
+                idx = torch.multinomial(weights, int(k[0]), replacement=False, generator=state.generator)
+                picked.scatter_(1, idx, True)
+        else:  # rows of one request hold equal mask counts; differing ones draw row by row
             for r in range(valid.shape[0]):
                 if k[r] > 0:
-                    pick = torch.multinomial(weights[r], int(k[r]), replacement=False, generator=state.generator)
-                    commit[r, pick] = True
-        return Decision(commit=commit & valid, tokens=tokens)
+                    idx = torch.multinomial(weights[r], int(k[r]), replacement=False, generator=state.generator)
+                    picked[r, idx] = True
+        return picked.gather(1, positions)
 
 
 class Origin(_DreamBase):

@@ -167,6 +167,7 @@ def test_corrupt_config(tmp_path):
 
 def test_no_weights(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
-        {"d_model": 64, "n_layers": 1, "n_heads": 4, "vocab_size": 320, "mask_token_id": 310, "eos_token_id": 301}))
+        {"d_model": 64, "n_layers": 1, "n_heads": 4, "vocab_size": 320, "mask_token_id": 310, "eos_token_id": 301,
+         "weight_tying": False}))
     with pytest.raises(FileNotFoundError, match=r"no weights in .*expected model.safetensors"):
         load(tmp_path)

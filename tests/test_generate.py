@@ -274,3 +274,22 @@ def test_llada_bf16_equals_reference(llada_dir, remasking):
                                   generator=torch.Generator().manual_seed(0))
         out = dllm.generate(model, None, rows, gen_length=16, block_length=8, steps=8, sampler=remasking, seed=0)
         assert torch.equal(out.sequences, want)
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
+@pytest.mark.parametrize("options", [dict(top_p=0.9), dict(top_k=5), dict(top_p=0.8, top_k=3, eps=0.01),
+                                     dict(alg_temp=0.5), dict(alg_temp=0.2, top_k=7)], ids=lambda o: str(o))
+def test_dream_options_equal_reference(dream, alg, options):
+    """top_p / top_k / eps at temperature 0, and alg_temp's seeded position draw, as the reference."""
+    model, _ = dream
+    kw = {k: v for k, v in options.items()}
+    for rows in ([PROMPTS[0]], PROMPTS4):
+        ids, mask = _batch(rows, model.config.pad_token_id)
+        want = dream_generate_ref(dream_raw_logits_fn(model), ids, mask, max_new_tokens=12, steps=6, alg=alg,
+                                  mask_id=model.config.mask_token_id, generator=torch.Generator().manual_seed(9), **kw)
+        out = dllm.generate(model, None, rows, gen_length=12, steps=6, sampler=alg, seed=9, sampler_kwargs=kw)
+        assert torch.equal(out.sequences, want), (options, out.sequences, want)
+    assert all(out.sampler_args[k] == v for k, v in options.items())
+    if "alg_temp" in options:  # a random choice of positions: it must change the greedy result
+        plain = dllm.generate(model, None, PROMPTS4, gen_length=12, steps=6, sampler=alg, seed=9)
+        assert not torch.equal(plain.sequences, out.sequences)

@@ -42,20 +42,23 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     mlp = d.get("mlp_hidden_size") or int(d.get("mlp_ratio", 4) * d_model)
     missing = [k for k, v in (("d_model", d_model), ("n_layers", _get(d, "n_layers", "num_hidden_layers")),
                               ("n_heads", n_heads), ("vocab_size", d.get("vocab_size")),
-                              ("mask_token_id", d.get("mask_token_id")), ("eos_token_id", d.get("eos_token_id")))
+                              ("mask_token_id", d.get("mask_token_id")), ("eos_token_id", d.get("eos_token_id")),
+                              ("weight_tying", d.get("weight_tying")))
                if v is None]
     if missing:
         raise ValueError(f"LLaDA config.json lacks required keys: {', '.join(missing)}")
     eos = d["eos_token_id"]
     return ModelConfig(
         family="llada",
+        # The logit width is `embedding_size` (the embedding may be padded past the tokenizer vocab).
         vocab_size=_get(d, "embedding_size", "vocab_size"),
         d_model=d_model, n_layers=_get(d, "n_layers", "num_hidden_layers"), n_heads=n_heads, n_kv_heads=n_kv,
         mlp_hidden=mlp, norm_eps=d.get("rms_norm_eps", 1e-5), rope_theta=float(d.get("rope_theta", 10000.0)),
-        max_seq_len=_get(d, "max_sequence_length", "max_position_embeddings", default=4096),
+        max_seq_len=_get(d, "max_sequence_length", "max_position_embeddings", default=1024),  # LLaDAConfig default
         mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=_get(d, "pad_token_id", default=eos),
         bos_token_id=d.get("bos_token_id"), qkv_bias=bool(d.get("include_qkv_bias", False)),
-        tie_embeddings=bool(d.get("weight_tying", False)), rope_fp32=True, logit_shift=False,
+        tie_embeddings=bool(d["weight_tying"]), rope_fp32=bool(d.get("rope_full_precision", True)),
+        logit_shift=False,
     )
 
 
@@ -67,7 +70,7 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "multi_query_attention": None, "mlp_hidden_size": cfg.mlp_hidden, "mlp_ratio": 4,
         "activation_type": "silu", "block_type": "llama", "layer_norm_type": "rms", "rms_norm_eps": cfg.norm_eps,
         "attention_layer_norm": False, "include_bias": False, "include_qkv_bias": cfg.qkv_bias,
-        "rope": True, "rope_theta": cfg.rope_theta, "rope_full_precision": True, "alibi": False,
+        "rope": True, "rope_theta": cfg.rope_theta, "rope_full_precision": cfg.rope_fp32, "alibi": False,
         "vocab_size": cfg.vocab_size, "embedding_size": cfg.vocab_size, "weight_tying": cfg.tie_embeddings,
         "input_emb_norm": False, "scale_logits": False, "max_sequence_length": cfg.max_seq_len,
         "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id,

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..attention import get_backend
 from ..config import ModelConfig
 from .dream import DreamModel
 from .llada import LLaDAModel
@@ -34,8 +35,10 @@ _TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_m
 _HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                  *_TOKENIZER_FILES]
 
-# End-of-turn token of each family's chat format.
+# End-of-turn token of each family's chat format, and its id in the published vocabularies
+# (recognised by the mask id) for tokenizers that do not register it.
 _EOT_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
+_KNOWN_EOT = {("llada", 126336): 126348, ("dream", 151666): 151645}
 
 
 def detect_family(d: dict[str, Any]) -> str:
@@ -69,6 +72,20 @@ def resolve_dtype(dtype) -> torch.dtype | None:
     if isinstance(dtype, str) and dtype in _DTYPES:
         return _DTYPES[dtype]
     raise ValueError(f"unsupported dtype {dtype!r}; choose one of 'auto', 'float32', 'float16', 'bfloat16'")
+
+
+def resolve_device(device) -> torch.device:
+    """torch.device from a name, checked to exist before any weight is read."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N' or another torch device") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    return dev
 
 
 def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
@@ -152,10 +169,13 @@ def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None,
                     if key not in names:
                         unexpected.append(key)
                         continue
-                    t = f.get_tensor(key)
-                    out[names[key]] = t.to(device=device, dtype=dtype or t.dtype)
+                    out[names[key]] = f.get_tensor(key)
         except (SafetensorError, OSError, RuntimeError) as err:
             raise ValueError(f"corrupt or unreadable weight file {file}: {err}") from None
+        for key in list(out):  # moved outside the reading guard: a device error is not a corrupt file
+            t = out[key]
+            if t.device != torch.device(device) or (dtype is not None and t.dtype != dtype):
+                out[key] = t.to(device=device, dtype=dtype or t.dtype)
     missing = sorted(set(names) - seen)
     if missing or unexpected:
         raise ValueError(f"checkpoint weights in {folder} do not match the architecture: "
@@ -246,13 +266,19 @@ def load(path_or_id: str | os.PathLike, dtype="auto", device="cpu", attention: s
         model, tok = dllm.load("GSAI-ML/LLaDA-8B-Instruct", dtype="bfloat16", device="cuda")
         out = dllm.generate(model, tok, "What is 7 * 8?", gen_length=64, block_length=32)
     """
-    resolve_dtype(dtype)  # validate before touching the disk
+    # Validate everything cheap before touching the disk or the network.
+    resolve_dtype(dtype)
+    device = resolve_device(device)
+    get_backend(attention)
     folder = resolve_checkpoint(path_or_id)
     model = load_model(folder, dtype=dtype, device=device, attention=attention)
     tokenizer = load_tokenizer(folder, model.config.family)
     cfg = model.config
     gen_defaults = _generation_defaults(folder)
     eot = _token_id(tokenizer, _EOT_TOKENS[cfg.family])
+    if eot is None and (cfg.family, cfg.mask_token_id) in _KNOWN_EOT:
+        # LLaDA-8B-Base's tokenizer does not register <|eot_id|>; its id is fixed by the model family.
+        eot = _KNOWN_EOT[(cfg.family, cfg.mask_token_id)]
     bos = cfg.bos_token_id if cfg.bos_token_id is not None else gen_defaults.get("bos_token_id")
     if bos is None:
         bos = tokenizer.bos_token_id
