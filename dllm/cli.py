@@ -48,12 +48,21 @@ def cmd_generate(args) -> int:
     import dllm
     from dllm.config import GenerationConfig
 
+    from dllm import samplers
+
     sampler_kwargs = parse_kv(args.sampler_arg, "--sampler-arg")
+    device = args.device
+    if device == "auto":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         cfg = GenerationConfig(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
-                               temperature=args.temperature, cfg_scale=args.cfg_scale, sampler=args.sampler, sampler_kwargs=sampler_kwargs,
-                               seed=args.seed, max_forwards=args.max_forwards, chat=args.chat)
-        model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device, attention=args.attention)
+                               temperature=args.temperature, cfg_scale=args.cfg_scale, sampler=args.sampler,
+                               sampler_kwargs=sampler_kwargs, seed=args.seed, max_forwards=args.max_forwards,
+                               chat=args.chat, score_dtype=args.score_dtype)
+        if args.sampler is not None:  # a typo must not cost a model load
+            samplers.get(args.sampler, **sampler_kwargs)
+        model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=device, attention=args.attention)
         prompts = args.prompt
         on_step = _show(tokenizer, sys.stdout) if args.show else None
         out = dllm.generate(model, tokenizer, prompts, cfg, on_step=on_step)
@@ -105,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="apply the chat template (default: when the tokenizer has one)")
     g.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
-    g.add_argument("--device", default="cpu")
+    g.add_argument("--device", default="auto", help="auto (cuda when available) | cpu | cuda | cuda:N")
+    g.add_argument("--score-dtype", default="logits", choices=("logits", "float32", "float64"),
+                   help="precision of confidences (logits = the model dtype, as LLaDA)")
     g.add_argument("--attention", default="sdpa", help="attention backend: eager | sdpa")
     g.add_argument("--show", action="store_true", help="redraw the canvas in the terminal as tokens are unmasked")
     g.set_defaults(func=cmd_generate)

@@ -124,11 +124,14 @@ class GenerationConfig:
     block_length: semi-autoregressive block size for block samplers (default: gen_length, i.e.
         one block); samplers without blocks (Dream's) ignore it.
     steps: denoising steps for fixed-schedule samplers (default: gen_length, one token per step).
-    temperature: 0 = greedy; > 0 = Gumbel-max sampling in float64 as the LLaDA reference does.
+    temperature: 0 = greedy; > 0 = sampling: Gumbel-max in float64 for LLaDA-style samplers (as
+        LLaDA's reference), Dream's samplers draw from softmax(logits / temperature) as Dream's.
     cfg_scale: unsupervised classifier-free guidance (LLaDA): each step also runs the canvas with
         the prompt masked and uses uncond + (cfg_scale + 1) * (cond - uncond); 0 = off.
     sampler: registered sampler name (`dllm.samplers.available()`), or a sampler instance; None
-        picks the model family's reference sampler (LLaDA `low_confidence`, Dream `entropy`).
+        takes the `alg` of the checkpoint's generation_config.json when it names one (Dream
+        Instruct: `origin`), else the family's reference rule (LLaDA `low_confidence`, Dream
+        `entropy`).
     sampler_kwargs: keyword arguments for the sampler when it is given by name.
     seed: seeds the one `torch.Generator` every random draw of the request uses.
     max_forwards: hard cap on model forwards; when hit, every remaining mask is filled with the

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -158,16 +159,29 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
 
 
 def resolve_sampler(model, cfg: GenerationConfig):
+    """The request's sampler. Without one: the `alg` of the checkpoint's generation_config.json
+    when it names a registered sampler (Dream's published default is `origin`, with its `eps`,
+    `alg_temp`, `top_p`, `top_k`), else the family's reference rule (LLaDA `low_confidence`, Dream
+    `entropy`)."""
     from dllm import samplers
 
-    spec = cfg.sampler if cfg.sampler is not None else DEFAULT_SAMPLERS[model.config.family]
+    spec, kwargs = cfg.sampler, dict(cfg.sampler_kwargs)
+    if spec is None:
+        defaults = getattr(model, "generation_defaults", None) or {}
+        alg = defaults.get("alg")
+        if isinstance(alg, str) and alg in samplers.available():
+            spec = alg
+            accepted = samplers.signature(alg)
+            kwargs = {k: v for k, v in defaults.items() if k in accepted and v is not None} | kwargs
+        else:
+            spec = DEFAULT_SAMPLERS[model.config.family]
     if isinstance(spec, samplers.Sampler):
-        if cfg.sampler_kwargs:
+        if kwargs:
             raise ValueError("sampler_kwargs are only used with a sampler given by name, not an instance")
         return spec
     if not isinstance(spec, str):
         raise ValueError(f"sampler must be a registered name or a Sampler instance, got {type(spec).__name__}")
-    return samplers.get(spec, **cfg.sampler_kwargs)
+    return samplers.get(spec, **kwargs)
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -331,6 +345,9 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
     else:
         rows = _as_rows(prompts, attention_mask)
     sampler = resolve_sampler(model, cfg)
+    if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):
+        warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region at once; "
+                      f"block_length {cfg.block_length} is ignored", stacklevel=2)
     block_length = cfg.resolved_block_length if sampler.uses_blocks else cfg.gen_length
     state = build_state(model, rows, cfg, block_length)
     start = time.perf_counter()

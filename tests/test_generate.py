@@ -111,7 +111,7 @@ def test_llada_per_step_counts_spread_as_reference(llada):
 def test_batched_equals_unbatched(request, family, sampler):
     """A row decodes the same tokens alone or in a ragged batch (at temperature 0)."""
     model, _ = request.getfixturevalue(family)
-    kw = dict(gen_length=12, block_length=6, steps=12, sampler=sampler)
+    kw = dict(gen_length=12, block_length=6 if sampler == "low_confidence" else None, steps=12, sampler=sampler)
     batched = dllm.generate(model, None, PROMPTS, **kw)
     for b, row in enumerate(PROMPTS):
         alone = dllm.generate(model, None, [row], **kw)
@@ -120,9 +120,12 @@ def test_batched_equals_unbatched(request, family, sampler):
 
 @pytest.mark.parametrize("sampler", ["maskgit_plus", "entropy"])
 def test_dream_samplers_run_on_llada_and_llada_sampler_on_dream(llada, dream, sampler):
-    for model, name in ((llada[0], sampler), (dream[0], "low_confidence")):
-        out = dllm.generate(model, None, PROMPTS, gen_length=8, block_length=4, steps=8, sampler=name)
+    for model, name, block in ((llada[0], sampler, None), (dream[0], "low_confidence", 4)):
+        out = dllm.generate(model, None, PROMPTS, gen_length=8, block_length=block, steps=8, sampler=name)
         assert not (out.generated == model.config.mask_token_id).any()
+    with pytest.warns(UserWarning, match=rf"sampler '{sampler}' decodes the whole generation region at once; "
+                                         r"block_length 4 is ignored"):
+        dllm.generate(llada[0], None, PROMPTS, gen_length=8, block_length=4, steps=8, sampler=sampler)
 
 
 @pytest.mark.parametrize("family,sampler", [("llada", "low_confidence"), ("llada", "random"),
