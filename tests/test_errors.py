@@ -147,10 +147,17 @@ def test_bad_dtype():
 
 
 def test_missing_folder_and_offline_hub_id(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
     with pytest.raises(FileNotFoundError, match=r"no checkpoint folder at '.*nowhere'"):
         load(str(tmp_path / "deep" / "nowhere"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match=r"could not fetch 'no-such-org/no-such-model'.*pass its path"):
+    # Offline mode (read by huggingface_hub at import, so patched on its constants module).
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    with pytest.raises(FileNotFoundError, match=r"could not fetch 'no-such-org/no-such-model' from the Hugging Face "
+                                                r"hub \(.*\)\. If this machine is offline, download the checkpoint "
+                                                r"elsewhere .*hf download no-such-org/no-such-model.*"
+                                                r"dllm.load\('./no-such-model'\)"):
         load("no-such-org/no-such-model")
 
 
@@ -171,3 +178,109 @@ def test_no_weights(tmp_path):
          "weight_tying": False}))
     with pytest.raises(FileNotFoundError, match=r"no weights in .*expected model.safetensors"):
         load(tmp_path)
+
+
+def _llada_cfg(**extra):
+    cfg = {"d_model": 64, "n_layers": 1, "n_heads": 4, "vocab_size": 320, "mask_token_id": 310,
+           "eos_token_id": 301, "weight_tying": False}
+    cfg.update(extra)
+    return cfg
+
+
+def test_corrupt_shard_index(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(_llada_cfg()))
+    (tmp_path / "model.safetensors.index.json").write_text("{\"weight_map\": 3")
+    with pytest.raises(ValueError, match=r"corrupt shard index .*model.safetensors.index.json"):
+        load(tmp_path)
+
+
+def test_pickle_weights_only(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(_llada_cfg()))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x02")
+    with pytest.raises(ValueError, match=r"holds PyTorch pickle weights only; dllm reads safetensors"):
+        load(tmp_path)
+
+
+def test_weight_in_two_shards(tmp_path):
+    from safetensors.torch import save_file
+    (tmp_path / "config.json").write_text(json.dumps(_llada_cfg()))
+    t = {"model.transformer.wte.weight": torch.zeros(320, 64)}
+    save_file(t, str(tmp_path / "a.safetensors"))
+    save_file(t, str(tmp_path / "b.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.transformer.wte.weight": "a.safetensors", "x": "b.safetensors"}}))
+    with pytest.raises(ValueError, match=r"weight 'model.transformer.wte.weight' appears in more than one shard "
+                                         r"\(again in b.safetensors\)"):
+        load(tmp_path)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("rope_scaling", {"type": "linear", "factor": 2.0}, r"Dream config key 'rope_scaling' = .* not supported"),
+    ("use_sliding_window", True, r"'use_sliding_window' = true is not supported \(supported: false\)"),
+    ("hidden_act", "gelu", r"'hidden_act' = 'gelu' is not supported \(supported: 'silu'\)"),
+    ("mask_token_id", None, r"Dream config.json lacks required keys: mask_token_id"),
+])
+def test_unsupported_dream_config(key, value, match):
+    from dllm.models.dream import config_from_hf
+    cfg = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 96,
+           "vocab_size": 320, "mask_token_id": 304, "eos_token_id": 300, key: value}
+    with pytest.raises(ValueError, match=match):
+        config_from_hf(cfg)
+
+
+def test_llada_config_lacking_keys():
+    from dllm.models.llada import config_from_hf
+    with pytest.raises(ValueError, match=r"LLaDA config.json lacks required keys: vocab_size, weight_tying"):
+        config_from_hf({"d_model": 64, "n_layers": 1, "n_heads": 4, "mask_token_id": 310, "eos_token_id": 301})
+
+
+def test_tokenizer_errors(llada_dir, dream_dir, tmp_path):
+    import shutil
+    d = shutil.copytree(dream_dir, tmp_path / "dream")
+    (d / "merges.txt").unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing merges.txt beside vocab.json"):
+        load(d)
+    l = shutil.copytree(llada_dir, tmp_path / "llada")
+    (l / "tokenizer.json").write_text("{broken")
+    with pytest.raises(ValueError, match=r"cannot load the tokenizer in .*llada"):
+        load(l)
+
+
+def test_chat_without_template(llada):
+    model, tok = llada
+    import copy
+    bare = copy.deepcopy(tok)
+    bare.chat_template = None
+    with pytest.raises(ValueError, match=r"chat=True but the tokenizer has no chat template"):
+        dllm.generate(model, bare, "hi", gen_length=4, chat=True)
+
+
+def test_bad_input_ids_and_mask(tiny):
+    with pytest.raises(ValueError, match=r"input_ids must be 1-D or 2-D, got shape \(1, 2, 3\)"):
+        dllm.generate(tiny, None, torch.ones(1, 2, 3, dtype=torch.long), gen_length=4)
+    with pytest.raises(ValueError, match=r"attention_mask shape \(2, 3\) != input_ids shape \(2, 4\)"):
+        dllm.generate(tiny, None, torch.ones(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 3), gen_length=4)
+    with pytest.raises(ValueError, match=r"token-id prompts must be lists of integers"):
+        dllm.generate(tiny, None, [[1, 2.5]], gen_length=4)
+
+
+def test_sampler_kwargs_with_an_instance(tiny):
+    with pytest.raises(ValueError, match=r"sampler_kwargs are only used with a sampler given by name"):
+        dllm.generate(tiny, None, [[1, 2]], gen_length=4, sampler=samplers.get("random"), sampler_kwargs={"x": 1})
+
+
+def test_eot_option_without_eot_id():
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny").replace(eot_token_id=None), seed=0)
+    with pytest.raises(ValueError, match=r"confidence_eos_eot_inf needs an end-of-turn token id"):
+        dllm.generate(model, None, [[1, 2]], gen_length=4, sampler_kwargs={"confidence_eos_eot_inf": True})
+
+
+def test_device_and_backend_are_checked_before_loading(tmp_path):
+    # tmp_path holds no checkpoint: these errors must come first.
+    with pytest.raises(ValueError, match=r"unknown device 'gpu'"):
+        load(tmp_path, device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device 'cuda' asked for, but CUDA is not available"):
+            load(tmp_path, device="cuda")
+    with pytest.raises(ValueError, match=r"unknown attention backend 'flash'"):
+        load(tmp_path, attention="flash")

@@ -215,3 +215,41 @@ def test_missing_tokenizer(llada_dir, tmp_path):
     (folder / "tokenizer.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"no tokenizer in .*expected tokenizer.json, or vocab.json"):
         dllm.load(folder)
+
+
+def test_bf16_pieces_are_bitwise_the_references():
+    """bf16 numerics the fp32 tests cannot see: RMSNorm's cast order and each family's rotation
+    precision, bit for bit against the independent statements."""
+    from dllm.models.transformer import RMSNorm, apply_rope, rope_cos_sin
+    from tests.reference import arch_ref
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 5, 64, generator=g) * 3).bfloat16()
+    norm = RMSNorm(64, 1e-6).bfloat16()
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(64, generator=g))
+    assert torch.equal(norm(x), arch_ref._rms_norm(x, norm.weight, 1e-6))
+    q = (torch.randn(2, 4, 7, 32, generator=g) * 2).bfloat16()
+    pos = torch.arange(7)[None].expand(2, 7) + 100
+    cos, sin = rope_cos_sin(pos, 32, 500000.0)
+    angles = arch_ref._rope_angles(pos, 32, 500000.0)
+    assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
+    rot = arch_ref._rotate_half
+    c, s = angles.cos(), angles.sin()
+    assert torch.equal(apply_rope(q, cos, sin, fp32=True), (q.float() * c + rot(q.float()) * s).bfloat16())
+    cb, sb = c.bfloat16(), s.bfloat16()
+    assert torch.equal(apply_rope(q, cos, sin, fp32=False), q * cb + rot(q) * sb)
+    # The two precisions really differ in bf16, so a family using the wrong one is caught.
+    assert not torch.equal(apply_rope(q, cos, sin, fp32=True), apply_rope(q, cos, sin, fp32=False))
+
+
+def test_family_rotation_precision(llada, dream):
+    assert llada[0].config.rope_fp32 and not dream[0].config.rope_fp32
+
+
+def test_dream_default_sampler_comes_from_generation_config(dream):
+    model, _ = dream
+    assert model.generation_defaults["alg"] == "origin"
+    out = dllm.generate(model, None, [[5, 6, 7]], gen_length=8, steps=8, seed=0)
+    assert out.sampler == "origin" and out.sampler_args["eps"] == 0.001
+    out = dllm.generate(model, None, [[5, 6, 7]], gen_length=8, steps=8, sampler="entropy")
+    assert out.sampler == "entropy"
