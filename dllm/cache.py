@@ -33,10 +33,6 @@ class KVCache:
         cfg = model.config
         return cls(cfg.n_layers, batch, cfg.n_kv_heads, length, cfg.head_dim, model.dtype, model.device)
 
-    def reset(self) -> None:
-        for buf in self.k + self.v:
-            buf.zero_()
-
     def update(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         kb, vb = self.k[layer], self.v[layer]
         if positions.shape[1] == self.length and rows.shape[0] == kb.shape[0] and bool(

@@ -193,7 +193,6 @@ def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
         if moving.numel() == 0:
             return
         state.block_start[moving] = state.block_end[moving]
-        state.block_index[moving] += 1
         state.step_in_block[moving] = 0
         ended = state.block_start[moving] >= state.gen_end
         state.finished[moving[ended]] = True

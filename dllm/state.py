@@ -56,7 +56,6 @@ class DecodeState:
     steps: int = 0                  # denoising steps requested (fixed schedules)
     block_start: torch.Tensor = None   # (B,) active block, absolute columns [start, end)
     block_end: torch.Tensor = None
-    block_index: torch.Tensor = None   # (B,) how many blocks each row has finished
     step_in_block: torch.Tensor = None  # (B,) steps spent in the active block
     nfe: torch.Tensor = None           # (B,) forwards each row took part in
     finished: torch.Tensor = None      # (B,) rows with nothing left to do
@@ -69,7 +68,7 @@ class DecodeState:
         zeros = lambda: torch.zeros(B, dtype=torch.long, device=dev)  # noqa: E731
         self.block_start = torch.full((B,), self.gen_start, dtype=torch.long, device=dev)
         self.block_end = (self.block_start + self.block_length).clamp(max=self.gen_end)
-        self.block_index, self.step_in_block, self.nfe = zeros(), zeros(), zeros()
+        self.step_in_block, self.nfe = zeros(), zeros()
         self.finished = torch.zeros(B, dtype=torch.bool, device=dev)
         self.commit_step = torch.full((B, self.gen_length), -1, dtype=torch.long, device=dev)
         cols = torch.arange(self.x.shape[1], device=dev)

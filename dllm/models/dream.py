@@ -45,20 +45,6 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     )
 
 
-def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-    """The Dream `config.json` describing `cfg`."""
-    return {
-        "architectures": ["DreamModel"], "model_type": "Dream",
-        "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_hidden, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "hidden_act": "silu",
-        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta, "rope_scaling": None, "tie_word_embeddings": cfg.tie_embeddings,
-        "use_sliding_window": False, "attention_dropout": 0.0,
-        "mask_token_id": cfg.mask_token_id, "pad_token_id": cfg.pad_token_id,
-        "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
-    }
-
-
 def hf_names(cfg: ModelConfig) -> dict[str, str]:
     """Checkpoint weight name -> internal parameter name, for every weight the checkpoint holds."""
     names = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight"}
@@ -82,5 +68,4 @@ def hf_names(cfg: ModelConfig) -> dict[str, str]:
 class DreamModel(DiffusionTransformer):
     family = "dream"
     config_from_hf = staticmethod(config_from_hf)
-    config_to_hf = staticmethod(config_to_hf)
     hf_names = staticmethod(hf_names)

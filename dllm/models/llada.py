@@ -62,23 +62,6 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     )
 
 
-def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-    """The LLaDA `config.json` describing `cfg` (the keys of the published checkpoint)."""
-    return {
-        "architectures": ["LLaDAModelLM"], "model_type": "llada",
-        "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
-        "multi_query_attention": None, "mlp_hidden_size": cfg.mlp_hidden, "mlp_ratio": 4,
-        "activation_type": "silu", "block_type": "llama", "layer_norm_type": "rms", "rms_norm_eps": cfg.norm_eps,
-        "attention_layer_norm": False, "include_bias": False, "include_qkv_bias": cfg.qkv_bias,
-        "rope": True, "rope_theta": cfg.rope_theta, "rope_full_precision": cfg.rope_fp32, "alibi": False,
-        "vocab_size": cfg.vocab_size, "embedding_size": cfg.vocab_size, "weight_tying": cfg.tie_embeddings,
-        "input_emb_norm": False, "scale_logits": False, "max_sequence_length": cfg.max_seq_len,
-        "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id,
-        "block_group_size": 1, "flash_attention": False, "use_cache": False,
-        "attention_dropout": 0.0, "residual_dropout": 0.0, "embedding_dropout": 0.0,
-    }
-
-
 def hf_names(cfg: ModelConfig) -> dict[str, str]:
     """Checkpoint weight name -> internal parameter name, for every weight the checkpoint holds."""
     p = "model.transformer."
@@ -102,5 +85,4 @@ def hf_names(cfg: ModelConfig) -> dict[str, str]:
 class LLaDAModel(DiffusionTransformer):
     family = "llada"
     config_from_hf = staticmethod(config_from_hf)
-    config_to_hf = staticmethod(config_to_hf)
     hf_names = staticmethod(hf_names)
