@@ -1,4 +1,4 @@
-"""The `dllm` command: `dllm generate`, `dllm samplers`."""
+"""The `dllm` command: `dllm generate`, `dllm bench`, `dllm samplers`."""
 from __future__ import annotations
 
 import argparse
@@ -78,6 +78,74 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _levels(text: str) -> tuple[float, ...]:
+    try:
+        levels = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SystemExit(f"error: --pb {text!r} must be comma-separated numbers such as 80,70,60") from None
+    if not levels or any(not 0 <= x <= 100 for x in levels):
+        raise SystemExit(f"error: --pb {text!r} must list accuracy levels between 0 and 100")
+    return levels
+
+
+def _print_report(rows, levels, run_ids=None) -> None:
+    from dllm.eval import report
+
+    summaries = report.summarize(rows)
+    for s in summaries:
+        if run_ids is None or s.run_id in run_ids:
+            print(report.format_run(s) + "\n")
+    print(f"PB@X: the largest tokens/forward whose average score is >= X, over the {len(summaries)} run(s) stored")
+    print(report.format_leaderboard(report.leaderboard(summaries, levels), levels))
+
+
+def cmd_bench(args) -> int:
+    from dllm.eval import runner
+
+    levels = _levels(args.pb)
+    try:
+        if args.write_data:
+            from dllm.eval import data, generators
+            from dllm.eval.tasks import GROUPS, TASKS, select_tasks
+
+            can = [t for t in TASKS if t in set(generators.generator_tasks())]
+            chosen = select_tasks(args.tasks, can) if args.tasks else [t for t in can if t in GROUPS["pure"]]
+            opts = {k: v for k, v in (("sort_key", args.sort_key), ("index_base", args.index_base))
+                    if v != {"sort_key": "full_name", "index_base": 0}[k]}
+            recs = {t: generators.generate(t, split="test", **opts)[:args.limit] for t in chosen}
+            folder = data.write_official_layout(args.write_data, recs)
+            print(f"wrote {sum(map(len, recs.values()))} records of {len(recs)} task(s) to {folder}")
+            return 0
+        if args.report:
+            if not args.out:
+                raise ValueError("--report prints the tables of a results file; give it with --out FILE")
+            _print_report(runner.ResultsFile(args.out).rows(), levels)
+            return 0
+        if not args.model:
+            raise ValueError("--model is required (a checkpoint folder or hub id)")
+        cfg = runner.BenchConfig(
+            model=args.model, tasks=args.tasks, data_dir=args.data_dir, generated=args.generated, limit=args.limit,
+            out=args.out, sampler=args.sampler, sampler_args=parse_kv(args.sampler_arg, "--sampler-arg"),
+            cache=args.cache, cache_args=parse_kv(args.cache_arg, "--cache-arg"), gen_length=args.gen_length,
+            block_length=args.block_length, steps=args.steps, tokens_per_step=args.tokens_per_step,
+            temperature=args.temperature, seed=args.seed, max_forwards=args.max_forwards,
+            batch_size=args.batch_size, dtype=args.dtype, device=args.device, attention=args.attention,
+            grammar_url=args.grammar_server, bertscore_model=args.bertscore_model, sort_key=args.sort_key,
+            index_base=args.index_base)
+        rows = runner.run_bench(cfg, progress=not args.no_progress)
+    except (ValueError, FileNotFoundError, FloatingPointError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not runner.is_main_process():
+        return 0
+    if not rows:
+        print("no samples selected")
+        return 0
+    stored = runner.ResultsFile(args.out).rows() if args.out else rows
+    _print_report(stored, levels, run_ids={rows[0]["run_id"]})
+    return 0
+
+
 def cmd_samplers(args) -> int:
     from dllm import samplers
 
@@ -120,6 +188,48 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--attention", default="sdpa", help="attention backend: eager | sdpa")
     g.add_argument("--show", action="store_true", help="redraw the canvas in the terminal as tokens are unmasked")
     g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="run ParallelBench tasks and print per-task scores and PB@X")
+    b.add_argument("--model", default=None, help="checkpoint folder or hub id")
+    b.add_argument("--tasks", default=None,
+                   help="comma-separated task ids, patterns (puzzle/*) or groups (all, waiting_line, puzzle, text, "
+                        "pure); default: the benchmark tasks available")
+    src = b.add_mutually_exclusive_group()
+    src.add_argument("--data-dir", default=None, help="folder with the official ParallelBench test files")
+    src.add_argument("--generated", action="store_true",
+                     help="use our seeded generators' held-out test split (Waiting Line and Puzzle tasks)")
+    b.add_argument("--limit", type=int, default=None, help="the first N samples of each task")
+    b.add_argument("--out", default=None, help="results JSONL: one row per sample, appended; a rerun resumes")
+    b.add_argument("--sampler", default=None, help="sampler name (see `dllm samplers`)")
+    b.add_argument("--sampler-arg", action="append", metavar="KEY=VALUE", help="sampler argument (repeatable)")
+    b.add_argument("--cache", default="none", help="cache policy name")
+    b.add_argument("--cache-arg", action="append", metavar="KEY=VALUE", help="cache policy argument (repeatable)")
+    b.add_argument("--gen-length", type=int, default=None, help="default: the task's max_tokens (32/64/128)")
+    b.add_argument("--block-length", type=int, default=None, help="default: one block over the generation")
+    steps = b.add_mutually_exclusive_group()
+    steps.add_argument("--steps", type=int, default=None, help="denoising steps (fixed schedules)")
+    steps.add_argument("--tokens-per-step", type=int, default=None, help="k: steps = gen_length / k")
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--max-forwards", type=int, default=None)
+    b.add_argument("--batch-size", type=int, default=8, help="samples of one task decoded together")
+    b.add_argument("--dtype", default="auto")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--attention", default="sdpa")
+    b.add_argument("--grammar-server", default=None,
+                   help="LanguageTool server URL for the Text Writing grammar score (or DLLM_LANGUAGETOOL_URL)")
+    b.add_argument("--bertscore-model", default=None, help="local roberta-large folder for BERTScore (optional)")
+    b.add_argument("--sort-key", default="full_name", choices=("full_name", "last_name"),
+                   help="generated Sort labels: by the full name as the official files, or by last name as the "
+                        "prompt reads")
+    b.add_argument("--index-base", type=int, default=0, choices=(0, 1),
+                   help="generated *_index positions: 0-based as the official files, or 1-based")
+    b.add_argument("--pb", default="80,70,60", help="PB@X levels (default 80,70,60)")
+    b.add_argument("--report", action="store_true", help="only print the tables of the runs stored in --out")
+    b.add_argument("--write-data", default=None, metavar="DIR",
+                   help="write the generated test sets in the official layout to DIR and exit")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("samplers", help="list the registered samplers and their arguments")
     s.add_argument("--json", action="store_true")

@@ -1,0 +1,155 @@
+"""Tables and the leaderboard score from result rows.
+
+A *run* (rows sharing `run_id`) gives one point: its headline score averaged within each task and
+then across tasks, against tokens per forward averaged the same way. Tasks whose headline is
+unavailable (Text Writing without a grammar checker) are left out of the averages, and the
+average is then labelled with the number of tasks it covers.
+
+PB@X (the ParallelBench leaderboard score) is computed per method, i.e. per (model, sampler,
+cache, data, task set), over the points of its runs:
+  * fixed schedules (top-k: tokens per forward known in advance): the largest tokens/forward
+    whose average is >= X;
+  * adaptive rules (measured tokens/forward): points sorted by tokens/forward (the higher score
+    kept where two share one); if the last point reaches X its tokens/forward is the answer;
+    otherwise the first adjacent pair from the right with avg_lo >= X > avg_hi is interpolated
+    linearly; with no such pair there is no score (None).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+
+@dataclass
+class TaskSummary:
+    task: str
+    n: int
+    score: float | None          # mean headline x 100 (None: unavailable)
+    strict: float | None
+    tokens_per_forward: float
+    nfe: float
+    seconds: float
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    model: str
+    sampler: str
+    sampler_args: dict
+    cache: str
+    data_mode: str
+    schedule: str
+    tasks: list[TaskSummary] = field(default_factory=list)
+
+    @property
+    def scored(self) -> list[TaskSummary]:
+        return [t for t in self.tasks if t.score is not None]
+
+    @property
+    def average(self) -> float | None:
+        s = self.scored
+        return sum(t.score for t in s) / len(s) if s else None
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return sum(t.tokens_per_forward for t in self.tasks) / len(self.tasks) if self.tasks else 0.0
+
+    @property
+    def method(self) -> tuple:
+        return (self.model, self.sampler, self.cache, self.data_mode, tuple(sorted(t.task for t in self.tasks)))
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(rows: Iterable[dict]) -> list[RunSummary]:
+    """One summary per run, in the order runs first appear."""
+    runs: dict[str, RunSummary] = {}
+    by_task: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        rid = r["run_id"]
+        if rid not in runs:
+            runs[rid] = RunSummary(rid, r.get("model", "?"), r.get("sampler", "?"), r.get("sampler_args", {}),
+                                   r.get("cache", "none"), r.get("data_mode", "?"), r.get("schedule", "adaptive"))
+        by_task.setdefault((rid, r["task"]), []).append(r)
+    for (rid, task), rs in by_task.items():
+        scores = [r.get("score") for r in rs]
+        score = None if any(s is None for s in scores) else 100.0 * sum(scores) / len(scores)
+        strict = _mean([(r.get("metrics") or {}).get("score_strict") for r in rs])
+        runs[rid].tasks.append(TaskSummary(
+            task, len(rs), score, None if strict is None else 100.0 * strict,
+            sum(r["tokens_per_forward"] for r in rs) / len(rs), sum(r["nfe"] for r in rs) / len(rs),
+            sum(r.get("seconds", 0.0) for r in rs)))
+    return list(runs.values())
+
+
+def pb_score(points: Iterable[tuple[float, float]], x: float, adaptive: bool = True) -> float | None:
+    """The largest tokens/forward at which the average score is still >= x (see module doc)."""
+    pts = [(float(t), float(a)) for t, a in points if a is not None]
+    if not pts:
+        return None
+    if not adaptive:
+        ok = [t for t, a in pts if a >= x]
+        return max(ok) if ok else None
+    best: dict[float, float] = {}
+    for t, a in pts:
+        best[t] = max(a, best.get(t, float("-inf")))
+    curve = sorted(best.items())
+    if curve[-1][1] >= x:
+        return curve[-1][0]
+    for i in range(len(curve) - 1, 0, -1):
+        (t_lo, a_lo), (t_hi, a_hi) = curve[i - 1], curve[i]
+        if a_lo >= x > a_hi:
+            return t_lo + (a_lo - x) / (a_lo - a_hi) * (t_hi - t_lo)
+    return None
+
+
+def leaderboard(summaries: list[RunSummary], levels=(80, 70, 60)) -> list[dict]:
+    """PB@X per method over the runs given."""
+    methods: dict[tuple, list[RunSummary]] = {}
+    for s in summaries:
+        if s.average is not None:
+            methods.setdefault(s.method, []).append(s)
+    out = []
+    for key, runs in methods.items():
+        adaptive = any(r.schedule != "fixed" for r in runs)
+        points = [(r.tokens_per_forward, r.average) for r in runs]
+        out.append({"model": key[0], "sampler": key[1], "cache": key[2], "data_mode": key[3],
+                    "tasks": len(key[4]), "runs": len(runs), "points": sorted(points),
+                    **{f"PB{x:g}": pb_score(points, x, adaptive) for x in levels}})
+    return out
+
+
+def _fmt(v, spec=".1f"):
+    return "n/a" if v is None else format(v, spec)
+
+
+def format_run(s: RunSummary) -> str:
+    """A per-task table of one run with its average."""
+    args = ", ".join(f"{k}={v}" for k, v in s.sampler_args.items())
+    lines = [f"model {s.model}  sampler {s.sampler}({args})  cache {s.cache}  data {s.data_mode}  run {s.run_id}",
+             f"{'task':<40} {'n':>4} {'score':>7} {'strict':>7} {'tok/fwd':>8} {'NFE':>7} {'sec':>8}"]
+    for t in s.tasks:
+        lines.append(f"{t.task:<40} {t.n:>4} {_fmt(t.score):>7} {_fmt(t.strict):>7} {t.tokens_per_forward:>8.2f} "
+                     f"{t.nfe:>7.1f} {t.seconds:>8.2f}")
+    k, total = len(s.scored), len(s.tasks)
+    label = "average" if k == total else f"average ({k} of {total} tasks scored)"
+    lines.append(f"{label:<40} {sum(t.n for t in s.tasks):>4} {_fmt(s.average):>7} {'':>7} "
+                 f"{s.tokens_per_forward:>8.2f}")
+    return "\n".join(lines)
+
+
+def format_leaderboard(board: list[dict], levels=(80, 70, 60)) -> str:
+    if not board:
+        return "no scored runs"
+    head = f"{'model':<28} {'sampler':<16} {'cache':<10} {'data':<9} {'runs':>4} " + \
+        " ".join(f"{'PB@' + format(x, 'g'):>7}" for x in levels)
+    lines = [head]
+    for b in board:
+        model = b["model"] if len(b["model"]) <= 28 else "…" + b["model"][-27:]
+        lines.append(f"{model:<28} {b['sampler']:<16} {b['cache']:<10} {b['data_mode']:<9} {b['runs']:>4} "
+                     + " ".join(f"{_fmt(b[f'PB{x:g}'], '.2f'):>7}" for x in levels))
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""Run summaries and the PB@X leaderboard score."""
+import pytest
+
+from dllm.eval import report
+
+# LLaDA 1.5, confidence threshold, 17-task averages from the benchmark's project page.
+THRESHOLD = [(1.33, 86.4), (3.42, 83.8), (4.53, 77.5), (5.62, 68.3), (6.55, 57.9), (8.27, 47.2)]
+TOPK = [(1, 86.4), (2, 74.4), (4, 58.9), (8, 41.1), (16, 29.9), (32, 14.4)]
+
+
+def test_pb_interpolates_adaptive_curves_like_the_leaderboard():
+    assert report.pb_score(THRESHOLD, 80) == pytest.approx(3.42 + 3.8 / 6.3 * 1.11)
+    # The site's 4.087 / 4.824 / 5.418 come from unrounded averages; these points are rounded.
+    assert report.pb_score(THRESHOLD, 80) == pytest.approx(4.087, abs=0.005)
+    assert report.pb_score(THRESHOLD, 75) == pytest.approx(4.824, abs=0.01)
+    assert report.pb_score(THRESHOLD, 70) == pytest.approx(5.418, abs=0.01)
+    assert report.pb_score(THRESHOLD, 90) is None
+
+
+def test_pb_top_k_takes_the_largest_qualifying_point():
+    assert report.pb_score(TOPK, 80, adaptive=False) == 1
+    assert report.pb_score(TOPK, 75, adaptive=False) == 1
+    assert report.pb_score(TOPK, 70, adaptive=False) == 2
+    assert report.pb_score(TOPK, 90, adaptive=False) is None
+
+
+def test_pb_edge_cases():
+    assert report.pb_score([(2.0, 90.0), (3.0, 85.0)], 80) == 3.0          # last point qualifies: no extrapolation
+    assert report.pb_score([(2.0, 70.0), (2.0, 90.0), (4.0, 60.0)], 80) == pytest.approx(2 + 10 / 30 * 2)
+    assert report.pb_score([], 80) is None
+    # Scanning from the right: a dip then a recovery above X takes the rightmost crossing.
+    assert report.pb_score([(1, 85), (2, 75), (3, 82), (4, 70)], 80) == pytest.approx(3 + 2 / 12)
+
+
+def _rows(run, sampler, task_scores, tpf, schedule="adaptive"):
+    out = []
+    for task, scores in task_scores.items():
+        for i, s in enumerate(scores):
+            out.append({"run_id": run, "model": "m", "sampler": sampler, "sampler_args": {}, "cache": "none",
+                        "data_mode": "generated", "schedule": schedule, "task": task, "index": i, "score": s,
+                        "metrics": {"score_strict": s if s is None else 0.0}, "tokens_per_forward": tpf, "nfe": 32 / tpf,
+                        "seconds": 0.5})
+    return out
+
+
+def test_summaries_average_within_then_across_tasks_and_skip_unavailable():
+    rows = _rows("r1", "threshold", {"a/x": [1, 1, 0, 0], "a/y": [1.0], "t/z": [None, None]}, 2.0)
+    (s,) = report.summarize(rows)
+    assert [t.task for t in s.tasks] == ["a/x", "a/y", "t/z"]
+    assert s.tasks[0].score == 50.0 and s.tasks[1].score == 100.0 and s.tasks[2].score is None
+    assert s.average == 75.0 and s.tokens_per_forward == 2.0
+    assert "average (2 of 3 tasks scored)" in report.format_run(s)
+    assert "n/a" in report.format_run(s)
+
+
+def test_leaderboard_groups_runs_into_methods():
+    rows = (_rows("a", "threshold", {"t": [1] * 9 + [0]}, 2.0) + _rows("b", "threshold", {"t": [1] * 7 + [0] * 3}, 4.0)
+            + _rows("c", "low_confidence", {"t": [1] * 9 + [0]}, 1.0, "fixed")
+            + _rows("d", "low_confidence", {"t": [1] * 8 + [0] * 2}, 2.0, "fixed"))
+    board = {b["sampler"]: b for b in report.leaderboard(report.summarize(rows), (80, 70))}
+    assert board["threshold"]["PB80"] == pytest.approx(2 + 10 / 20 * 2)
+    assert board["threshold"]["PB70"] == 4.0
+    assert board["low_confidence"]["PB80"] == 2.0 and board["low_confidence"]["runs"] == 2
+    text = report.format_leaderboard(list(board.values()), (80, 70))
+    assert "PB@80" in text and "3.00" in text

@@ -1,0 +1,232 @@
+"""The bench runner: rows, resume after a torn write or SIGKILL, 2 processes equal 1, the CLI."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dllm.eval import data, runner
+from dllm.eval.tasks import TASKS
+
+# Fields that legitimately differ between two runs of the same configuration.
+VOLATILE = {"timestamp", "seconds", "batch_seconds", "batch_size", "hardware"}
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:.*records where the benchmark has")
+
+
+def _names(i, n):
+    first = ["Ann", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal"]
+    last = ["Lee", "Park", "Dunn", "Fox", "Gray", "Hill", "Ives", "Jay"]
+    return [f"{first[(i + j) % 8]} {last[(3 * i + j) % 8]}" for j in range(n)]
+
+
+def _render(names):
+    return json.dumps(names, separators=(", ", ": "))
+
+
+def _records(n):
+    out = []
+    for i in range(n):
+        names = _names(i, 3 + i % 2)
+        ex = _names(i + 5, 3)
+        out.append({"input": {"context": _render(names),
+                              "icl_examples": [{"input": {"context": _render(ex)}, "answer": _render(ex)}]},
+                    "answer": _render(names), "metadata": {"length": len(names)}})
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """The tiny random LLaDA with room for one-shot benchmark prompts (~450 tokens with its byte tokenizer)."""
+    from tests.fixtures.checkpoints import write_llada_checkpoint
+    return write_llada_checkpoint(tmp_path_factory.mktemp("llada_long"), seed=0, max_sequence_length=1024)
+
+
+@pytest.fixture(scope="module")
+def llada(model_dir):
+    import dllm
+    return dllm.load(model_dir, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def bench_data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pb")
+    recs = _records(12)
+    rev = [dict(r, answer=_render(list(reversed(json.loads(r["answer"]))))) for r in recs]
+    return data.write_official_layout(folder, {"waiting_line/copy": recs, "waiting_line/reverse": rev})
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in rows]
+
+
+def _file_rows(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def test_rows_scores_and_resume(llada, bench_data, tmp_path):
+    model, tok = llada
+    out = tmp_path / "r.jsonl"
+    cfg = runner.BenchConfig(model="tiny", data_dir=str(bench_data), limit=5, out=str(out), batch_size=2,
+                             tokens_per_step=4)
+    rows = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert [(r["task"], r["index"]) for r in rows] == [(t, i) for t in ("waiting_line/copy", "waiting_line/reverse")
+                                                       for i in range(5)]
+    r = rows[0]
+    assert r["steps_used"] == 8 and r["gen_length_used"] == 32 and r["block_length_used"] == 32
+    assert r["nfe"] == 8 and r["tokens_per_forward"] == 4.0 and r["schedule"] == "fixed"
+    assert r["score"] in (0.0, 1.0) and r["score"] == r["metrics"]["headline"]
+    assert r["sampler"] == "low_confidence" and r["data_mode"] == "official" and r["model"]
+    assert {"torch", "dllm"} <= set(r["versions"]) and r["hardware"]["world_size"] == 1
+    assert len(r["prompt_id"]) == 12 and r["answer"] == json.loads(out.read_text().splitlines()[0])["answer"]
+    assert _file_rows(out) == rows
+    # A rerun of the same configuration finds everything stored and generates nothing.
+    again = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert again == rows and len(_file_rows(out)) == 10
+    # A larger limit only adds the missing samples.
+    more = runner.run_bench(runner.BenchConfig(**{**cfg.__dict__, "limit": 6}), model=model, tokenizer=tok,
+                            progress=False)
+    assert len(more) == 12 and len(_file_rows(out)) == 12
+    # Another sampler setting is another run in the same file.
+    other = runner.run_bench(runner.BenchConfig(**{**cfg.__dict__, "limit": 6, "tokens_per_step": 8}), model=model,
+                             tokenizer=tok, progress=False)
+    assert len(other) == 12 and len({r["run_id"] for r in _file_rows(out)}) == 2
+
+
+def test_torn_last_line_is_redone(llada, bench_data, tmp_path):
+    model, tok = llada
+    full = tmp_path / "full.jsonl"
+    cfg = runner.BenchConfig(model="tiny", data_dir=str(bench_data), tasks="waiting_line/copy", limit=6,
+                             out=str(full), batch_size=3, tokens_per_step=2)
+    ref = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    cut = tmp_path / "cut.jsonl"
+    lines = full.read_text().splitlines(keepends=True)
+    cut.write_text("".join(lines[:2]) + lines[2][: len(lines[2]) // 2])
+    rows = runner.run_bench(runner.BenchConfig(**{**cfg.__dict__, "out": str(cut)}), model=model, tokenizer=tok,
+                            progress=False)
+    assert _strip(rows) == _strip(ref)
+    assert [(r["task"], r["index"]) for r in _file_rows(cut)] == [("waiting_line/copy", i) for i in range(6)]
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="data_dir=.*generated=True"):
+        runner.BenchConfig(model="m")
+    with pytest.raises(ValueError, match="exclusive"):
+        runner.BenchConfig(model="m", data_dir="x", generated=True)
+    with pytest.raises(ValueError, match="limit must be a positive integer"):
+        runner.BenchConfig(model="m", generated=True, limit=0)
+    with pytest.raises(ValueError, match="tokens_per_step 5 does not divide gen_length 32"):
+        runner.BenchConfig(model="m", generated=True, tokens_per_step=5).lengths(32)
+    with pytest.raises(ValueError, match="sort_key"):
+        runner.BenchConfig(model="m", generated=True, sort_key="first")
+    with pytest.raises(ValueError, match="unknown bench option"):
+        runner.config_from_dict({"model": "m", "generated": True, "smapler": "x"})
+
+
+def _env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def _bench_cmd(model_dir, data_dir, out, *extra):
+    return ["-m", "dllm.cli", "bench", "--model", str(model_dir), "--data-dir", str(data_dir), "--out", str(out),
+            "--dtype", "float32", "--batch-size", "2", "--tokens-per-step", "2", "--no-progress", *extra]
+
+
+def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(model_dir, bench_data, tmp_path):
+    ref_out, out = tmp_path / "ref.jsonl", tmp_path / "killed.jsonl"
+    subprocess.run([sys.executable, *_bench_cmd(model_dir, bench_data, ref_out)], env=_env(), check=True,
+                   capture_output=True, cwd=tmp_path, timeout=300)
+    ref = _file_rows(ref_out)
+    assert len(ref) == 24
+    proc = subprocess.Popen([sys.executable, *_bench_cmd(model_dir, bench_data, out, "--batch-size", "1")],
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if out.exists() and out.read_text().count("\n") >= 3:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = out.read_text().count("\n")
+    assert 3 <= partial < 24
+    subprocess.run([sys.executable, *_bench_cmd(model_dir, bench_data, out, "--batch-size", "1")], env=_env(),
+                   check=True, capture_output=True, cwd=tmp_path, timeout=300)
+    rows = _file_rows(out)
+    assert [(r["task"], r["index"]) for r in rows] == [(r["task"], r["index"]) for r in ref]
+    assert _strip(rows) == _strip(ref)
+
+
+def test_two_processes_store_exactly_the_rows_of_one(model_dir, bench_data, tmp_path):
+    pytest.importorskip("accelerate")
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    subprocess.run([sys.executable, *_bench_cmd(model_dir, bench_data, one, "--limit", "5")], env=_env(),
+                   check=True, capture_output=True, cwd=tmp_path, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          *_bench_cmd(model_dir, bench_data, two, "--limit", "5")], env=_env(), capture_output=True,
+                         text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    a, b = _file_rows(one), _file_rows(two)
+    assert {r["hardware"]["world_size"] for r in b} == {2}
+    assert _strip(a) == _strip(b) and len(a) == 10
+    assert res.stdout.count("PB@X") == 1        # only the main process prints
+
+
+def test_cli_prints_the_table_and_report(model_dir, bench_data, tmp_path, capsys):
+    from dllm.cli import main
+
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", "--model", str(model_dir), "--data-dir", str(bench_data), "--limit", "2", "--out", str(out),
+                 "--dtype", "float32", "--tokens-per-step", "4", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "waiting_line/copy" in text and "waiting_line/reverse" in text and "average" in text and "PB@80" in text
+    assert main(["bench", "--report", "--out", str(out)]) == 0
+    assert "waiting_line/copy" in capsys.readouterr().out
+    assert main(["bench", "--model", str(model_dir), "--data-dir", str(bench_data), "--tasks", "puzzle/*"]) == 2
+    assert "matches none" in capsys.readouterr().err
+    assert main(["bench", "--model", str(model_dir), "--data-dir", str(bench_data), "--sampler", "nope"]) == 2
+    assert "unknown sampler" in capsys.readouterr().err.lower()
+    assert main(["bench", "--report"]) == 2
+
+
+def test_generated_limit_5_over_every_waiting_line_and_puzzle_task(model_dir, tmp_path, capsys):
+    from dllm.cli import main
+    from dllm.eval.tasks import GROUPS
+
+    out = tmp_path / "g.jsonl"
+    assert main(["bench", "--model", str(model_dir), "--generated", "--limit", "5", "--out", str(out),
+                 "--dtype", "float32", "--tokens-per-step", "4", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    rows = _file_rows(out)
+    assert [r["task"] for r in rows[::5]] == list(GROUPS["pure"])
+    assert len(rows) == 60 and {r["data_mode"] for r in rows} == {"generated"}
+    for task in GROUPS["pure"]:
+        assert task in text
+    assert "average" in text and "PB@60" in text
+
+
+def test_text_tasks_without_grammar_checker_are_unavailable_not_zero(llada, tmp_path, monkeypatch):
+    monkeypatch.delenv("DLLM_LANGUAGETOOL_URL", raising=False)
+    model, tok = llada
+    recs = {"words_to_sentence/easy": [{"input": {"words": "dog, park, ball, and throw"},
+                                        "answer": {"words": ["dog", "park", "ball", "throw"]}, "metadata": {}}],
+            "waiting_line/copy": _records(1)}
+    folder = data.write_official_layout(tmp_path / "d", recs)
+    rows = runner.run_bench(runner.BenchConfig(model="tiny", data_dir=str(folder), tokens_per_step=8),
+                            model=model, tokenizer=tok, progress=False)
+    text = {r["task"]: r for r in rows}["words_to_sentence/easy"]
+    assert text["prediction"].strip()          # a non-empty answer: grammar unknown, not 0
+    assert text["score"] is None and text["metrics"]["grammar"] is None and text["metrics"]["score_v1"] is None
+    assert text["grammar_backend"]["grammar"] == "unavailable"
+    assert "inclusion" in text["metrics"]
+    from dllm.eval import report
+    (s,) = report.summarize(rows)
+    assert [t.task for t in s.tasks] == ["waiting_line/copy", "words_to_sentence/easy"]
+    assert s.average == s.tasks[0].score and s.tasks[1].score is None
+    assert "(1 of 2 tasks scored)" in report.format_run(s)
