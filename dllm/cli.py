@@ -1,4 +1,4 @@
-"""The `dllm` command: `dllm generate`, `dllm bench`, `dllm samplers`."""
+"""The `dllm` command: `dllm generate`, `dllm bench`, `dllm train`, `dllm samplers`."""
 from __future__ import annotations
 
 import argparse
@@ -146,6 +146,20 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from dllm import train
+
+    opts = {k: v for k, v in vars(args).items() if k in train.TRAIN_FIELDS and v is not None}
+    try:
+        cfg = train.config_from_args(opts)
+        folder = train.train(cfg, progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"model written to {folder}")
+    return 0
+
+
 def cmd_samplers(args) -> int:
     from dllm import samplers
 
@@ -230,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the generated test sets in the official layout to DIR and exit")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=cmd_bench)
+
+    t = sub.add_parser("train", help="masked-diffusion training of a small LLaDA model on generated ParallelBench data")
+    from dllm.train import add_train_arguments
+    add_train_arguments(t)
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("samplers", help="list the registered samplers and their arguments")
     s.add_argument("--json", action="store_true")

@@ -63,3 +63,12 @@ def test_leaderboard_groups_runs_into_methods():
     assert board["low_confidence"]["PB80"] == 2.0 and board["low_confidence"]["runs"] == 2
     text = report.format_leaderboard(list(board.values()), (80, 70))
     assert "PB@80" in text and "3.00" in text
+
+
+def test_markdown_table_has_a_column_per_run():
+    rows = _rows("a", "threshold", {"x/a": [1, 0], "x/b": [1, 1]}, 2.0) + _rows("b", "eb", {"x/a": [1, 1]}, 3.0)
+    text = report.markdown_table(report.summarize(rows))
+    lines = text.splitlines()
+    assert lines[0] == "| task | threshold | eb |"
+    assert "| x/a | 50.0 | 100.0 |" in lines and "| x/b | 100.0 |  |" in lines
+    assert lines[-2] == "| **average** | **75.0** | **100.0** |" and lines[-1] == "| tokens/forward | 2.00 | 3.00 |"

@@ -153,3 +153,21 @@ def format_leaderboard(board: list[dict], levels=(80, 70, 60)) -> str:
         lines.append(f"{model:<28} {b['sampler']:<16} {b['cache']:<10} {b['data_mode']:<9} {b['runs']:>4} "
                      + " ".join(f"{_fmt(b[f'PB{x:g}'], '.2f'):>7}" for x in levels))
     return "\n".join(lines)
+
+
+def markdown_table(summaries: list[RunSummary], label=lambda s: s.sampler) -> str:
+    """Tasks as rows, runs as columns (headline score; tokens/forward in the last rows)."""
+    tasks: list[str] = []
+    for s in summaries:
+        tasks += [t.task for t in s.tasks if t.task not in tasks]
+    head = "| task | " + " | ".join(label(s) for s in summaries) + " |"
+    lines = [head, "|---|" + "---|" * len(summaries)]
+    for task in tasks:
+        cells = []
+        for s in summaries:
+            t = next((t for t in s.tasks if t.task == task), None)
+            cells.append("" if t is None else _fmt(t.score))
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    lines.append("| **average** | " + " | ".join(f"**{_fmt(s.average)}**" for s in summaries) + " |")
+    lines.append("| tokens/forward | " + " | ".join(f"{s.tokens_per_forward:.2f}" for s in summaries) + " |")
+    return "\n".join(lines)

@@ -62,6 +62,32 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     )
 
 
+def config_to_hf(cfg: ModelConfig, **extra: Any) -> dict[str, Any]:
+    """A LLaDA `config.json` for `cfg`, with the key set of the published checkpoints."""
+    if cfg.family != "llada" or cfg.logit_shift or cfg.n_kv_heads != cfg.n_heads:
+        raise ValueError(f"a LLaDA config.json describes an MHA model without logit shift; got family "
+                         f"{cfg.family!r}, n_kv_heads {cfg.n_kv_heads} of {cfg.n_heads}, logit_shift {cfg.logit_shift}")
+    return {
+        "architectures": ["LLaDAModelLM"], "model_type": "llada",
+        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
+                     "AutoModel": "modeling_llada.LLaDAModelLM",
+                     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
+        "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+        "multi_query_attention": None, "mlp_hidden_size": cfg.mlp_hidden,
+        "mlp_ratio": max(1, round(cfg.mlp_hidden / cfg.d_model)), "activation_type": "silu", "block_type": "llama",
+        "layer_norm_type": "rms", "rms_norm_eps": cfg.norm_eps, "layer_norm_with_affine": True,
+        "attention_layer_norm": False, "attention_layer_norm_with_affine": True, "bias_for_layer_norm": False,
+        "include_bias": False, "include_qkv_bias": cfg.qkv_bias, "rope": True, "rope_theta": cfg.rope_theta,
+        "rope_full_precision": cfg.rope_fp32, "alibi": False, "alibi_bias_max": 8.0,
+        "vocab_size": cfg.vocab_size, "embedding_size": cfg.vocab_size, "weight_tying": cfg.tie_embeddings,
+        "input_emb_norm": False, "scale_logits": False, "max_sequence_length": cfg.max_seq_len,
+        "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id,
+        "block_group_size": 1, "flash_attention": False, "use_cache": False, "attention_dropout": 0.0,
+        "embedding_dropout": 0.0, "residual_dropout": 0.0, "init_device": "meta", "init_fn": "mitchell",
+        "init_std": 0.02, "init_cutoff_factor": None, "precision": "amp_bf16", "clip_qkv": None, **extra,
+    }
+
+
 def hf_names(cfg: ModelConfig) -> dict[str, str]:
     """Checkpoint weight name -> internal parameter name, for every weight the checkpoint holds."""
     p = "model.transformer."

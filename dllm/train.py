@@ -1,0 +1,383 @@
+"""Masked-diffusion supervised training of a small LLaDA-architecture model on ParallelBench data.
+
+    dllm train --out runs/pb-tiny --seed 0          # the shipped default model's recipe
+    dllm train --out runs/pb-tiny                   # run again: resumes from runs/pb-tiny/checkpoint.pt
+
+Data: prompts and answers of our ParallelBench generators' *train* split (disjoint from the test
+split used for evaluation), for the Waiting Line and Puzzle tasks, rendered exactly as the
+benchmark renders them (task template, one-shot example turn, chat template), so the model also
+runs on the official files. The response is the answer, `<|eot_id|>`, then `<|endoftext|>` up to
+the task's canvas length (32 or 64 tokens), as LLaDA's SFT pads answers with EOS, which teaches
+the model to fill a fixed-length canvas.
+
+Objective (LLaDA SFT): per sequence draw t ~ U(eps, 1], mask each response token with
+probability t (the prompt never), and minimise the cross-entropy on masked tokens weighted by
+1/t, normalised by the response length.
+
+Tokenizer: a byte-level BPE built with the `tokenizers` library on the rendered training text,
+digits kept one per token (Sudoku cells), with LLaDA's special tokens and chat format. The result
+is saved in the real LLaDA Hugging Face layout (config.json with LLaDA keys, model.safetensors,
+tokenizer files with the chat template, generation_config.json) and loads with `dllm.load`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+BOS, EOS, EOT, MASK = "<|startoftext|>", "<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>"
+HEADER_START, HEADER_END = "<|start_header_id|>", "<|end_header_id|>"
+SPECIAL_TOKENS = [BOS, EOS, HEADER_START, HEADER_END, EOT, MASK]
+CHAT_TEMPLATE = (
+    "{{- '" + BOS + "' -}}"
+    "{%- for message in messages -%}"
+    "{{- '" + HEADER_START + "' + message['role'] + '" + HEADER_END + "\\n\\n' + (message['content'] | trim)"
+    " + '" + EOT + "' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '" + HEADER_START + "assistant" + HEADER_END + "\\n\\n' -}}"
+    "{%- endif -%}"
+)
+
+DEFAULT_TASKS = (
+    "waiting_line/copy", "waiting_line/reverse", "waiting_line/sort", "waiting_line/shuffle",
+    "waiting_line/insert_index", "waiting_line/insert_random", "waiting_line/remove_index",
+    "waiting_line/remove_random", "waiting_line/replace_index", "waiting_line/replace_random",
+    "puzzle/latin_square_n4", "puzzle/sudoku_n4_12",
+)
+
+
+@dataclass
+class TrainConfig:
+    """The recipe. Every field is a `dllm train` flag; the defaults make the shipped model."""
+
+    out: str = "runs/pb-tiny"
+    seed: int = 0
+    tasks: tuple = DEFAULT_TASKS
+    samples_per_task: int = 13000
+    vocab_size: int = 2048
+    d_model: int = 128
+    n_layers: int = 6
+    n_heads: int = 4
+    mlp_hidden: int = 384
+    steps: int = 4500
+    batch_size: int = 32
+    lr: float = 2e-3
+    min_lr: float = 1e-4
+    warmup: int = 200
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eps: float = 1e-3
+    save_every: int = 250
+    threads: int | None = None
+    name: str = "pb-tiny"
+
+    def __post_init__(self):
+        ints = ("samples_per_task", "vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden", "steps",
+                "batch_size", "save_every")
+        for k in ints:
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"train option {k} must be a positive integer, got {v!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        if not 0 < self.lr < 1 or not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"need 0 < lr < 1 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if not 0 < self.eps < 1:
+            raise ValueError(f"eps must be in (0, 1), got {self.eps}")
+        if isinstance(self.tasks, str):
+            self.tasks = tuple(t.strip() for t in self.tasks.split(",") if t.strip())
+        from .eval import generators
+
+        bad = [t for t in self.tasks if t not in generators.generator_tasks()]
+        if bad or not self.tasks:
+            raise ValueError(f"cannot train on task(s) {', '.join(bad) or '(none)'}; generated tasks: "
+                             f"{', '.join(generators.generator_tasks())}")
+
+
+# -- data -----------------------------------------------------------------------------------------
+def training_records(cfg: TrainConfig) -> dict[str, list[dict]]:
+    """Records of the generators' train split, `samples_per_task` per task (shard = seed)."""
+    from .eval import generators
+
+    return {t: generators.generate(t, split="train", num_samples=cfg.samples_per_task, shard=cfg.seed % 1000)
+            for t in cfg.tasks}
+
+
+def answer_text(record: dict) -> str:
+    ans = record["answer"]
+    return ans if isinstance(ans, str) else ans["example"]
+
+
+@functools.lru_cache(maxsize=1)
+def _chat_template():
+    from jinja2 import Template
+    return Template(CHAT_TEMPLATE)
+
+
+def render_prompt(task_id: str, record: dict) -> str:
+    """The chat-formatted prompt text (generation prompt included), as the tokenizer's chat
+    template renders it."""
+    from .eval.tasks import messages
+
+    return _chat_template().render(messages=messages(task_id, record), add_generation_prompt=True)
+
+
+def build_tokenizer(texts, vocab_size: int):
+    """A byte-level BPE (`tokenizers`) with digits split one per token and LLaDA's special tokens;
+    returned as a transformers PreTrainedTokenizerFast carrying the chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIAL_TOKENS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=EOS,
+                                   mask_token=MASK, additional_special_tokens=[HEADER_START, HEADER_END, EOT],
+                                   clean_up_tokenization_spaces=False)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+@dataclass
+class Encoded:
+    task: str
+    prompt: list[int]
+    response: list[int]      # answer + EOT + EOS padding, exactly the task's canvas length
+
+
+def encode_records(tokenizer, records: dict[str, list[dict]]) -> tuple[list[Encoded], dict[str, int]]:
+    """Token ids of every record; records whose answer does not fit the canvas are counted, not kept."""
+    from .eval.tasks import get_task
+
+    eos, eot = tokenizer.convert_tokens_to_ids(EOS), tokenizer.convert_tokens_to_ids(EOT)
+    out, dropped = [], {}
+    for task_id, recs in records.items():
+        canvas = get_task(task_id).max_tokens
+        prompts = tokenizer([render_prompt(task_id, r) for r in recs], add_special_tokens=False)["input_ids"]
+        answers = tokenizer([answer_text(r) for r in recs], add_special_tokens=False)["input_ids"]
+        for p, a in zip(prompts, answers):
+            if len(a) + 1 > canvas:
+                dropped[task_id] = dropped.get(task_id, 0) + 1
+                continue
+            out.append(Encoded(task_id, p, a + [eot] + [eos] * (canvas - len(a) - 1)))
+    return out, dropped
+
+
+def make_batch(items: list[Encoded], pad_id: int):
+    """Left-padded (B, L) ids, key validity, recounted positions and the response columns (B, G)."""
+    lp = max(len(e.prompt) for e in items)
+    g = len(items[0].response)
+    B, L = len(items), lp + g
+    x = torch.full((B, L), pad_id, dtype=torch.long)
+    valid = torch.zeros(B, L, dtype=torch.bool)
+    for b, e in enumerate(items):
+        x[b, lp - len(e.prompt):lp] = torch.tensor(e.prompt)
+        x[b, lp:] = torch.tensor(e.response)
+        valid[b, lp - len(e.prompt):] = True
+    pos = (valid.cumsum(1) - 1).clamp(min=0)
+    cols = torch.arange(lp, L).expand(B, g)
+    return x, valid, pos, cols
+
+
+def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generator: torch.Generator):
+    """LLaDA SFT loss on one batch: t ~ U(eps, 1], response tokens masked w.p. t, CE / t."""
+    B, G = cols.shape
+    t = eps + (1 - eps) * torch.rand(B, 1, generator=generator)
+    masked = torch.rand(B, G, generator=generator) < t
+    target = x.gather(1, cols)
+    noisy = x.clone()
+    noisy.scatter_(1, cols, torch.where(masked, torch.full_like(target, mask_id), target))
+    logits = model(noisy, cols, position_ids=pos, key_valid=valid)          # (B, G, V)
+    ce = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")   # (B, G)
+    return ((ce * masked / t).sum(1) / G).mean()
+
+
+# -- the model ------------------------------------------------------------------------------------
+def model_config(cfg: TrainConfig, tokenizer):
+    from .config import ModelConfig
+
+    ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in (("mask", MASK), ("eos", EOS), ("bos", BOS), ("eot", EOT))}
+    return ModelConfig(family="llada", vocab_size=len(tokenizer), d_model=cfg.d_model, n_layers=cfg.n_layers,
+                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads, mlp_hidden=cfg.mlp_hidden, norm_eps=1e-5,
+                       rope_theta=500000.0, max_seq_len=1024, mask_token_id=ids["mask"], eos_token_id=ids["eos"],
+                       pad_token_id=ids["eos"], bos_token_id=ids["bos"], eot_token_id=ids["eot"], qkv_bias=False,
+                       tie_embeddings=False, rope_fp32=True, logit_shift=False)
+
+
+def save_pretrained(model, tokenizer, folder: str | Path, generation_defaults: dict | None = None) -> Path:
+    """Write `model` and `tokenizer` in the LLaDA Hugging Face layout."""
+    from safetensors.torch import save_file
+
+    from .models.llada import config_to_hf, hf_names
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    state = model.state_dict()
+    tensors = {hf: state[internal].detach().to("cpu").contiguous() for hf, internal in hf_names(cfg).items()}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    dtype = str(next(iter(tensors.values())).dtype).replace("torch.", "")
+    (folder / "config.json").write_text(json.dumps(config_to_hf(cfg, torch_dtype=dtype), indent=2) + "\n")
+    tokenizer.save_pretrained(str(folder))
+    gen = {"_from_model_config": True, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+           "pad_token_id": cfg.pad_token_id, **(generation_defaults or {})}
+    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    return folder
+
+
+def _lr(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    p = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(p, 1.0)))
+
+
+_NOT_RECIPE = ("out", "threads", "save_every", "name")
+
+
+def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path | None:
+    """Train (or resume from `<out>/checkpoint.pt`) and export the model to `<out>/model`;
+    returns that folder. `stop_after` stops (checkpointed, not exported) after that many
+    optimizer steps in total, as an interruption would."""
+    from .models.llada import LLaDAModel
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_RECIPE}
+    recipe["tasks"] = list(recipe["tasks"])
+    ckpt_path = out / "checkpoint.pt"
+    tok_dir = out / "tokenizer"
+    records = training_records(cfg)
+    if (tok_dir / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
+    else:
+        texts = [render_prompt(t, r) + answer_text(r) for t, recs in records.items() for r in recs]
+        tokenizer = build_tokenizer(texts, cfg.vocab_size)
+        tokenizer.save_pretrained(str(tok_dir))
+    data, dropped = encode_records(tokenizer, records)
+    by_task: dict[str, list[Encoded]] = {}
+    for e in data:
+        by_task.setdefault(e.task, []).append(e)
+    tasks = sorted(by_task)
+
+    torch.manual_seed(cfg.seed)
+    mcfg = model_config(cfg, tokenizer)
+    model = LLaDAModel(mcfg, attention="sdpa")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+            if name.endswith(("attn.o.weight", "mlp.down.weight")):
+                p.mul_(1 / math.sqrt(2 * cfg.n_layers))
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    step, seconds, log = 0, 0.0, []
+    if ckpt_path.is_file():
+        ck = torch.load(ckpt_path, weights_only=False)
+        if ck["recipe"] != recipe:
+            diff = sorted(k for k in recipe if recipe[k] != ck["recipe"].get(k))
+            raise ValueError(f"{ckpt_path} was made with other settings ({', '.join(diff)}); use another --out "
+                             f"or the same settings")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        gen.set_state(ck["generator"])
+        rng.setstate(ck["rng"])
+        step, seconds, log = ck["step"], ck["seconds"], ck["log"]
+    model.train()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", file=sys.stderr)
+    tokens_seen, t0, loss_avg = 0, time.perf_counter(), None
+    while step < cfg.steps:
+        task = tasks[rng.randrange(len(tasks))]
+        pool = by_task[task]
+        items = [pool[rng.randrange(len(pool))] for _ in range(cfg.batch_size)]
+        x, valid, pos, cols = make_batch(items, mcfg.pad_token_id)
+        for g in opt.param_groups:
+            g["lr"] = _lr(cfg, step)
+        loss = diffusion_loss(model, x, valid, pos, cols, mcfg.mask_token_id, cfg.eps, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        tokens_seen += int(valid.sum())
+        value = loss.item()
+        loss_avg = value if loss_avg is None else 0.98 * loss_avg + 0.02 * value
+        elapsed = time.perf_counter() - t0
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_avg:.3f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}")
+        stopping = stop_after is not None and step >= stop_after
+        if step % cfg.save_every == 0 or step == cfg.steps or stopping:
+            log.append({"step": step, "loss": loss_avg, "seconds": seconds + elapsed})
+            tmp = ckpt_path.with_suffix(".tmp")
+            torch.save({"recipe": recipe, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "generator": gen.get_state(), "rng": rng.getstate(), "step": step,
+                        "seconds": seconds + elapsed, "log": log}, tmp)
+            tmp.replace(ckpt_path)
+        if stopping:
+            break
+    if bar is not None:
+        bar.close()
+    if step < cfg.steps:
+        return None
+    total = seconds + (time.perf_counter() - t0)
+    model.eval()
+    folder = save_pretrained(model, tokenizer, out / "model")
+    info = {"recipe": recipe, "steps": step, "train_seconds": round(total, 1), "parameters": mcfg.n_params,
+            "records_per_task": {t: len(v) for t, v in by_task.items()}, "dropped_too_long": dropped,
+            "loss_log": log, "torch": torch.__version__, "threads": torch.get_num_threads()}
+    (out / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return folder
+
+
+TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def add_train_arguments(parser) -> None:
+    """One `--flag` per TrainConfig field, typed and defaulted from the dataclass."""
+    defaults = TrainConfig.__dataclass_fields__
+    for f in dataclasses.fields(TrainConfig):
+        default = defaults[f.name].default
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "tasks":
+            parser.add_argument(flag, default=None, help=f"comma-separated task ids (default: {','.join(default)})")
+        elif f.name == "threads":
+            parser.add_argument(flag, type=int, default=None, help="torch threads (default: torch's choice)")
+        else:
+            parser.add_argument(flag, type=type(default), default=None, help=f"default {default}")
+
+
+def config_from_args(args: dict) -> TrainConfig:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(args) - names)
+    if unknown:
+        raise ValueError(f"unknown train option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+    return TrainConfig(**args)
+
+
+__all__ = ["TrainConfig", "train", "build_tokenizer", "save_pretrained", "diffusion_loss", "CHAT_TEMPLATE"]

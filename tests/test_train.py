@@ -1,0 +1,97 @@
+"""Masked-diffusion training: the objective, the saved LLaDA layout, resume after interruption."""
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import dllm
+from dllm import train as T
+
+TINY = dict(tasks="waiting_line/copy,puzzle/sudoku_n4_12", samples_per_task=40, vocab_size=700, d_model=32,
+            n_layers=2, n_heads=2, mlp_hidden=64, steps=6, batch_size=4, warmup=2, save_every=3, threads=1)
+
+
+class _Uniform(torch.nn.Module):
+    """Uniform logits; remembers the noisy canvas it was given."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.vocab = vocab
+        self.seen = None
+
+    def forward(self, x, logits_at, position_ids=None, key_valid=None):
+        self.seen = x.clone()
+        return torch.zeros(*logits_at.shape, self.vocab, requires_grad=True)
+
+
+def test_loss_masks_only_the_response_and_is_unbiased():
+    items = [T.Encoded("t", [5, 6, 7][: 1 + b % 3], [8 + b % 4] * 10) for b in range(4000)]
+    x, valid, pos, cols = T.make_batch(items, pad_id=0)
+    fake = _Uniform(50)
+    loss = T.diffusion_loss(fake, x, valid, pos, cols, mask_id=49, eps=1e-3, generator=torch.Generator().manual_seed(0))
+    noisy = fake.seen
+    lp = x.shape[1] - 10
+    assert torch.equal(noisy[:, :lp], x[:, :lp])                       # the prompt is never masked
+    resp = noisy[:, lp:]
+    assert ((resp == 49) | (resp == x[:, lp:])).all() and (resp == 49).any()
+    # E[#masked / t] / G = 1, so uniform logits give log V on average.
+    assert loss.item() == pytest.approx(math.log(50), rel=0.05)
+    # Positions recount from each row's first real token.
+    assert pos[0, lp - 1] == 0 and pos[0, lp] == 1
+
+
+def test_make_batch_left_pads():
+    x, valid, pos, cols = T.make_batch([T.Encoded("t", [1, 2, 3], [9, 9]), T.Encoded("t", [4], [8, 8])], pad_id=0)
+    assert x.tolist() == [[1, 2, 3, 9, 9], [0, 0, 4, 8, 8]]
+    assert valid.tolist() == [[True] * 5, [False, False, True, True, True]]
+    assert pos[1].tolist()[2:] == [0, 1, 2] and cols.tolist() == [[3, 4], [3, 4]]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("train")
+    folder = T.train(T.TrainConfig(out=str(out / "a"), **TINY), progress=False)
+    return out, folder
+
+
+def test_saved_model_is_a_llada_checkpoint_that_generates(trained):
+    out, folder = trained
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["model_type"] == "llada" and cfg["d_model"] == 32 and cfg["weight_tying"] is False
+    names = set(load_file(str(folder / "model.safetensors")))
+    assert "model.transformer.wte.weight" in names and "model.transformer.blocks.1.ff_proj.weight" in names
+    model, tok = dllm.load(folder, dtype="float32")
+    assert model.config.family == "llada"
+    assert model.config.mask_token_id == tok.convert_tokens_to_ids("<|mdm_mask|>")
+    assert model.config.eot_token_id == tok.convert_tokens_to_ids("<|eot_id|>")
+    assert tok.chat_template is not None
+    assert [tok.convert_ids_to_tokens(i) for i in tok("1342")["input_ids"]] == ["1", "3", "4", "2"]
+    out_ = dllm.generate(model, tok, ["hello"], gen_length=8, steps=8)
+    assert out_.generated.shape == (1, 8)
+    info = json.loads((out / "a" / "train_info.json").read_text())
+    assert info["steps"] == 6 and info["parameters"] == model.config.n_params
+
+
+def test_interrupted_run_resumes_to_the_same_weights(trained, tmp_path):
+    out, folder = trained
+    cfg = T.TrainConfig(out=str(tmp_path / "b"), **TINY)
+    assert T.train(cfg, progress=False, stop_after=4) is None
+    assert (tmp_path / "b" / "checkpoint.pt").is_file() and not (tmp_path / "b" / "model").exists()
+    resumed = T.train(cfg, progress=False)
+    a, b = load_file(str(folder / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
+    cfg = T.TrainConfig(out=str(tmp_path / "c"), **TINY)
+    T.train(cfg, progress=False, stop_after=1)
+    with pytest.raises(ValueError, match="other settings \\(lr\\)"):
+        T.train(T.TrainConfig(out=str(tmp_path / "c"), **{**TINY, "lr": 5e-4}), progress=False)
+    with pytest.raises(ValueError, match="d_model 30 is not divisible by n_heads 4"):
+        T.TrainConfig(d_model=30, n_heads=4)
+    with pytest.raises(ValueError, match="cannot train on task"):
+        T.TrainConfig(tasks="waiting_line/cpy")
+    with pytest.raises(ValueError, match="unknown train option"):
+        T.config_from_args({"setps": 3})
