@@ -26,6 +26,21 @@ The sampler is LLaDA's `low_confidence` for every preset, Dream's included (the 
 LLaDA's); `model(x)` already applies Dream's logit shift, so the rule is the same. As in dllm, the
 reference-style loop never takes the mask id as a candidate. CPU timings are only meaningful on an
 otherwise idle machine: the `busy` column (Linux PSI) shows contention.
+
+`--caches` measures the KV cache policies instead (`dllm.cache`), on the compute-bound presets by
+default (prompt 256, gen 256, block 32):
+
+* policies: every policy (`--policies`) with the same sampler and steps (`low_confidence`,
+  `--cache-steps-per-block` steps per block, default 8 = 4 tokens per step): seconds per forward,
+  end-to-end seconds, and both as speedups against `none` from the same run; `full` is the mean
+  number of full-refresh forwards per row; `same` the share of generated tokens equal to `none`'s
+  (the caches are approximate).
+* headline (`llada-compute`): `dual` + Fast-dLLM `threshold` (tau 0.9) against `none` + one token
+  per step (`low_confidence`, steps = gen_length), end to end; goal >= 10x.
+
+    python benchmarks/bench_generate.py --caches                  # both presets + headline (~13 min on 2 cores)
+    python benchmarks/bench_generate.py --caches --presets llada-compute --policies none,dual --no-headline
+    python benchmarks/bench_generate.py --caches --quick          # tiny + dream-tiny, every policy (~10 s)
 """
 from __future__ import annotations
 
@@ -48,6 +63,7 @@ import torch
 import torch.nn.functional as F
 
 import dllm
+import dllm.cache
 from dllm.attention import get_backend
 from dllm.config import ModelConfig
 
@@ -82,15 +98,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 @dataclass
-class BenchRow:
-    # provenance
+class Provenance:
+    """Provenance and hardware columns shared by every benchmark row."""
     timestamp_utc: str
     git_commit: str | None
     git_dirty: bool | None
     dllm_version: str
     torch_version: str
     triton_version: str | None
-    # hardware
     device: str
     device_name: str
     cpu_model: str
@@ -100,6 +115,10 @@ class BenchRow:
     world_size: int
     load_avg_1m: float | None     # other processes on the machine skew CPU timings
     cpu_busy: float | None        # share of this preset's wall time some task waited for a CPU (Linux PSI)
+
+
+@dataclass
+class BenchRow(Provenance):
     # config
     preset: str
     model: str
@@ -400,6 +419,204 @@ def bench_preset(name: str, p: BenchPreset, batch: int, args, env: dict, device:
         warmup_seconds=t1 + t2, build_seconds=build_s)
 
 
+# -- cache policies -----------------------------------------------------------------------------
+CACHE_PRESETS = "llada-compute,dream-compute"
+CACHE_QUICK_PRESETS = "tiny,dream-tiny"
+HEADLINE_PRESETS = ("llada-compute", "tiny")    # the headline runs on the first of these in the run
+HEADLINE_GOAL = 10.0
+HEADLINE_TAU = 0.9
+
+
+@dataclass
+class CacheBenchRow(Provenance):
+    # config
+    comparison: str               # "policies" (same sampler and steps) | "headline"
+    preset: str
+    model: str
+    family: str
+    n_params: int
+    batch: int
+    prompt_length: int
+    gen_length: int
+    block_length: int
+    dtype: str
+    attention: str
+    init_std: float
+    seed: int
+    sampler: str
+    sampler_args: dict
+    steps: int | None
+    cache: str
+    cache_args: dict
+    baseline: str                 # what the speedups are relative to
+    # metrics (seconds: median / p20 / p80 over `repeats`; warm-up excluded)
+    repeats: int
+    forwards: int
+    full_forwards: float          # full-refresh forwards per row (mean over rows)
+    tokens_per_forward: float
+    seconds: float
+    seconds_p20: float
+    seconds_p80: float
+    s_per_forward: float
+    baseline_forwards: int
+    baseline_seconds: float
+    baseline_s_per_forward: float
+    speedup: float                # end to end: baseline seconds / seconds
+    forward_speedup: float        # baseline s/forward / s/forward
+    tokens_same_as_baseline: float  # share of generated tokens equal to the baseline's
+    goal: float | None
+    all_seconds: list[float]
+
+
+def _run_policy(model, prompt_rows, p: BenchPreset, args, device, *, sampler, sampler_args, steps, cache):
+    policy = dllm.cache.get_policy(cache)
+    out, sec = timed(lambda: dllm.generate(model, None, prompt_rows, gen_length=p.gen_length,
+                                           block_length=p.block_length, steps=steps, sampler=sampler,
+                                           sampler_kwargs=sampler_args, seed=args.seed, temperature=0.0,
+                                           score_dtype=args.score_dtype, cache=policy), device)
+    refreshes = getattr(policy, "refreshes", None)
+    full = float(refreshes.float().mean()) if refreshes is not None else float(sum(out.nfe) / len(out.nfe))
+    return out, sec, full
+
+
+def _measure(model, prompt_rows, p, args, device, repeats, **kw):
+    runs = [_run_policy(model, prompt_rows, p, args, device, **kw) for _ in range(repeats)]
+    out, _, full = runs[-1]
+    return out, [sec for _, sec, _ in runs], full
+
+
+def bench_caches(name: str, p: BenchPreset, batch: int, args, env: dict, device: torch.device,
+                 headline: bool) -> list[CacheBenchRow]:
+    """Every cache policy against `none` on one preset (and the headline when asked); one row each."""
+    dtype = DTYPES[args.dtype]
+    stall0, wall0 = psi_cpu_stall_us(), time.perf_counter()
+    cfg = ModelConfig.from_name(p.model)
+    model = dllm.build_model(cfg, args.attention, dtype=dtype, device=device, seed=args.seed, init_std=args.init_std)
+    prompt_rows = prompt_batch(cfg, batch, p.prompt_length, args.seed, device).tolist()
+    n_blocks = p.gen_length // p.block_length
+    # Warm-up at the same canvas length: one full and one partial forward per kind of step.
+    filler = prompt_batch(cfg, batch, p.gen_length - p.block_length, args.seed + 1, device)
+    warm = torch.cat([torch.tensor(prompt_rows, device=device), filler], dim=1).tolist()
+    warm_p = dataclasses.replace(p, gen_length=p.block_length)
+    for cache in ("none", "dual"):
+        _run_policy(model, warm, warm_p, args, device, sampler=SAMPLER, sampler_args={}, steps=2, cache=cache)
+
+    rows = []
+    base_env = dict(env, load_avg_1m=None, cpu_busy=None)
+    common = dict(preset=name, model=p.model, family=cfg.family, n_params=cfg.n_params, batch=batch,
+                  prompt_length=p.prompt_length, gen_length=p.gen_length, block_length=p.block_length,
+                  dtype=args.dtype, attention=args.attention, init_std=args.init_std, seed=args.seed)
+
+    def row(comparison, out, secs, full, sampler, sampler_args, steps, baseline_name, base_out, base_secs, goal):
+        fwd, base_fwd = out.forwards, base_out.forwards
+        sec, base_sec = quantile(secs, 0.5), quantile(base_secs, 0.5)
+        same = float((out.generated == base_out.generated).float().mean())
+        return CacheBenchRow(
+            **base_env, comparison=comparison, **common, sampler=sampler, sampler_args=sampler_args, steps=steps,
+            cache=out.cache, cache_args=out.cache_args, baseline=baseline_name, repeats=len(secs), forwards=fwd,
+            full_forwards=full, tokens_per_forward=out.mean_tokens_per_forward, seconds=sec,
+            seconds_p20=quantile(secs, 0.2), seconds_p80=quantile(secs, 0.8), s_per_forward=sec / fwd,
+            baseline_forwards=base_fwd, baseline_seconds=base_sec, baseline_s_per_forward=base_sec / base_fwd,
+            speedup=base_sec / sec, forward_speedup=(base_sec / base_fwd) / (sec / fwd), tokens_same_as_baseline=same,
+            goal=goal, all_seconds=[round(x, 6) for x in secs])
+
+    steps = n_blocks * min(args.cache_steps_per_block, p.block_length)
+    kw = dict(sampler=SAMPLER, sampler_args={}, steps=steps)
+    base_out, base_secs, base_full = _measure(model, prompt_rows, p, args, device, args.repeats, cache="none", **kw)
+    baseline = f"none + {SAMPLER}, steps={steps}"
+    for cache in args.policies:
+        if cache == "none":
+            out, secs, full = base_out, base_secs, base_full
+        else:
+            out, secs, full = _measure(model, prompt_rows, p, args, device, args.repeats, cache=cache, **kw)
+        rows.append(row("policies", out, secs, full, SAMPLER, {}, steps, baseline, base_out, base_secs, None))
+        print(format_cache_row(rows[-1]), flush=True)
+
+    if headline:
+        slow_out, slow_secs, _ = _measure(model, prompt_rows, p, args, device, args.headline_repeats, cache="none",
+                                          sampler=SAMPLER, sampler_args={}, steps=p.gen_length)
+        for tau in args.taus:
+            fast_args = {"tau": tau}
+            fast_out, fast_secs, fast_full = _measure(model, prompt_rows, p, args, device, args.headline_repeats,
+                                                      cache="dual", sampler="threshold", sampler_args=fast_args,
+                                                      steps=None)
+            rows.append(row("headline", fast_out, fast_secs, fast_full, "threshold", fast_args, None,
+                            f"none + {SAMPLER}, steps={p.gen_length} (1 token/step)", slow_out, slow_secs,
+                            HEADLINE_GOAL))
+            print(format_cache_row(rows[-1]), flush=True)
+
+    stall1, wall1 = psi_cpu_stall_us(), time.perf_counter()
+    busy = None if stall0 is None or stall1 is None else round((stall1 - stall0) / 1e6 / (wall1 - wall0), 3)
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    for r in rows:
+        r.timestamp_utc, r.load_avg_1m, r.cpu_busy = stamp, load_avg(), busy
+    return rows
+
+
+CACHE_HEADER = (f"{'preset':<14}{'B':>3} {'comparison':<10} {'cache':<11}{'sampler':<24}{'fwd':>5}{'full':>6}"
+                f"{'tok/fwd':>8}  {'s/fwd':>7} {'seconds [p20, p80]':<26}{'x per fwd':>10}{'x end-to-end':>13}"
+                f"{'same':>7}")
+
+
+def format_cache_row(r: CacheBenchRow) -> str:
+    args = ",".join(f"{k}={v}" for k, v in r.sampler_args.items())
+    sampler = r.sampler + (f"({args})" if args else "")
+    sampler += "" if r.steps is None else f" s={r.steps}"
+    secs = f"{r.seconds:.2f} [{r.seconds_p20:.2f}, {r.seconds_p80:.2f}]"
+    return (f"{r.preset:<14}{r.batch:>3} {r.comparison:<10} {r.cache:<11}{sampler:<24}{r.forwards:>5}"
+            f"{r.full_forwards:>6.1f}{r.tokens_per_forward:>8.2f}  {r.s_per_forward:>7.3f} {secs:<26}"
+            f"{r.forward_speedup:>10.2f}{r.speedup:>13.2f}{r.tokens_same_as_baseline:>7.0%}")
+
+
+def main_caches(args, device) -> int:
+    start = time.perf_counter()
+    presets = resolve_presets(args.presets, args)
+    get_backend(args.attention)
+    for name in args.policies:
+        dllm.cache.policy_class(name)  # unknown names fail here, listing the valid ones
+    env = environment(device)
+    done = set()
+    if args.resume and Path(args.out).is_file():
+        lines = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+        done = {(r.get("preset"), r.get("batch"), r.get("dtype"), r.get("device")) for r in lines
+                if r.get("comparison") == "policies"}
+    print(f"dllm {env['dllm_version']} | torch {env['torch_version']} | git {(env['git_commit'] or '?')[:10]}"
+          f"{' (dirty)' if env['git_dirty'] else ''} | {env['device_name']} | {env['cpu_cores']} cores, "
+          f"{env['torch_threads']} torch threads | {args.dtype}, attention {args.attention}, init_std "
+          f"{args.init_std} | load {load_avg()}", flush=True)
+    print("x per fwd / x end-to-end = speedup over the baseline (policies: `none` with the same sampler and steps; "
+          f"headline: `none` + 1 token/step); full = full-refresh forwards per row; same = tokens equal to the "
+          f"baseline's; {args.repeats} repeat(s) (headline {args.headline_repeats}), warm-up excluded", flush=True)
+    print(CACHE_HEADER, flush=True)
+    rows: list[CacheBenchRow] = []
+    headline_preset = next((n for n, _ in presets if n in HEADLINE_PRESETS), None) if args.headline else None
+    for name, p in presets:
+        for batch in args.batches:
+            if (name, batch, args.dtype, device.type) in done:
+                print(f"{name:<14}{batch:>3} (already in {args.out}, skipped)", flush=True)
+                continue
+            new = bench_caches(name, p, batch, args, env, device, headline=name == headline_preset)
+            rows.extend(new)
+            if args.out:
+                with open(args.out, "a") as f:
+                    for r in new:
+                        f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+            gc.collect()
+    for r in rows:
+        if r.goal is not None:
+            verdict = "met" if r.speedup >= r.goal else "NOT met"
+            print(f"headline: {r.cache} + {r.sampler}(tau={r.sampler_args.get('tau')}) vs {r.baseline} at {r.preset} "
+                  f"(B={r.batch}): {r.speedup:.2f}x end to end ({r.baseline_seconds:.1f} s -> {r.seconds:.1f} s, "
+                  f"{r.baseline_forwards} -> {r.forwards} forwards, {r.forward_speedup:.2f}x per forward); "
+                  f"goal >= {r.goal:g}x -> {verdict}")
+    busy = [f"{r.preset} {r.cpu_busy:.0%}" for r in rows if r.cpu_busy is not None and r.cpu_busy > BUSY_WARN]
+    if busy:
+        print(f"warning: other processes competed for the CPU ({', '.join(sorted(set(busy)))} of the wall time some "
+              f"task waited for a core); these timings are unreliable, rerun on a quiet machine")
+    print(f"total wall time {time.perf_counter() - start:.1f} s")
+    return 0
+
+
 # -- output -----------------------------------------------------------------------------------
 HEADER = (f"{'preset':<14}{'B':>3} {'Lp/G/K/steps':<16}{'fwd':>4}  {'dllm s/fwd [p20, p80]':<27}"
           f"{'ref s/step [p20, p80]':<27}{'dllm tok/s':>11}{'ref tok/s':>10}  {'ratio [p20, p80]':<22}{'tokens':<8}{'busy':>5}")
@@ -442,13 +659,39 @@ def parse_args(argv=None):
                          "logits dtype (LLaDA HEAD)")
     ap.add_argument("--init-std", type=float, default=0.3, help="random-weight std (large = confident, stable argmax)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--caches", action="store_true",
+                    help=f"measure the cache policies against `none` instead (default presets {CACHE_PRESETS})")
+    ap.add_argument("--policies", default=None,
+                    help="--caches: comma-separated cache policies (default: every registered one)")
+    ap.add_argument("--cache-steps-per-block", type=int, default=8,
+                    help="--caches: low_confidence steps per block in the policy table (default 8)")
+    ap.add_argument("--headline", action=argparse.BooleanOptionalAction, default=True,
+                    help="--caches: also run dual + threshold vs none + 1 token/step on llada-compute (or tiny)")
+    ap.add_argument("--headline-repeats", type=int, default=1, help="--caches: repeats of the headline runs")
+    ap.add_argument("--tau", default=str(HEADLINE_TAU),
+                    help=f"--caches: threshold(s) of the headline sampler, comma-separated (default {HEADLINE_TAU}, "
+                         f"Fast-dLLM's); the `none` baseline is shared")
     ap.add_argument("--out", default=None, help="append one JSON line per preset here")
     ap.add_argument("--resume", action="store_true", help="skip configurations already present in --out")
     args = ap.parse_args(argv)
     if args.presets is None:
-        args.presets = QUICK_PRESETS if args.quick else DEFAULT_PRESETS
+        if args.caches:
+            args.presets = CACHE_QUICK_PRESETS if args.quick else CACHE_PRESETS
+        else:
+            args.presets = QUICK_PRESETS if args.quick else DEFAULT_PRESETS
     if args.repeats is None:
-        args.repeats = 1 if args.quick else 3
+        args.repeats = 1 if args.quick or args.caches else 3
+    policies = [c.strip() for c in (args.policies or ",".join(dllm.cache.available_policies())).split(",")
+                if c.strip()]
+    args.policies = ["none"] + [c for c in policies if c != "none"]   # the baseline first
+    try:
+        args.taus = [float(t) for t in args.tau.split(",") if t.strip()]
+    except ValueError:
+        ap.error(f"--tau must be comma-separated numbers, got {args.tau!r}")
+    if not args.taus or not all(0 <= t <= 1 for t in args.taus):
+        ap.error(f"--tau values must lie in [0, 1], got {args.tau!r}")
+    if args.cache_steps_per_block < 1 or args.headline_repeats < 1:
+        ap.error("--cache-steps-per-block and --headline-repeats must be >= 1")
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     device = torch.device(args.device)
@@ -470,6 +713,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     start = time.perf_counter()
     args, device = parse_args(argv)
+    if args.caches:
+        return main_caches(args, device)
     presets = resolve_presets(args.presets, args)
     get_backend(args.attention)  # unknown names fail here, listing the valid ones
     env = environment(device)

@@ -3,15 +3,48 @@
 Keys are stored after RoPE at their canvas column in preallocated per-layer buffers
 `(B, H_kv, L, D)`. A step recomputes the columns of its plan, scatters their fresh K/V into the
 buffers and lets those queries attend over the whole canvas. Because columns never move, no cached
-key is ever re-rotated. Every cache of the literature is a policy choosing the recomputed set;
-`none` recomputes everything each step (and then needs no storage at all).
+key is ever re-rotated. Every cache of the literature is a policy choosing the recomputed set
+(DESIGN §2.2, spec models-and-caches §7):
+
+| policy     | recomputed each step                                 | full refresh                           |
+|------------|------------------------------------------------------|----------------------------------------|
+| none       | everything (no storage at all)                       | every step                             |
+| prefix     | current block + everything after it                  | at each block start                    |
+| dual       | current block                                        | at each block start                    |
+| dkv-decode | masked positions + tokens committed at the last step | first `warmup` steps, every `refresh`  |
+| dkv-greedy | scored positions + last step's commits + a window    | every `refresh` steps of a block       |
+
+A full refresh recomputes every column and writes K/V for all of them; it is also a decoding step
+(its logits are scored). Whatever a plan says, the forward also recomputes the columns whose
+hidden state produces the scored logits (the scored columns; for Dream, their left neighbours), so
+a policy only names what must be fresh in the cache.
+
+Policy lifecycle (the generation loop calls these and nothing else):
+
+* `setup(state, model)` once per request, before the first step: resolves model-dependent
+  defaults, (re)allocates `self.kv` (a `KVCache`, or None for `none`) and resets the per-row state.
+  Idempotent: a policy instance can serve many requests.
+* `plan(state, rows, scored)` once per step, right before the forward, for the unfinished rows
+  `rows` (B',) (finished rows drop out and never come back): returns the (B', P) columns to
+  recompute, or None for a full refresh of every row. `scored` (B', L) bool marks the columns
+  whose logits the sampler asked for. The policy may update its per-row state here: the canvas
+  `state.x[rows]` is exactly what the forward will see.
+
+Per-row bookkeeping needs no hook after the step: a storing policy keeps the canvas each row's
+last forward saw (`seen`), so the columns whose token changed since then (the commits, fills or
+re-masks of the previous step) are `state.x[rows] != seen[rows]`. Rows are ragged (different
+block starts, steps within the block, finished rows); plans are padded per row by repeating the
+row's first column, which the forward collapses.
 """
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 
 import torch
+
+from .state import DecodeState, select_positions
 
 
 class KVCache:
@@ -33,6 +66,32 @@ class KVCache:
         cfg = model.config
         return cls(cfg.n_layers, batch, cfg.n_kv_heads, length, cfg.head_dim, model.dtype, model.device)
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.k[0].shape)
+
+    def fits(self, model, batch: int, length: int) -> bool:
+        """Whether these buffers have the layout `for_model(model, batch, length)` would allocate."""
+        cfg, k = model.config, self.k[0]
+        return (len(self.k) == cfg.n_layers and self.shape == (batch, cfg.n_kv_heads, length, cfg.head_dim)
+                and k.dtype == model.dtype and k.device == model.device)
+
+    def narrow(self, width: int) -> "KVCache":
+        """A view of the columns [0, width) sharing these buffers: a forward on a canvas cut to
+        `width` columns (truncated rows) writes and reads through it."""
+        if width == self.length:
+            return self
+        view = object.__new__(KVCache)
+        view.k = [t[:, :, :width] for t in self.k]       # (B, H_kv, W, D) views
+        view.v = [t[:, :, :width] for t in self.v]
+        view.length = width
+        return view
+
+    def reset(self) -> None:
+        """Zero every buffer (a fresh request)."""
+        for t in self.k + self.v:
+            t.zero_()
+
     def update(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         kb, vb = self.k[layer], self.v[layer]
         if positions.shape[1] == self.length and rows.shape[0] == kb.shape[0] and bool(
@@ -48,18 +107,51 @@ class KVCache:
         return kb[rows], vb[rows]                       # (B', H_kv, L, D)
 
 
-class CachePolicy:
-    """Chooses which canvas columns to recompute at each step.
+# -- policies -----------------------------------------------------------------------------------
+def _check_int(policy: str, name: str, value, low: int, allow_none: bool = False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        what = f"an integer >= {low}" + (" or None" if allow_none else "")
+        raise ValueError(f"cache policy {policy!r}: {name} must be {what}, got {value!r}")
+    return value
 
-    `plan(state, rows)` returns (B', P) columns for the batch rows `rows`, or None to recompute
-    everything. `needs_storage` says whether the forward must keep K/V between steps.
+
+def plan_columns(need: torch.Tensor) -> torch.Tensor:
+    """(B', L) bool -> (B', P) columns in increasing order, P = the largest count of any row; a
+    shorter row is padded by repeating its first column (recomputing a column twice is harmless)."""
+    cols, valid = select_positions(need)
+    return torch.where(valid, cols, cols[:, :1])
+
+
+class CachePolicy:
+    """Chooses which canvas columns to recompute at each step (see the module docstring).
+
+    Class attributes: `name` (registry name), `needs_storage` (the forward keeps K/V between
+    steps in `self.kv`).
     """
 
     name = "base"
     needs_storage = False
+    kv: KVCache | None = None
 
-    def plan(self, state, rows: torch.Tensor):
+    def __init__(self):
+        self.kv: KVCache | None = None
+        self._args: dict = {}
+
+    def setup(self, state: DecodeState, model) -> None:
+        """Prepare for a request (idempotent); storing policies allocate or reset `self.kv`."""
+
+    def plan(self, state: DecodeState, rows: torch.Tensor, scored: torch.Tensor | None = None):
         raise NotImplementedError
+
+    def arguments(self) -> dict:
+        """The policy's arguments, model-dependent defaults resolved once `setup` ran."""
+        return dict(self._args)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.arguments().items())
+        return f"{type(self).__name__}({args})"
 
 
 class NoCache(CachePolicy):
@@ -68,8 +160,206 @@ class NoCache(CachePolicy):
     name = "none"
     needs_storage = False
 
-    def plan(self, state, rows):
+    def plan(self, state, rows, scored=None):
         return None
+
+
+class StoringPolicy(CachePolicy):
+    """Base of the policies that keep K/V between steps.
+
+    Visible state, per request: `kv` (the buffers), `seen` (B, L), the canvas each row's last
+    forward saw; `refreshes` / `partial_steps` (B,), how many full and partial forwards each row
+    took. Subclasses define `_full(state, rows) -> (B',) bool` (rows refreshed this step) and
+    `_columns(state, rows, changed, scored) -> (B', L) bool` (what a partial step recomputes).
+    """
+
+    needs_storage = True
+
+    def setup(self, state, model):
+        B, L = state.batch_size, state.length
+        if self.kv is not None and self.kv.fits(model, B, L):
+            self.kv.reset()
+        else:
+            self.kv = KVCache.for_model(model, B, L)
+        self.seen = state.x.clone()
+        zeros = torch.zeros(B, dtype=torch.long, device=state.x.device)
+        self.refreshes, self.partial_steps = zeros, zeros.clone()
+        self.shift = bool(model.config.logit_shift)
+
+    def plan(self, state, rows, scored=None):
+        x = state.x[rows]                                                   # (B', L)
+        changed = x != self.seen[rows]
+        self.seen[rows] = x
+        full = self._full(state, rows)                                      # (B',)
+        self.refreshes[rows] += full.long()
+        self.partial_steps[rows] += (~full).long()
+        if bool(full.all()):
+            return None
+        need = self._columns(state, rows, changed, scored) | full[:, None]  # (B', L)
+        return plan_columns(need)
+
+    # -- helpers for subclasses -------------------------------------------------------------
+    def _periodic(self, state, rows, refresh: int | None) -> torch.Tensor:
+        """(B',) bool: block start, or every `refresh` steps inside the block."""
+        i = state.step_in_block[rows]
+        return i == 0 if refresh is None else i % refresh == 0
+
+    def _left_neighbours(self, cols: torch.Tensor) -> torch.Tensor:
+        """(B', L) bool -> itself plus the column left of each marked one."""
+        out = cols.clone()
+        out[:, :-1] |= cols[:, 1:]
+        return out
+
+    def _from_block_start(self, state, rows) -> torch.Tensor:
+        """(B', L) bool: columns >= each row's block start (one further left for a shifted model,
+        whose first block position is predicted by the column before it)."""
+        cols = state.columns()[None, :]
+        return cols >= state.block_start[rows, None] - int(self.shift)
+
+
+class PrefixCache(StoringPolicy):
+    """Fast-dLLM PrefixCache: full refresh at each block start, then recompute the current block and
+    everything after it (the prefix before the block is served from the cache).
+
+    refresh: also refresh every `refresh` steps inside a block (None: only at block starts, as
+        Fast-dLLM; 1 recomputes everything every step, which equals `none`).
+    On Dream the column left of the block is recomputed too: its hidden state predicts the block's
+    first position (Fast-dLLM's Dream code scores that position with a stale logit instead).
+    """
+
+    name = "prefix"
+
+    def __init__(self, *, refresh: int | None = None):
+        super().__init__()
+        self.refresh = _check_int(self.name, "refresh", refresh, 1, allow_none=True)
+        self._args = dict(refresh=refresh)
+
+    def _full(self, state, rows):
+        return self._periodic(state, rows, self.refresh)
+
+    def _columns(self, state, rows, changed, scored):
+        return self._from_block_start(state, rows)
+
+
+class DualCache(PrefixCache):
+    """Fast-dLLM DualCache: full refresh at each block start, then recompute only the current block
+    (prefix and masked suffix are served from the cache).
+
+    refresh: as for `prefix`. The block is read at every step, so a block whose end a sampler moves
+    is recomputed up to its new end. On Dream the column left of the block is recomputed too.
+    """
+
+    name = "dual"
+
+    def _columns(self, state, rows, changed, scored):
+        cols = state.columns()[None, :]
+        return self._from_block_start(state, rows) & (cols < state.block_end[rows, None])
+
+
+# Per family: (refresh, warm-up full forwards per block). dKV-Cache's LLaDA loop refreshes every 8
+# steps and runs full forwards at the first two steps of a block (the first builds nothing); its
+# Dream loop (the paper's Dream table) refreshes every 4 steps from step 0.
+DKV_DECODE_DEFAULTS = {"llada": (8, 2), "dream": (4, 1)}
+
+
+class DKVDecode(StoringPolicy):
+    """dKV-Cache-Decode: a token's K/V are cached one step after it is committed.
+
+    Each partial step recomputes every still-masked position of the generation region (future
+    blocks included) and the tokens committed at the previous step (now with their real ids);
+    everything else is served from the cache. Full refresh at steps i < warmup of each block and
+    whenever i % refresh == 0 (i counts the row's steps in its block; samplers without blocks count
+    steps over the whole generation).
+
+    refresh: default by model family, 8 for LLaDA and 4 for Dream (dKV-Cache's paper settings).
+    warmup:  full forwards at the start of each block; default by family, 2 for LLaDA and 1 for
+             Dream (dKV-Cache's loops).
+    On Dream the left neighbour of every masked position is recomputed too (dKV-Cache's default
+    `shift_type="un"`: a column is cached once the token it predicts is decoded).
+    """
+
+    name = "dkv-decode"
+
+    def __init__(self, *, refresh: int | None = None, warmup: int | None = None):
+        super().__init__()
+        self._given = dict(refresh=_check_int(self.name, "refresh", refresh, 1, allow_none=True),
+                           warmup=_check_int(self.name, "warmup", warmup, 0, allow_none=True))
+        self.refresh, self.warmup = refresh, warmup
+        self._args = dict(self._given)
+
+    def setup(self, state, model):
+        super().setup(state, model)
+        refresh, warmup = DKV_DECODE_DEFAULTS.get(model.config.family, DKV_DECODE_DEFAULTS["llada"])
+        self.refresh = refresh if self._given["refresh"] is None else self._given["refresh"]
+        self.warmup = warmup if self._given["warmup"] is None else self._given["warmup"]
+        self._args = dict(refresh=self.refresh, warmup=self.warmup)
+
+    def _full(self, state, rows):
+        i = state.step_in_block[rows]
+        return (i < self.warmup) | (i % self.refresh == 0)
+
+    def _columns(self, state, rows, changed, scored):
+        masked = state.is_mask[rows] & state.in_generation()[None, :]
+        if self.shift:
+            masked = self._left_neighbours(masked)
+        return masked | changed
+
+
+class DKVGreedy(StoringPolicy):
+    """dKV-Cache-Greedy: recompute only the positions due now, last step's commits and a window.
+
+    Full refresh every `refresh` steps of a block (from step 0). Otherwise the step recomputes the
+    due positions, the tokens committed at the previous step, and for each due position (in column
+    order) up to `window` still-masked columns not yet chosen, nearest first, the left one first on
+    equal distance (dKV-Cache's alternating left/right search); everything else, masked positions
+    included, is served from the cache, stale.
+
+    Generalised to every sampler: the due positions are the columns the sampler asks scores for.
+    dKV-Cache pairs the policy with `random` remasking whose decoding order is drawn once per block,
+    so the due positions are exactly the ones committed at the step; with that kind of sampler this
+    policy is dKV-Cache-Greedy. With a sampler that scores every masked position of its block
+    (`low_confidence`, `threshold`, ...) the due set is the block's masked positions and the policy
+    is a block cache with a one-step delay, a window and periodic refreshes. Paper settings:
+    refresh 2, window 4 (MBPP: window 2).
+    """
+
+    name = "dkv-greedy"
+
+    def __init__(self, *, refresh: int = 2, window: int = 4):
+        super().__init__()
+        self.refresh = _check_int(self.name, "refresh", refresh, 1)
+        self.window = _check_int(self.name, "window", window, 0)
+        self._args = dict(refresh=refresh, window=window)
+
+    def _full(self, state, rows):
+        return self._periodic(state, rows, self.refresh)
+
+    def _columns(self, state, rows, changed, scored):
+        if scored is None:
+            raise ValueError(f"cache policy {self.name!r} needs the scored columns: call plan(state, rows, scored)")
+        need = scored | changed
+        if self.window:
+            masked = state.is_mask[rows] & state.in_generation()[None, :]
+            need = window_columns(need, scored, masked, self.window)
+        return need
+
+
+def window_columns(chosen: torch.Tensor, due: torch.Tensor, masked: torch.Tensor, window: int) -> torch.Tensor:
+    """Add, for each due column in increasing order, up to `window` masked columns not chosen yet,
+    nearest first and the left one first on equal distance. All arguments (B, L) bool."""
+    chosen = chosen.clone()
+    L = chosen.shape[1]
+    cols = torch.arange(L, device=chosen.device)
+    for r, p in due.nonzero().tolist():
+        free = masked[r] & ~chosen[r]
+        if not bool(free.any()):
+            continue
+        # distance * 2, +1 on the right: a stable order with left winning ties
+        key = (cols - p).abs() * 2 + (cols > p).long()
+        key = key.masked_fill(~free, 2 * L + 2)
+        n = min(window, int(free.sum()))
+        chosen[r, key.topk(n, largest=False).indices] = True
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -81,22 +371,55 @@ class PolicyInfo:
 
 _POLICIES: dict[str, PolicyInfo] = {
     "none": PolicyInfo("none", "dllm.cache:NoCache", "recompute everything every step"),
+    "prefix": PolicyInfo("prefix", "dllm.cache:PrefixCache",
+                         "Fast-dLLM prefix cache: refresh at block start, recompute the block and the suffix"),
+    "dual": PolicyInfo("dual", "dllm.cache:DualCache",
+                       "Fast-dLLM dual cache: refresh at block start, recompute the block"),
+    "dkv-decode": PolicyInfo("dkv-decode", "dllm.cache:DKVDecode",
+                             "dKV-Cache-Decode: recompute masks and last step's commits, periodic refresh"),
+    "dkv-greedy": PolicyInfo("dkv-greedy", "dllm.cache:DKVGreedy",
+                             "dKV-Cache-Greedy: recompute scored positions, last commits and a window"),
 }
+
+
+def register_policy(name: str, path: str, description: str = "") -> None:
+    """Register a cache policy class under `name`, resolved lazily from `"module:Class"`."""
+    _POLICIES[name] = PolicyInfo(name, path, description)
 
 
 def available_policies() -> list[str]:
     return sorted(_POLICIES)
 
 
-def get_policy(name: str = "none", **kwargs) -> CachePolicy:
-    """A cache policy by registered name; unknown names list the valid ones."""
-    if isinstance(name, CachePolicy):
-        return name
+def policy_class(name: str) -> type[CachePolicy]:
     if not isinstance(name, str) or name not in _POLICIES:
         raise ValueError(f"unknown cache policy {name!r}; valid options: {', '.join(available_policies())}")
     module, attr = _POLICIES[name].path.split(":")
-    cls = getattr(importlib.import_module(module), attr)
-    try:
-        return cls(**kwargs)
-    except TypeError as err:
-        raise ValueError(f"bad arguments {kwargs!r} for cache policy {name!r}: {err}") from None
+    return getattr(importlib.import_module(module), attr)
+
+
+def policy_signature(name: str) -> dict:
+    """Argument name -> default of a registered policy."""
+    params = inspect.signature(policy_class(name).__init__).parameters
+    return {p: v.default for p, v in params.items() if p != "self"}
+
+
+def get_policy(name: str | CachePolicy = "none", **kwargs) -> CachePolicy:
+    """A cache policy by registered name and keyword arguments, or a policy instance as is.
+
+    >>> get_policy("dual"), get_policy("dkv-decode", refresh=4)
+    Unknown names and unknown or out-of-range arguments raise ValueError naming what is allowed.
+    """
+    if isinstance(name, CachePolicy):
+        if kwargs:
+            raise ValueError(f"cache arguments {kwargs!r} are only used with a policy given by name, "
+                             f"not an instance ({name!r})")
+        return name
+    cls = policy_class(name)
+    allowed = policy_signature(name)
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        listed = ", ".join(f"{k}={v!r}" for k, v in allowed.items()) or "(none)"
+        raise ValueError(f"cache policy {name!r} has no argument(s) {', '.join(map(repr, unknown))}; "
+                         f"its arguments: {listed}")
+    return cls(**kwargs)

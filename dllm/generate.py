@@ -4,7 +4,7 @@
     until every row is finished or the forward cap is hit:
         rows      = unfinished rows (finished rows cost nothing)
         positions = the columns the sampler wants scored
-        plan      = cache_policy.plan(state, rows)       which columns to recompute
+        plan      = cache_policy.plan(state, rows, scored) which columns to recompute
         logits    = model(x[rows], positions, plan)      only at the scored columns
         scores    = token_scores(logits)
         decision  = sampler.step(state, rows, positions, scores)
@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .cache import KVCache, get_policy
+from .cache import get_policy
 from .config import GenerationConfig
 from .kernels import token_scores
 from .state import DecodeState, Decision, SpecialIds, select_positions
@@ -48,6 +48,7 @@ class GenerationOutput:
     seconds:    wall-clock time of the loop.
     hit_cap:    rows whose remaining masks were flushed at the forward cap.
     trace:      (B, G) step at which each generated position was committed (when asked for).
+    cache, cache_args: the cache policy and its arguments (model-dependent defaults resolved).
     """
 
     sequences: torch.Tensor
@@ -63,6 +64,8 @@ class GenerationOutput:
     sampler: str
     sampler_args: dict[str, Any]
     trace: torch.Tensor | None = None
+    cache: str = "none"
+    cache_args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def mean_tokens_per_forward(self) -> float:
@@ -155,7 +158,8 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
         gen = torch.Generator(device=device).manual_seed(cfg.seed)
     return DecodeState(x=x.to(device), gen_start=lp, gen_length=cfg.gen_length, block_length=block_length,
                        pad_len=pad_len.to(device), ids=ids, temperature=float(cfg.temperature), generator=gen,
-                       score_dtype=_score_dtype(cfg.score_dtype, model), steps=cfg.resolved_steps)
+                       score_dtype=_score_dtype(cfg.score_dtype, model), steps=cfg.resolved_steps,
+                       family=mc.family, source=getattr(model, "name_or_path", None))
 
 
 def resolve_sampler(model, cfg: GenerationConfig):
@@ -194,10 +198,10 @@ def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
             return
         state.block_start[moving] = state.block_end[moving]
         state.step_in_block[moving] = 0
-        ended = state.block_start[moving] >= state.gen_end
+        ended = state.block_start[moving] >= state.row_end[moving]
         state.finished[moving[ended]] = True
         moving = moving[~ended]
-        state.block_end[moving] = (state.block_start[moving] + state.block_length).clamp(max=state.gen_end)
+        state.block_end[moving] = torch.minimum(state.block_start[moving] + state.block_length, state.row_end[moving])
         if moving.numel():
             sampler.begin_block(state, moving)
         rows = moving
@@ -210,8 +214,10 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     # The sampler's tokens where it committed; commits the loop forces (progress, cap flush) take
     # the scored candidate.
     tokens = scores.token if dec.tokens is None else torch.where(dec.commit, dec.tokens, scores.token)
+    if dec.block_end is not None:  # a moved block end (AdaBlock) already bounds this step's commits
+        state.block_end[rows] = torch.minimum(dec.block_end, state.row_end[rows])
     in_block = (positions >= state.block_start[rows, None]) & (positions < state.block_end[rows, None])
-    allowed = valid & cols_masked & (positions >= state.gen_start) & (positions < state.gen_end)
+    allowed = valid & cols_masked & (positions >= state.gen_start) & (positions < state.row_end[rows, None])
     commit = dec.commit & allowed
     if sampler.uses_blocks:
         commit &= in_block
@@ -233,21 +239,26 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     col = positions[r_idx, q_idx]
     x[b, col] = tokens[r_idx, q_idx]
     state.commit_step[b, col - state.gen_start] = state.global_step
-    if dec.block_end is not None:
-        state.block_end[rows] = dec.block_end.clamp(max=state.gen_end)
+    if dec.truncate_at is not None:  # after the commits: a cut may keep a position committed just now
+        state.truncate(rows, dec.truncate_at)
     return rows[forced]
 
 
-def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv, cfg_scale: float):
-    """Logits (B', Q, V) at `positions` for the rows `rows`; with classifier-free guidance the
-    prompt-masked copy runs in the same batched forward."""
-    x = state.x[rows]
-    pos_ids = state.position_ids[rows]
-    key_valid = state.key_valid[rows] if padded else None
+def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv, cfg_scale: float,
+             width: int | None = None):
+    """Logits (B', Q, V) at `positions` for the rows `rows`, on the canvas columns [0, width)
+    (truncated rows need no more); with classifier-free guidance the prompt-masked copy runs in
+    the same batched forward."""
+    width = state.length if width is None else width
+    x = state.x[rows, :width]                                                       # (B', W)
+    pos_ids = state.position_ids[rows, :width]
+    key_valid = state.key_valid[rows, :width] if padded else None
+    if kv is not None and width < kv.length:
+        kv = kv.narrow(width)
     if cfg_scale <= 0:
         return model(x, positions, positions=plan, position_ids=pos_ids, key_valid=key_valid, cache=kv,
                      rows=rows if kv is not None else None)
-    if kv is not None:
+    if kv is not None:  # decode refuses this before the first step; kept for direct callers
         raise ValueError("cfg_scale > 0 is not supported together with a cache that stores K/V")
     uncond = x.clone()
     uncond[:, :state.gen_start] = state.ids.mask  # the whole prompt region, padding included, as LLaDA does
@@ -259,19 +270,24 @@ def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv,
 
 
 @torch.no_grad()
-def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_policy="none",
+def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_policy="none", cache_kwargs=None,
            on_step: Callable[[DecodeState], None] | None = None) -> int:
     """Run the denoising loop on `state` in place; returns the number of batched forwards."""
-    policy = get_policy(cache_policy)
+    policy = get_policy(cache_policy, **(cache_kwargs or {}))
+    if cfg.cfg_scale > 0 and policy.needs_storage:
+        raise ValueError(f"cfg_scale {cfg.cfg_scale} > 0 is not supported with cache policy {policy.name!r}, which "
+                         f"stores K/V between steps (the guided batch doubles every row); use cache='none' or "
+                         f"cfg_scale=0")
     if not sampler.uses_blocks:
         state.block_length = state.gen_length
         state.block_end = (state.block_start + state.gen_length).clamp(max=state.gen_end)
     sampler.setup(state)
     all_rows = torch.arange(state.batch_size, device=state.x.device)
     sampler.begin_block(state, all_rows)
-    kv = KVCache.for_model(model, state.batch_size, state.length) if policy.needs_storage else None
+    policy.setup(state, model)
+    kv = policy.kv if policy.needs_storage else None
     cap = cfg.resolved_max_forwards
-    padded = bool((state.pad_len > 0).any())  # without padding, attention needs no mask at all
+    padded = bool((state.pad_len > 0).any())  # without padding or truncation, attention needs no mask
     forwards = 0
     _open_blocks(state, sampler, all_rows)
     while True:
@@ -282,9 +298,20 @@ def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_poli
         score_mask = sampler.score_mask(state, rows)
         if flush:  # last allowed forward: score every remaining mask so it can be filled
             score_mask = score_mask | (state.is_mask[rows] & state.in_generation()[None, :])
+        # Columns after a truncation cut are gone: never scored, and the forward stops at the
+        # longest kept row.
+        row_end = state.row_end[rows]
+        score_mask = score_mask & (state.columns()[None, :] < row_end[:, None])
+        shortest, width = torch.stack(torch.aminmax(row_end)).tolist()   # one device sync
         positions, valid = select_positions(score_mask)
-        plan = policy.plan(state, rows)
-        logits = _forward(model, state, rows, positions, plan, padded, kv, cfg.cfg_scale)
+        plan = policy.plan(state, rows, score_mask)
+        # With stored K/V every column the forward runs is re-stored: padding entries repeat a
+        # scored column rather than column 0, so a row's cache never depends on its batch.
+        at = positions if kv is None else torch.where(valid, positions, positions[:, :1])
+        if plan is not None and width < state.length:  # planned columns past every cut are not needed
+            plan = torch.where(plan < width, plan, at[:, :1])
+        mask_keys = padded or shortest < width
+        logits = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width)
         forwards += 1
         state.nfe[rows] += 1
         # The mask token is never a candidate: a trained model gives it no mass, and committing
@@ -311,7 +338,7 @@ def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_poli
 
 
 def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | None = None, *,
-             attention_mask: torch.Tensor | None = None, cache: str = "none",
+             attention_mask: torch.Tensor | None = None, cache="none", cache_kwargs: dict | None = None,
              on_step: Callable[[DecodeState], None] | None = None, **overrides) -> GenerationOutput:
     """Generate with a masked-diffusion model.
 
@@ -319,7 +346,9 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
         list of token ids, a list of such lists (ragged: left-padded here), or an input_ids tensor
         (B, L) with an optional `attention_mask` marking its padding.
     config: a GenerationConfig; keyword overrides (gen_length=..., sampler=..., ...) replace its fields.
-    cache: cache policy name (`dllm.cache.available_policies()`).
+    cache: cache policy name (`dllm.cache.available_policies()`: none, prefix, dual, dkv-decode,
+        dkv-greedy) or a `dllm.cache.CachePolicy` instance; `cache_kwargs` are the named policy's
+        arguments, e.g. cache="dkv-decode", cache_kwargs={"refresh": 4}.
     on_step: called with the DecodeState after every step (progress display).
 
     Example::
@@ -344,17 +373,19 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
     else:
         rows = _as_rows(prompts, attention_mask)
     sampler = resolve_sampler(model, cfg)
+    policy = get_policy(cache, **(cache_kwargs or {}))
     if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):
         warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region at once; "
                       f"block_length {cfg.block_length} is ignored", stacklevel=2)
     block_length = cfg.resolved_block_length if sampler.uses_blocks else cfg.gen_length
     state = build_state(model, rows, cfg, block_length)
+    state.tokenizer = tokenizer
     start = time.perf_counter()
-    forwards = decode(model, state, sampler, cfg, cache_policy=cache, on_step=on_step)
+    forwards = decode(model, state, sampler, cfg, cache_policy=policy, on_step=on_step)
     if state.x.device.type == "cuda":
         torch.cuda.synchronize(state.x.device)
     seconds = time.perf_counter() - start
-    return _output(state, tokenizer, sampler, forwards, seconds, cfg.trace)
+    return _output(state, tokenizer, sampler, forwards, seconds, cfg.trace, policy)
 
 
 def answer_length(tokens: list[int], stop_ids: list[int]) -> int:
@@ -364,7 +395,8 @@ def answer_length(tokens: list[int], stop_ids: list[int]) -> int:
     return len(tokens)
 
 
-def _output(state: DecodeState, tokenizer, sampler, forwards: int, seconds: float, trace: bool) -> GenerationOutput:
+def _output(state: DecodeState, tokenizer, sampler, forwards: int, seconds: float, trace: bool,
+            policy=None) -> GenerationOutput:
     generated = state.generated()
     stop = state.ids.stop_ids
     lengths, texts = [], [] if tokenizer is not None else None
@@ -380,4 +412,5 @@ def _output(state: DecodeState, tokenizer, sampler, forwards: int, seconds: floa
         sequences=state.x, generated=generated, texts=texts, nfe=nfe, forwards=forwards, steps=forwards,
         tokens_per_forward=[c / max(n, 1) for c, n in zip(committed.tolist(), nfe)], answer_lengths=lengths,
         seconds=seconds, hit_cap=[b in capped for b in range(state.batch_size)], sampler=sampler.name,
-        sampler_args=sampler.arguments(), trace=state.commit_step if trace else None)
+        sampler_args=sampler.arguments(), trace=state.commit_step if trace else None,
+        cache=policy.name if policy is not None else "none", cache_args=policy.arguments() if policy is not None else {})

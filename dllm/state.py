@@ -8,6 +8,7 @@ computation identical alone or in a batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -33,13 +34,20 @@ class Decision:
     tokens:   (B', Q) long, the token to write there (default: the scores' candidate token).
     fill_all: (B',) bool, rows whose every remaining mask is filled with `tokens` now (all
               masked positions must then have been scored).
-    block_end:(B',) long, a new end column for the rows' active block (AdaBlock).
+    block_end:(B',) long, a new end column for the rows' active block (AdaBlock); it already
+              bounds this step's commits.
+    truncate_at: (B',) long, the last column each row keeps (-1: no cut). After this step's
+              commits every later column of the row's generation region is thrown away: filled
+              with EOS (counted as committed at this step), no longer attended to, left out of
+              later forwards, and the row's blocks end at the cut (Learn2PD's end-of-text
+              prediction). A cut never reaches into the prompt.
     """
 
     commit: torch.Tensor
     tokens: torch.Tensor | None = None
     fill_all: torch.Tensor | None = None
     block_end: torch.Tensor | None = None
+    truncate_at: torch.Tensor | None = None
 
 
 @dataclass
@@ -54,12 +62,16 @@ class DecodeState:
     generator: torch.Generator | None = None
     score_dtype: torch.dtype = torch.float32
     steps: int = 0                  # denoising steps requested (fixed schedules)
+    family: str | None = None       # model family ("llada" | "dream"), for family-specific sampler defaults
+    tokenizer: Any = None           # the request's tokenizer, if any (samplers that resolve strings to ids)
+    source: str | None = None       # the checkpoint folder or hub id the model came from (files shipped with it)
     block_start: torch.Tensor = None   # (B,) active block, absolute columns [start, end)
     block_end: torch.Tensor = None
     step_in_block: torch.Tensor = None  # (B,) steps spent in the active block
     nfe: torch.Tensor = None           # (B,) forwards each row took part in
     finished: torch.Tensor = None      # (B,) rows with nothing left to do
     commit_step: torch.Tensor = None   # (B, G) step at which each generated position was committed, -1 if not
+    row_end: torch.Tensor = None       # (B,) end of each row's canvas: gen_end, or one past a truncation cut
     global_step: int = 0
     extra: dict = field(default_factory=dict)   # sampler-owned state
 
@@ -71,6 +83,7 @@ class DecodeState:
         self.step_in_block, self.nfe = zeros(), zeros()
         self.finished = torch.zeros(B, dtype=torch.bool, device=dev)
         self.commit_step = torch.full((B, self.gen_length), -1, dtype=torch.long, device=dev)
+        self.row_end = torch.full((B,), self.gen_end, dtype=torch.long, device=dev)
         cols = torch.arange(self.x.shape[1], device=dev)
         self.key_valid = cols[None, :] >= self.pad_len[:, None]                     # (B, L)
         self.position_ids = (cols[None, :] - self.pad_len[:, None]).clamp(min=0)   # (B, L)
@@ -111,6 +124,25 @@ class DecodeState:
 
     def generated(self) -> torch.Tensor:
         return self.x[:, self.gen_start:self.gen_end]
+
+    def truncate(self, rows: torch.Tensor, cut: torch.Tensor) -> None:
+        """Throw away the generated columns after column `cut` (B',) of rows `rows` (B',); -1, or a
+        cut at or past a row's end, leaves the row as it is. See `Decision.truncate_at`."""
+        cut = cut.to(device=self.x.device, dtype=torch.long)
+        act = (cut >= 0) & (cut + 1 < self.row_end[rows])
+        if not bool(act.any()):
+            return
+        rows, cut = rows[act], cut[act].clamp(min=self.gen_start - 1)
+        cols = self.columns()[None, :]
+        gone = (cols > cut[:, None]) & (cols < self.gen_end)                      # (B', L)
+        self.x[rows] = self.x[rows].masked_fill(gone, self.ids.eos)
+        steps = self.commit_step[rows]                                              # (B', G)
+        fresh = gone[:, self.gen_start:self.gen_end] & (steps < 0)
+        self.commit_step[rows] = steps.masked_fill(fresh, self.global_step)
+        self.key_valid[rows] = self.key_valid[rows] & ~gone
+        self.row_end[rows] = cut + 1
+        self.block_end[rows] = torch.minimum(self.block_end[rows], cut + 1)
+        self.block_start[rows] = torch.minimum(self.block_start[rows], cut + 1)
 
     def _rows(self, rows):
         return torch.arange(self.batch_size, device=self.x.device) if rows is None else rows

@@ -121,6 +121,22 @@ class _ForwardContext:
         self.key_valid, self.cache, self.rows, self.positions = key_valid, cache, rows, positions
 
 
+def _union(positions: torch.Tensor, src: torch.Tensor, L: int):
+    """Columns to recompute: the plan (B, P) and the logit sources (B, Q), each once, in increasing
+    order; a row with fewer repeats its first column. Returns (columns (B, P'), index (B, Q) of
+    every source column in them, pointing at its first occurrence)."""
+    B = positions.shape[0]
+    need = torch.zeros(B, L, dtype=torch.bool, device=positions.device)
+    need.scatter_(1, positions, True).scatter_(1, src, True)
+    counts = need.sum(1)                                                    # (B,)
+    width = int(counts.max())
+    cols = torch.arange(L, device=positions.device)
+    order = ((~need).long() * L + cols).argsort(dim=1)[:, :width]          # (B, P') selected first, in order
+    valid = torch.arange(width, device=positions.device)[None, :] < counts[:, None]
+    at = torch.searchsorted(order.masked_fill(~valid, L).contiguous(), src.contiguous())  # (B, Q)
+    return torch.where(valid, order, order[:, :1]), at
+
+
 class DiffusionTransformer(nn.Module):
     """A masked-diffusion LM: `forward(x, logits_at, ...)` -> logits (B, Q, V).
 
@@ -163,7 +179,9 @@ class DiffusionTransformer(nn.Module):
                       Row q of the result predicts token x[:, logits_at[:, q]] for both families
                       (Dream's shift is applied here).
         positions:    (B, P) columns to recompute; None = all. With a subset, `cache` must hold
-                      the K/V of every other column; the columns Dream's shift needs are added.
+                      the K/V of every other column; the columns whose hidden state gives the
+                      requested logits (Dream: the left neighbours) are added, each column is
+                      recomputed once however often it is named.
         position_ids: (B, L) rotary position of every column (left padding recounts from the
                       first real token); None = 0..L-1.
         key_valid:    (B, L) bool, False for padding keys; None = all valid.
@@ -185,13 +203,12 @@ class DiffusionTransformer(nn.Module):
         if logits_at is None:
             logits_at = torch.arange(L, device=x.device).expand(B, L)
         src = self._hidden_source(logits_at)
-        if not full:
-            positions = torch.cat([positions, src], dim=1)  # (B, P + Q); duplicates are harmless
-        hidden = self._run(x.gather(1, positions), positions, position_ids, key_valid, cache, rows)
         if full:
-            hidden = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))
-        else:
-            hidden = hidden[:, -src.shape[1]:]
+            at = src
+        else:  # recompute the plan and the logit sources once each
+            positions, at = _union(positions, src, L)
+        hidden = self._run(x.gather(1, positions), positions, position_ids, key_valid, cache, rows)
+        hidden = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
         return self._logits(hidden)
 
     def _forward_full(self, x, logits_at, position_ids, key_valid):

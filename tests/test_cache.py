@@ -1,0 +1,491 @@
+"""Cache policies (DESIGN §2.2, spec models-and-caches §7): what each step recomputes, what the K/V
+buffers hold after it, exactness where exactness is owed, and Fast-dLLM's published loops."""
+import warnings
+
+import pytest
+import torch
+
+import dllm
+from dllm import samplers
+from dllm.cache import (CachePolicy, KVCache, available_policies, get_policy, window_columns)
+from dllm.cli import main
+from dllm.state import Decision
+from tests.reference.cache_ref import fastdllm_generate_ref
+
+PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [64, 3, 12], [250, 11, 11, 19, 100]]   # ragged: left padding 0, 4, 2
+STORING = [p for p in available_policies() if p != "none"]
+
+
+@pytest.fixture(params=["llada", "dream"])
+def family_model(request):
+    return request.getfixturevalue(request.param)
+
+
+# -- samplers used beside the registered ones ---------------------------------------------------
+class FillAllAtStep2(dllm.samplers.Sampler):
+    """Commits the most confident block position; at global step 2 row 0 fills every remaining mask
+    (so it finishes early and drops out of later forwards)."""
+    name = "test-fill-all"
+
+    def score_mask(self, state, rows):
+        if state.global_step == 2:
+            return state.is_mask[rows] & state.in_generation()[None, :]
+        return state.masked_in_block(rows)
+
+    def step(self, state, rows, positions, valid, scores):
+        in_block = (positions >= state.block_start[rows, None]) & (positions < state.block_end[rows, None])
+        conf = scores.prob.double().masked_fill(~(valid & in_block), float("-inf"))
+        commit = torch.zeros_like(valid)
+        commit[torch.arange(len(rows)), conf.argmax(1)] = True
+        fill = (rows == 0) & (state.global_step == 2)
+        return Decision(commit=commit & valid & in_block, fill_all=fill)
+
+
+class MovingEnd(dllm.samplers.Sampler):
+    """At the first step of every block it doubles the block (a new `block_end`), then commits the
+    two most confident masked positions of the (possibly wider) block."""
+    name = "test-moving-end"
+
+    def step(self, state, rows, positions, valid, scores):
+        first = state.step_in_block[rows] == 0
+        end = torch.where(first, state.block_start[rows] + 2 * state.block_length, state.block_end[rows])
+        conf = scores.prob.double().masked_fill(~valid, float("-inf"))
+        commit = samplers.top_k_mask(conf, torch.full_like(rows, 2)) & valid
+        return Decision(commit=commit, block_end=end)
+
+
+def _sampler_cases():
+    """Every registered sampler by name, plus the two above (instances are built per use)."""
+    return [(name, None) for name in samplers.available()] + [("test-fill-all", FillAllAtStep2),
+                                                              ("test-moving-end", MovingEnd)]
+
+
+# Samplers that need an argument to run on a random model: Learn2PD without a trained filter
+# (its schedule plus end-of-text truncation).
+SAMPLER_ARGS = {"learn2pd": {"filter": "none"}}
+
+
+def _kwargs(name, cls, seed=3, gen=8, block=4):
+    uses_blocks = cls.uses_blocks if cls is not None else samplers.sampler_class(name).uses_blocks
+    return dict(gen_length=gen, block_length=block if uses_blocks else None, steps=gen, seed=seed,
+                sampler=cls() if cls is not None else name, sampler_kwargs=SAMPLER_ARGS.get(name, {}))
+
+
+def _generate(model, tok, rows, cache="none", **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return dllm.generate(model, tok, rows, cache=cache, **kw)
+
+
+_NONE_RUNS: dict = {}
+
+
+def _each_sampler(model, tok):
+    """(name, class or None, the `none` output on PROMPTS) for every registered sampler (with
+    SAMPLER_ARGS); the `none` runs are shared between tests."""
+    for name, cls in _sampler_cases():
+        key = (id(model), name)
+        if key not in _NONE_RUNS:
+            _NONE_RUNS[key] = _generate(model, tok, PROMPTS, **_kwargs(name, cls))
+        yield name, cls, _NONE_RUNS[key]
+
+
+# -- registry and errors ------------------------------------------------------------------------
+def test_registry_lists_the_policies():
+    assert set(available_policies()) >= {"none", "prefix", "dual", "dkv-decode", "dkv-greedy"}
+    assert not get_policy("none").needs_storage
+    assert all(get_policy(p).needs_storage for p in STORING)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: get_policy("dual2"),
+     r"unknown cache policy 'dual2'; valid options: dkv-decode, dkv-greedy, dual, none, prefix"),
+    (lambda: get_policy(None), r"unknown cache policy None; valid options:"),
+    (lambda: get_policy("dual", refesh=2), r"cache policy 'dual' has no argument\(s\) 'refesh'; its arguments: refresh=None"),
+    (lambda: get_policy("none", refresh=1), r"cache policy 'none' has no argument\(s\) 'refresh'; its arguments: \(none\)"),
+    (lambda: get_policy("dual", refresh=0), r"cache policy 'dual': refresh must be an integer >= 1 or None, got 0"),
+    (lambda: get_policy("prefix", refresh=1.5), r"refresh must be an integer >= 1 or None, got 1.5"),
+    (lambda: get_policy("dkv-decode", refresh=True), r"'dkv-decode': refresh must be an integer >= 1 or None, got True"),
+    (lambda: get_policy("dkv-decode", warmup=-1), r"'dkv-decode': warmup must be an integer >= 0 or None, got -1"),
+    (lambda: get_policy("dkv-greedy", window=-2), r"'dkv-greedy': window must be an integer >= 0, got -2"),
+    (lambda: get_policy("dkv-greedy", refresh=None), r"'dkv-greedy': refresh must be an integer >= 1, got None"),
+    (lambda: get_policy(get_policy("dual"), refresh=2), r"only used with a policy given by name"),
+])
+def test_bad_names_and_arguments_are_value_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_generate_rejects_bad_caches_before_any_forward(llada):
+    model, tok = llada
+    calls = []
+    hook = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"unknown cache policy 'duel'; valid options:"):
+            dllm.generate(model, tok, PROMPTS, gen_length=8, cache="duel")
+        with pytest.raises(ValueError, match=r"'dkv-decode' has no argument\(s\) 'every'"):
+            dllm.generate(model, tok, PROMPTS, gen_length=8, cache="dkv-decode", cache_kwargs={"every": 2})
+        with pytest.raises(ValueError, match=r"cfg_scale 1.5 > 0 is not supported with cache policy 'dual'.*"
+                                             r"use cache='none' or cfg_scale=0"):
+            dllm.generate(model, tok, PROMPTS, gen_length=8, cfg_scale=1.5, cache="dual")
+    finally:
+        hook.remove()
+    assert not calls
+    # guidance without storage still runs
+    assert dllm.generate(model, tok, PROMPTS[:1], gen_length=4, steps=4, cfg_scale=1.5, cache="none").forwards == 4
+
+
+def test_output_names_the_policy_with_resolved_defaults(llada, dream):
+    for model, refresh, warmup in ((llada[0], 8, 2), (dream[0], 4, 1)):
+        out = dllm.generate(model, None, PROMPTS, gen_length=8, block_length=4, steps=8, sampler="low_confidence",
+                            cache="dkv-decode")
+        assert out.cache == "dkv-decode" and out.cache_args == {"refresh": refresh, "warmup": warmup}
+    out = dllm.generate(llada[0], None, PROMPTS, gen_length=8, cache="dkv-decode", cache_kwargs={"refresh": 3})
+    assert out.cache_args == {"refresh": 3, "warmup": 2}
+    assert dllm.generate(llada[0], None, PROMPTS, gen_length=4).cache == "none"
+
+
+# -- exactness ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy", STORING)
+def test_refresh_every_step_equals_no_cache(family_model, policy):
+    """Forced to refresh every step (refresh=1), a policy recomputes and re-stores every column at
+    every step: the tokens equal `none` for every sampler, on a ragged batch."""
+    model, tok = family_model
+    ran = 0
+    for name, cls, base in _each_sampler(model, tok):
+        out = _generate(model, tok, PROMPTS, cache=policy, cache_kwargs={"refresh": 1}, **_kwargs(name, cls))
+        assert torch.equal(out.sequences, base.sequences), (policy, name)
+        assert out.nfe == base.nfe, (policy, name)
+        ran += 1
+    assert ran >= 6
+
+
+@pytest.fixture(scope="module")
+def one_layer(llada, dream):
+    """The fixture models' configurations with a single layer, random weights."""
+    out = {}
+    for fam, (model, tok) in (("llada", llada), ("dream", dream)):
+        out[fam] = (dllm.build_model(model.config.replace(n_layers=1), seed=1, init_std=0.3), tok)
+    return out
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("policy", STORING)
+def test_one_layer_models_are_exact_under_every_policy(one_layer, family, policy):
+    """With one layer a column's K/V depend only on its own token and position, so serving stale
+    K/V is exact as long as every column whose token changed since it was stored is recomputed
+    (the one-step delay included). Every policy with its default schedule must then give the
+    tokens of `none`, for every sampler (fill-all, moved block ends, early-finished rows included)."""
+    model, tok = one_layer[family]
+    for name, cls, base in _each_sampler(model, tok):
+        out = _generate(model, tok, PROMPTS, cache=policy, **_kwargs(name, cls))
+        assert torch.equal(out.sequences, base.sequences), (policy, name)
+
+
+@pytest.mark.parametrize("policy", STORING)
+def test_rows_decode_alike_alone_and_in_a_batch(family_model, policy):
+    """Rows of one batch sit in different blocks and steps (ragged plans, some rows refreshing while
+    others do not); a row's cache and tokens must not depend on its neighbours. Deterministic
+    samplers only (Dream's `origin` and LLaDA's `random` share one random stream over the batch, as
+    their references do)."""
+    model, tok = family_model
+    cases = [("low_confidence", None, {}), ("test-moving-end", MovingEnd, {})]
+    if "threshold" in samplers.available():
+        cases += [("threshold", None, {"tau": 0.15}), ("threshold", None, {"tau": 0.2})]
+    for name, cls, args in cases:
+        kw = dict(_kwargs(name, cls, gen=16, block=8), sampler_kwargs=args)
+        batch = _generate(model, tok, PROMPTS, cache=policy, **kw)
+        for r, p in enumerate(PROMPTS):
+            kw["sampler"] = cls() if cls is not None else name
+            alone = _generate(model, tok, [p], cache=policy, **kw)
+            assert torch.equal(alone.generated[0], batch.generated[r]), (policy, name, r)
+
+
+# -- Fast-dLLM's published loops ------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+@pytest.mark.parametrize("rule", ["threshold-0.15", "threshold-0.2", "threshold-0.9", "counts-16", "counts-4"])
+def test_prefix_and_dual_equal_the_fastdllm_loops(family_model, mode, rule):
+    """`prefix`/`dual` + `threshold` (or LLaDA's fixed counts) on a ragged batch equal, row by row,
+    the batch-1 transcription of Fast-dLLM's generate_with_prefix_cache / generate_with_dual_cache."""
+    model, tok = family_model
+    kind, value = rule.split("-")
+    if kind == "threshold":
+        if "threshold" not in samplers.available():
+            pytest.skip("the threshold sampler is not registered")
+        kw = dict(sampler="threshold", sampler_kwargs={"tau": float(value)})
+        ref_kw = dict(threshold=float(value))
+    else:
+        kw = dict(sampler="low_confidence", steps=int(value))
+        ref_kw = dict(threshold=None, steps=int(value))
+    gen, block = 16, 8
+    out = dllm.generate(model, None, PROMPTS, gen_length=gen, block_length=block, cache=mode, score_dtype="float64",
+                        **kw)
+    free = dllm.generate(model, None, PROMPTS, gen_length=gen, block_length=block, score_dtype="float64", **kw)
+    differs = 0
+    for r, p in enumerate(PROMPTS):
+        want, nfe = fastdllm_generate_ref(model, p, gen_length=gen, block_length=block, mode=mode, **ref_kw)
+        assert torch.equal(out.generated[r], want[0, len(p):]), (r, out.generated[r].tolist(),
+                                                                  want[0, len(p):].tolist())
+        assert out.nfe[r] == nfe
+        differs += int((free.generated[r] != want[0, len(p):]).sum())
+    if rule in ("threshold-0.2", "counts-16"):
+        assert differs > 0  # the cache is approximate here: the check is not vacuous
+
+
+# -- plans --------------------------------------------------------------------------------------
+def recording(policy: CachePolicy) -> list[dict]:
+    """Wrap `policy.plan` to log, per step, what it saw and what it returned."""
+    log, inner = [], policy.plan
+
+    def plan(state, rows, scored=None):
+        entry = dict(step=state.global_step, rows=rows.clone(), x=state.x.clone(), scored=scored.clone(),
+                     step_in_block=state.step_in_block[rows].clone(), block_start=state.block_start[rows].clone(),
+                     block_end=state.block_end[rows].clone(), position_ids=state.position_ids.clone(),
+                     key_valid=state.key_valid.clone(), gen_start=state.gen_start)
+        out = inner(state, rows, scored)
+        entry["plan"] = out if out is None else out.clone()
+        log.append(entry)
+        return out
+
+    policy.plan = plan
+    return log
+
+
+def plan_sets(entry) -> list[set[int]]:
+    L = entry["x"].shape[1]
+    if entry["plan"] is None:
+        return [set(range(L)) for _ in entry["rows"]]
+    return [set(row.tolist()) for row in entry["plan"]]
+
+
+@pytest.mark.parametrize("sampler", ["low_confidence", "threshold"])
+def test_dkv_decode_recomputes_masks_and_the_last_commits(family_model, sampler):
+    """The one-step delay rule, step by step: a partial step recomputes exactly the still-masked
+    columns of the generation region and the columns committed at the previous step (on Dream also
+    the left neighbour of every masked column); full refreshes at steps i < warmup and i % refresh
+    == 0 of each row's block."""
+    if sampler not in samplers.available():
+        pytest.skip(f"sampler {sampler!r} is not registered")
+    model, _ = family_model
+    shift = model.config.logit_shift
+    policy = get_policy("dkv-decode", refresh=5)
+    log = recording(policy)
+    kw = dict(steps=16) if sampler == "low_confidence" else dict(sampler_kwargs={"tau": 0.3})
+    out = dllm.generate(model, None, PROMPTS, gen_length=16, block_length=8, sampler=sampler, cache=policy,
+                        trace=True, **kw)
+    warmup = policy.warmup
+    assert (policy.refresh, warmup) == (5, 2 if not shift else 1)
+    partial = 0
+    for e in log:
+        t, g0 = e["step"], e["gen_start"]
+        got = plan_sets(e)
+        for k, r in enumerate(e["rows"].tolist()):
+            i = int(e["step_in_block"][k])
+            if i < warmup or i % 5 == 0:
+                assert got[k] == set(range(e["x"].shape[1])), (t, r)
+                continue
+            partial += 1
+            trace = out.trace[r]
+            # still masked at step t (committed at t or later) or committed at t - 1
+            want = {g0 + j for j in range(16) if trace[j] >= t - 1}
+            if shift:
+                want |= {g0 + j - 1 for j in range(16) if trace[j] >= t}
+            assert got[k] == want, (t, r, sorted(got[k]), sorted(want))
+    assert partial >= 10
+    assert int(policy.partial_steps.sum()) == partial
+
+
+def test_prefix_and_dual_recompute_the_block_and_follow_moved_ends(family_model):
+    """Full refresh at each row's block start, then `dual` recomputes [start, end) (read at each
+    step, so a moved end is followed) and `prefix` [start, L); on Dream one column further left.
+    Rows sit in different blocks; finished rows drop out."""
+    model, _ = family_model
+    shift = int(model.config.logit_shift)
+    for name in ("dual", "prefix"):
+        for sampler in (MovingEnd(), FillAllAtStep2()):
+            policy = get_policy(name)
+            log = recording(policy)
+            out = dllm.generate(model, None, PROMPTS, gen_length=16, block_length=4, sampler=sampler, cache=policy)
+            L = out.sequences.shape[1]
+            seen_rows = set()
+            for e in log:
+                for k, r in enumerate(e["rows"].tolist()):
+                    seen_rows.add(r)
+                    got = plan_sets(e)[k]
+                    s, end = int(e["block_start"][k]), int(e["block_end"][k])
+                    if int(e["step_in_block"][k]) == 0:
+                        assert got == set(range(L))
+                    elif name == "dual":
+                        assert got == set(range(s - shift, end)), (e["step"], r)
+                    else:
+                        assert got == set(range(s - shift, L)), (e["step"], r)
+            if isinstance(sampler, MovingEnd):
+                assert any(int(e["block_end"][k] - e["block_start"][k]) == 8 and int(e["step_in_block"][k]) > 0
+                           for e in log for k in range(len(e["rows"])))
+            else:
+                assert out.nfe[0] == 3 and out.nfe[1] > 3 and len(log[-1]["rows"]) < 3
+
+
+def test_window_columns_nearest_masks_left_first():
+    L = 12
+    masked = torch.zeros(1, L, dtype=torch.bool)
+    masked[0, [2, 3, 4, 6, 7, 8, 9, 10, 11]] = True
+    due = torch.zeros(1, L, dtype=torch.bool)
+    due[0, [4, 9]] = True
+    chosen = due.clone()
+    chosen[0, 5] = True                                     # committed at the last step
+    got = window_columns(chosen, due, masked, 3)
+    # around 4: 3 (left, 1), then 2 (left, 2) before 6 (right, 2); around 9: 8, 10, then 7.
+    assert got[0].nonzero().flatten().tolist() == [2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert torch.equal(window_columns(chosen, due, masked, 0), chosen)
+    # fewer free masks than the window: all of them
+    assert window_columns(chosen, due, masked, 50)[0].nonzero().flatten().tolist() == list(range(2, 12))
+
+
+def test_dkv_greedy_recomputes_scored_last_commits_and_a_window(family_model):
+    model, _ = family_model
+    policy = get_policy("dkv-greedy", refresh=3, window=2)
+    log = recording(policy)
+    dllm.generate(model, None, PROMPTS, gen_length=16, block_length=8, steps=16, sampler="low_confidence",
+                  cache=policy)
+    prev = {}
+    partial = windowed = 0
+    for e in log:
+        got = plan_sets(e)
+        for k, r in enumerate(e["rows"].tolist()):
+            x = e["x"][r]
+            if int(e["step_in_block"][k]) % 3 == 0:
+                assert got[k] == set(range(x.shape[0]))
+            else:
+                partial += 1
+                changed = (x != prev[r]).unsqueeze(0)
+                masked = (x == model.config.mask_token_id).unsqueeze(0)
+                masked[:, :e["gen_start"]] = False
+                scored = e["scored"][k:k + 1]
+                want = window_columns(scored | changed, scored, masked, 2)[0].nonzero().flatten().tolist()
+                assert got[k] == set(want)
+                assert changed.sum() == 1
+                windowed += len(want) > int((scored | changed).sum())
+            prev[r] = x
+    assert partial >= 10 and windowed >= 5
+
+
+# -- cache contents -------------------------------------------------------------------------------
+def _fresh_kv(model, x, position_ids, key_valid):
+    kv = KVCache.for_model(model, x.shape[0], x.shape[1])
+    model(x, None, position_ids=position_ids, key_valid=key_valid, cache=kv)
+    return kv
+
+
+@pytest.mark.parametrize("sampler", ["test-fill-all", "threshold"])
+@pytest.mark.parametrize("policy_name", STORING)
+def test_cache_contents_after_every_step(family_model, policy_name, sampler):
+    """After each step: a full refresh leaves every layer equal to a fresh full forward of the canvas
+    that step saw; a partial step rewrites exactly the recomputed columns (plan, scored columns and,
+    on Dream, their left neighbours) and leaves every other column, and every finished row, as it
+    was; layer 0 of a rewritten column holds the K/V of its token at that step (layer 0 depends on
+    nothing else)."""
+    model, _ = family_model
+    shift = model.config.logit_shift
+    policy = get_policy(policy_name)
+    log = recording(policy)
+    snaps = []
+    if sampler == "threshold" and sampler not in samplers.available():
+        pytest.skip("the threshold sampler is not registered")
+    kw = dict(sampler="threshold", sampler_kwargs={"tau": 0.2}) if sampler == "threshold" else \
+        dict(sampler=FillAllAtStep2())
+    def on_step(state):
+        snaps.append(([k.clone() for k in policy.kv.k], [v.clone() for v in policy.kv.v]))
+
+    dllm.generate(model, None, PROMPTS, gen_length=16, block_length=8, cache=policy, on_step=on_step, **kw)
+    assert len(snaps) == len(log) >= 6
+    full_steps = partial_steps = 0
+    for t, e in enumerate(log):
+        fresh = _fresh_kv(model, e["x"], e["position_ids"], e["key_valid"])
+        k_now, v_now = snaps[t]
+        rows = e["rows"].tolist()
+        for k_idx, r in enumerate(rows):
+            cols = sorted(plan_sets(e)[k_idx] | set(e["scored"][k_idx].nonzero().flatten().tolist()))
+            if shift:
+                cols = sorted(set(cols) | {c - 1 for c in e["scored"][k_idx].nonzero().flatten().tolist() if c > 0})
+            if len(cols) == e["x"].shape[1]:
+                full_steps += 1
+                for layer in range(len(k_now)):
+                    torch.testing.assert_close(k_now[layer][r], fresh.k[layer][r], atol=1e-5, rtol=1e-5)
+                    torch.testing.assert_close(v_now[layer][r], fresh.v[layer][r], atol=1e-5, rtol=1e-5)
+                continue
+            partial_steps += 1
+            other = sorted(set(range(e["x"].shape[1])) - set(cols))
+            k_before, v_before = snaps[t - 1]
+            for layer in range(len(k_now)):
+                assert torch.equal(k_now[layer][r][:, other], k_before[layer][r][:, other]), (t, r, layer)
+                assert torch.equal(v_now[layer][r][:, other], v_before[layer][r][:, other]), (t, r, layer)
+            torch.testing.assert_close(k_now[0][r][:, cols], fresh.k[0][r][:, cols], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(v_now[0][r][:, cols], fresh.v[0][r][:, cols], atol=1e-5, rtol=1e-5)
+        for r in set(range(len(PROMPTS))) - set(rows):          # finished rows are frozen
+            for layer in range(len(k_now)):
+                assert torch.equal(k_now[layer][r], snaps[t - 1][0][layer][r])
+    assert full_steps >= 3 and partial_steps >= 3
+
+
+def test_dkv_decode_stores_a_commit_one_step_late(llada):
+    """A token committed at step t is stored with the mask's K/V until step t+1 recomputes it with its
+    real id; from then on its K/V stay as step t+1 wrote them (until a refresh)."""
+    model, _ = llada
+    policy = get_policy("dkv-decode", refresh=100, warmup=1)    # one full forward, then partial steps only
+    log = recording(policy)
+    snaps = []
+    out = dllm.generate(model, None, PROMPTS, gen_length=8, block_length=8, steps=8, sampler="low_confidence",
+                        cache=policy, trace=True, on_step=lambda s: snaps.append([k.clone() for k in policy.kv.k]))
+    assert out.forwards == 8
+    g0 = log[0]["gen_start"]
+    checked = 0
+    for t in range(1, 7):
+        fresh_t = _fresh_kv(model, log[t]["x"], log[t]["position_ids"], log[t]["key_valid"])
+        fresh_prev = _fresh_kv(model, log[t - 1]["x"], log[t]["position_ids"], log[t]["key_valid"])
+        for r in range(len(PROMPTS)):
+            for j in (out.trace[r] == t - 1).nonzero().flatten().tolist():
+                c = g0 + j
+                # after step t-1 (its commit step): still the mask's K/V
+                torch.testing.assert_close(snaps[t - 1][0][r][:, c], fresh_prev.k[0][r][:, c], atol=1e-5, rtol=1e-5)
+                assert not torch.allclose(snaps[t - 1][0][r][:, c], fresh_t.k[0][r][:, c], atol=1e-3)
+                # after step t: the token's own K/V, kept unchanged afterwards
+                torch.testing.assert_close(snaps[t][0][r][:, c], fresh_t.k[0][r][:, c], atol=1e-5, rtol=1e-5)
+                for later in range(t + 1, 8):
+                    for layer in range(len(snaps[t])):
+                        assert torch.equal(snaps[later][layer][r][:, c], snaps[t][layer][r][:, c])
+                checked += 1
+    assert checked >= 12
+
+
+def test_a_policy_instance_serves_many_requests(llada):
+    """setup() is idempotent: one instance, reused across batch sizes and lengths, decodes as fresh
+    instances do, and its buffers follow the request's shape."""
+    model, _ = llada
+    shared = get_policy("dkv-decode", refresh=3)
+    for rows, gen in ((PROMPTS, 8), (PROMPTS[:1], 12), (PROMPTS, 8)):
+        kw = dict(gen_length=gen, block_length=4, steps=gen, sampler="low_confidence")
+        a = dllm.generate(model, None, rows, cache=shared, **kw)
+        b = dllm.generate(model, None, rows, cache=get_policy("dkv-decode", refresh=3), **kw)
+        assert torch.equal(a.sequences, b.sequences)
+        assert shared.kv.shape[0] == len(rows) and shared.kv.shape[2] == a.sequences.shape[1]
+
+
+# -- command line ---------------------------------------------------------------------------------
+def test_cli_cache_flags(llada_dir, capsys):
+    args = ["generate", "--model", str(llada_dir), "hello", "a longer prompt", "--gen-length", "8",
+            "--block-length", "4", "--steps", "8", "--dtype", "float32"]
+    assert main(args + ["--cache", "dkv-decode", "--cache-arg", "refresh=2"]) == 0
+    out, err = capsys.readouterr()
+    model, tok = dllm.load(llada_dir, dtype="float32")
+    want = dllm.generate(model, tok, ["hello", "a longer prompt"], gen_length=8, block_length=4, steps=8,
+                         cache="dkv-decode", cache_kwargs={"refresh": 2})
+    assert out == "".join(t + "\n" for t in want.texts) and "cache dkv-decode" in err
+
+    assert main(args + ["--cache", "dual2"]) == 2
+    assert "unknown cache policy 'dual2'; valid options: dkv-decode, dkv-greedy, dual, none, prefix" in \
+        capsys.readouterr()[1]
+    assert main(args + ["--cache", "dual", "--cache-arg", "refresh=0"]) == 2
+    assert "cache policy 'dual': refresh must be an integer >= 1 or None, got 0" in capsys.readouterr()[1]
+    assert main(args + ["--cache", "dual", "--cfg-scale", "1"]) == 2
+    assert "--cfg-scale 1.0 > 0 is not supported with --cache dual" in capsys.readouterr()[1]
