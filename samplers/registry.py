@@ -13,6 +13,13 @@ _SAMPLERS: dict[str, str] = {
     "maskgit_plus": "dllm.samplers.dream:MaskGitPlus",
     "topk_margin": "dllm.samplers.dream:TopKMargin",
     "entropy": "dllm.samplers.dream:Entropy",
+    "threshold": "dllm.samplers.threshold:Threshold",
+    "factor": "dllm.samplers.factor:Factor",
+    "adablock": "dllm.samplers.adablock:AdaBlock",
+    "localleap": "dllm.samplers.localleap:LocalLeap",
+    "prophet": "dllm.samplers.prophet:Prophet",
+    "eb": "dllm.samplers.eb:EntropyBound",
+    "learn2pd": "dllm.samplers.learn2pd:Learn2PD",
 }
 
 

@@ -1,0 +1,169 @@
+"""Prophet: early commit (arXiv:2508.19982, "Diffusion Language Models Know the Answer Before
+Decoding", ICLR 2026; the authors' Prophet `generate_earlyexit.py` / `eval_llada.py`).
+
+A stopping rule layered on any sampler (`base`). Each step, before the base sampler's ordinary
+commit:
+1. g = the mean, over the answer region A, of the raw top-1 minus top-2 logit gap (A may lie
+   outside the active block; committed positions of A count too, as the reference reads the
+   logits of the whole canvas);
+2. progress p = global step / requested steps (`steps` of the request, default gen_length);
+3. tau(p) = thresholds[0] if p < switches[0], thresholds[1] if p < switches[1], else thresholds[2];
+4. if g >= tau(p): every remaining mask of the row (future blocks included) is filled with this
+   step's candidate tokens, and the row is done;
+5. otherwise the base sampler's decision is used unchanged.
+
+Composition: `base` is a registered sampler name with `base_kwargs`, or a Sampler instance; the
+wrapper takes over its block use, schedule and logits needs. Prophet scores every masked position
+of the generation region (and the answer region) each step, since a fill-all needs them all; the
+base sampler sees only the positions it asked for, so with a base that never triggers the fill the
+tokens equal the base's at temperature 0.
+
+Answer region. The reference monitors `answer_length` = 5 positions from an `answer_start_pos`
+estimated per task (its GSM8K harness forces "The answer is" at generated positions 200-202 of a
+256-token answer and monitors the tokens after it; multiple-choice tasks monitor the choice
+token). A generic start is not published, so here `answer_start` (an offset into the generation
+region; negative counts from its end) defaults to 0 and `answer_length` (None = to the end of the
+region) to None: the gap is averaged over the whole generation region, which stops once the whole
+canvas is confidently predicted. Set e.g. `answer_start=0, answer_length=1` for a
+multiple-choice answer, or `answer_start=203, answer_length=5` for the GSM8K layout.
+
+Published defaults: thresholds (7.5, 5.0, 2.5) switching at 33% / 67% progress (per task, paper
+Table 6: GSM8K/GPQA (8.0, 5.0, 3.5); HumanEval/MBPP (7.5, 5.0, 4.5)); base = LLaDA's
+`low_confidence` with steps = gen_length (the paper also composes it with Fast-dLLM:
+`base="threshold"`); gen_length 256, block_length 32.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .base import Sampler, check_number
+from .registry import get
+from dllm.kernels.scoring import TokenScores
+from dllm.state import Decision, select_positions
+
+
+def _numbers(name: str, value, count: int) -> list[float]:
+    if isinstance(value, (list, tuple)) and len(value) == count:
+        return [float(check_number(f"{name}[{i}]", v, sampler="prophet")) for i, v in enumerate(value)]
+    raise ValueError(f"sampler 'prophet': {name} must be a list of {count} numbers, got {value!r}")
+
+
+def gather_scores(scores: TokenScores, index: torch.Tensor) -> TokenScores:
+    """The entries `index` (B, Q') of every statistic of `scores` (B, Q[, V])."""
+    out = {}
+    for f in dataclasses.fields(scores):
+        t = getattr(scores, f.name)
+        if t is None:
+            out[f.name] = None
+        elif t.dim() == 3:
+            out[f.name] = t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))
+        else:
+            out[f.name] = t.gather(1, index)
+    return TokenScores(**out)
+
+
+class Prophet(Sampler):
+    """Prophet: fill every remaining mask once the answer region's mean top-2 logit gap clears a staged threshold."""
+
+    name = "prophet"
+
+    def __init__(self, *, base: str | Sampler = "low_confidence", base_kwargs: dict[str, Any] | None = None,
+                 thresholds=(7.5, 5.0, 2.5), switches=(0.33, 0.67), answer_start: int = 0,
+                 answer_length: int | None = None):
+        n = self.name
+        if base_kwargs is not None and not isinstance(base_kwargs, dict):
+            raise ValueError(f"sampler {n!r}: base_kwargs must be a dict, got {base_kwargs!r}")
+        if isinstance(base, Sampler):
+            if base_kwargs:
+                raise ValueError(f"sampler {n!r}: base_kwargs are only used with a base sampler given by name")
+            self.base = base
+        elif isinstance(base, str):
+            if base == n:
+                raise ValueError(f"sampler {n!r}: the base sampler cannot be prophet itself")
+            self.base = get(base, **(base_kwargs or {}))
+        else:
+            raise ValueError(f"sampler {n!r}: base must be a registered sampler name or a Sampler instance, "
+                             f"got {base!r}")
+        self.thresholds = _numbers("thresholds", thresholds, 3)
+        self.switches = _numbers("switches", switches, 2)
+        if not 0 <= self.switches[0] <= self.switches[1] <= 1:
+            raise ValueError(f"sampler {n!r}: switches must satisfy 0 <= first <= second <= 1, got {switches!r}")
+        check_number("answer_start", answer_start, integer=True, sampler=n)
+        check_number("answer_length", answer_length, low=1, integer=True, allow_none=True, sampler=n)
+        self.answer_start, self.answer_length = answer_start, answer_length
+        # The wrapper decodes as its base does.
+        b = self.base
+        self.uses_blocks, self.fixed_schedule = b.uses_blocks, b.fixed_schedule
+        self.needs_logits, self.gumbel_candidates = b.needs_logits, b.gumbel_candidates
+        self.score_fields = frozenset(b.score_fields) | {"logit_gap"}
+        self._args = dict(base=b.name, base_kwargs=b.arguments(), thresholds=list(self.thresholds),
+                          switches=list(self.switches), answer_start=answer_start, answer_length=answer_length)
+
+    # -- answer region ---------------------------------------------------------------------------
+    def answer_columns(self, state) -> tuple[int, int]:
+        """[first, end) canvas columns of the answer region."""
+        G = state.gen_length
+        start = self.answer_start + (G if self.answer_start < 0 else 0)
+        if not 0 <= start < G:
+            raise ValueError(f"sampler {self.name!r}: answer_start {self.answer_start} lies outside the generation "
+                             f"region of {G} tokens (allowed: {-G} .. {G - 1})")
+        end = G if self.answer_length is None else min(start + self.answer_length, G)
+        return state.gen_start + start, state.gen_start + end
+
+    def threshold_at(self, state) -> float:
+        p = state.global_step / max(state.steps, 1)
+        hi, mid, lo = self.thresholds
+        return hi if p < self.switches[0] else mid if p < self.switches[1] else lo
+
+    # -- delegation ------------------------------------------------------------------------------
+    def setup(self, state):
+        self.answer_columns(state)  # validate against this request
+        self.base.setup(state)
+
+    def begin_block(self, state, rows):
+        self.base.begin_block(state, rows)
+
+    def process_logits(self, state, rows, logits):
+        return self.base.process_logits(state, rows, logits)
+
+    def score_mask(self, state, rows):
+        a0, a1 = self.answer_columns(state)
+        cols = state.columns()
+        region = (cols >= a0) & (cols < a1)
+        every_mask = state.is_mask[rows] & state.in_generation()[None, :]
+        return self.base.score_mask(state, rows) | every_mask | region[None, :]
+
+    def step(self, state, rows, positions, valid, scores):
+        a0, a1 = self.answer_columns(state)
+        in_answer = valid & (positions >= a0) & (positions < a1)                         # (B', Q)
+        gap = scores.logit_gap.double().masked_fill(~in_answer, 0).sum(1) / in_answer.sum(1).clamp(min=1)
+        fill = in_answer.any(1) & (gap >= self.threshold_at(state))                      # (B',)
+
+        # The base decides on the columns it asked for, compacted as the loop would hand them over.
+        B, L = rows.shape[0], state.length
+        scored = torch.zeros(B, L, dtype=torch.bool, device=valid.device)
+        r_idx, q_idx = valid.nonzero(as_tuple=True)
+        scored[r_idx, positions[r_idx, q_idx]] = True
+        base_pos, base_valid = select_positions(self.base.score_mask(state, rows) & scored)   # (B', Q')
+        q_of_col = torch.zeros(B, L, dtype=torch.long, device=valid.device)
+        q_of_col[r_idx, positions[r_idx, q_idx]] = q_idx
+        index = q_of_col.gather(1, base_pos)                                             # (B', Q') -> Q
+        dec = self.base.step(state, rows, base_pos, base_valid, gather_scores(scores, index))
+
+        # Back onto this step's columns.
+        br, bq = base_valid.nonzero(as_tuple=True)
+        commit = torch.zeros_like(valid)
+        commit[br, index[br, bq]] = dec.commit[br, bq]
+        tokens = None
+        if dec.tokens is not None:
+            tokens = scores.token.clone()
+            tokens[br, index[br, bq]] = dec.tokens[br, bq]
+        if dec.fill_all is not None:
+            fill = fill | dec.fill_all
+        commit = torch.where(fill[:, None], valid, commit)
+        if tokens is not None:
+            tokens = torch.where(fill[:, None], scores.token, tokens)
+        return Decision(commit=commit, tokens=tokens, fill_all=fill, block_end=dec.block_end)

@@ -1,0 +1,55 @@
+"""Fast-dLLM confidence threshold (arXiv:2505.22618, Alg. 1; NVlabs Fast-dLLM `llada/generate.py`).
+
+Semi-autoregressive blocks; no per-step count. Each step, among the masked positions of the active
+block, the most confident candidate is committed unconditionally and every other one whose
+confidence c_i (the un-tempered probability of the candidate token) is >= tau; the block is stepped
+until it holds no mask. Ties for the top position go to the lowest position.
+
+The confidence is computed in the request's `score_dtype`; Fast-dLLM's reference uses a float64
+softmax (`score_dtype="float64"`).
+Published defaults: tau 0.9 (paper and scripts; "explored in the range of 0.5 to 1.0"),
+block_length 32 (scripts), temperature 0. tau = 1.0 commits one token per step (unless a
+candidate is certain).
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Sampler, check_number, top_k_mask
+from dllm.kernels.scoring import TokenScores
+from dllm.state import Decision
+
+
+def masked_confidence(scores: TokenScores, valid: torch.Tensor) -> torch.Tensor:
+    """(B, Q) float64 confidence of the scored candidates, -inf on padding entries."""
+    return scores.prob.double().masked_fill(~valid, float("-inf"))
+
+
+def top1(conf: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, Q) bool: the most confident valid entry of each row (lowest index on ties; none in a row
+    without valid entries). Scored positions come in increasing column order, so the lowest index
+    is the lowest position."""
+    return top_k_mask(conf.masked_fill(~valid, float("-inf")), valid.any(1).long()) & valid
+
+
+def threshold_commit(conf: torch.Tensor, valid: torch.Tensor, tau: float) -> torch.Tensor:
+    """Fast-dLLM's rule: commit the top-1 valid entry and every valid entry with conf >= tau.
+    conf (B, Q) float, valid (B, Q) bool -> (B, Q) bool."""
+    return top1(conf, valid) | (valid & (conf >= tau))
+
+
+class Threshold(Sampler):
+    """Fast-dLLM: commit every masked block position with confidence >= tau, and always the top one."""
+
+    name = "threshold"
+    uses_blocks = True
+    score_fields = frozenset({"prob"})
+
+    def __init__(self, *, tau: float = 0.9):
+        check_number("tau", tau, low=0, high=1, sampler=self.name)
+        self.tau = float(tau)
+        self._args = dict(tau=tau)
+
+    def step(self, state, rows, positions, valid, scores):
+        conf = masked_confidence(scores, valid)                                  # (B', Q)
+        return Decision(commit=threshold_commit(conf, valid, self.tau))
