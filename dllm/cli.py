@@ -1,4 +1,4 @@
-"""The `dllm` command: `dllm generate`, `dllm bench`, `dllm train`, `dllm samplers`."""
+"""The `dllm` command: `dllm generate`, `dllm bench`, `dllm train`, `dllm train-filter`, `dllm samplers`."""
 from __future__ import annotations
 
 import argparse
@@ -51,6 +51,7 @@ def cmd_generate(args) -> int:
     from dllm import samplers
 
     sampler_kwargs = parse_kv(args.sampler_arg, "--sampler-arg")
+    cache_kwargs = parse_kv(args.cache_arg, "--cache-arg")
     device = args.device
     if device == "auto":
         import torch
@@ -62,10 +63,15 @@ def cmd_generate(args) -> int:
                                chat=args.chat, score_dtype=args.score_dtype)
         if args.sampler is not None:  # a typo must not cost a model load
             samplers.get(args.sampler, **sampler_kwargs)
+        from dllm.cache import get_policy
+        if get_policy(args.cache, **cache_kwargs).needs_storage and args.cfg_scale > 0:  # before the model load
+            raise ValueError(f"--cfg-scale {args.cfg_scale} > 0 is not supported with --cache {args.cache}; use "
+                             f"--cache none or --cfg-scale 0")
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=device, attention=args.attention)
         prompts = args.prompt
         on_step = _show(tokenizer, sys.stdout) if args.show else None
-        out = dllm.generate(model, tokenizer, prompts, cfg, on_step=on_step)
+        out = dllm.generate(model, tokenizer, prompts, cfg, on_step=on_step, cache=args.cache,
+                            cache_kwargs=cache_kwargs)
     except (ValueError, FileNotFoundError, FloatingPointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -74,7 +80,8 @@ def cmd_generate(args) -> int:
     generated = sum(out.answer_lengths)
     print(f"[{out.forwards} forwards, {out.mean_tokens_per_forward:.2f} tokens/forward, "
           f"{generated / out.seconds if out.seconds else float('inf'):.1f} tokens/s, {out.seconds:.2f} s, "
-          f"sampler {out.sampler}{' (forward cap hit)' if any(out.hit_cap) else ''}]", file=sys.stderr)
+          f"sampler {out.sampler}{'' if out.cache == 'none' else ', cache ' + out.cache}"
+          f"{' (forward cap hit)' if any(out.hit_cap) else ''}]", file=sys.stderr)
     return 0
 
 
@@ -160,6 +167,39 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_train_filter(args) -> int:
+    import dllm
+    from dllm import filter_train
+
+    device = args.device
+    if device == "auto":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        tasks = filter_train.DEFAULT_TASKS
+        if args.tasks:
+            from dllm.eval import generators
+            from dllm.eval.tasks import select_tasks
+            tasks = tuple(select_tasks(args.tasks, generators.generator_tasks()))
+        opts = dict(tasks=tasks, samples_per_task=args.samples_per_task, shard=args.shard,
+                    block_length=args.block_length, epochs=args.epochs, lr=args.lr, seed=args.seed,
+                    batch_size=args.batch_size, accept_thres=args.accept_thres)
+        for name in ("samples_per_task", "block_length", "epochs", "batch_size"):
+            if opts[name] < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {opts[name]}")
+        model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=device)
+        path, meta = filter_train.train_filter_for_model(model, tokenizer, args.out, progress=not args.no_progress,
+                                                         **opts)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    val, counts = meta["validation"] or {}, meta["counts"]
+    print(f"filter written to {path} (+ {path.with_suffix('.json').name}): {counts['records']} records from "
+          f"{counts['prompts']} prompts; validation accuracy {val.get('accuracy', float('nan')):.4f} at sigmoid > "
+          f"{filter_train.VALIDATION_THRESHOLD}")
+    return 0
+
+
 def cmd_samplers(args) -> int:
     from dllm import samplers
 
@@ -201,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="precision of confidences (logits = the model dtype, as LLaDA)")
     g.add_argument("--attention", default="sdpa", help="attention backend: eager | sdpa")
     g.add_argument("--show", action="store_true", help="redraw the canvas in the terminal as tokens are unmasked")
+    g.add_argument("--cache", default="none",
+                   help="KV cache policy: none | prefix | dual | dkv-decode | dkv-greedy (default none)")
+    g.add_argument("--cache-arg", action="append", metavar="KEY=VALUE",
+                   help="cache policy argument, e.g. refresh=4 (repeatable)")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="run ParallelBench tasks and print per-task scores and PB@X")
@@ -250,6 +294,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_arguments(t)
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=cmd_train)
+
+    f = sub.add_parser("train-filter", help="collect Learn2PD labels with a model and train its acceptance filter")
+    f.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    f.add_argument("--out", required=True, help="filter file to write (.safetensors; metadata beside it as .json)")
+    f.add_argument("--tasks", default=None,
+                   help="comma-separated generated task ids, patterns or groups (default: the Waiting Line and "
+                        "Puzzle tasks)")
+    f.add_argument("--samples-per-task", type=int, default=40, help="train-split prompts per task (default 40)")
+    f.add_argument("--shard", type=int, default=1, help="generators' train-split shard (default 1)")
+    f.add_argument("--block-length", type=int, default=32, help="the filter's block size (default 32)")
+    f.add_argument("--epochs", type=int, default=40000, help="full-batch epochs (default 40000)")
+    f.add_argument("--lr", type=float, default=0.003, help="AdamW learning rate (default 0.003)")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--accept-thres", type=float, default=0.96,
+                   help="acceptance threshold recorded as the filter's default (default 0.96)")
+    f.add_argument("--batch-size", type=int, default=16, help="prompts decoded together while collecting labels")
+    f.add_argument("--dtype", default="auto")
+    f.add_argument("--device", default="auto")
+    f.add_argument("--no-progress", action="store_true")
+    f.set_defaults(func=cmd_train_filter)
 
     s = sub.add_parser("samplers", help="list the registered samplers and their arguments")
     s.add_argument("--json", action="store_true")
