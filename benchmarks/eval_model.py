@@ -1,0 +1,48 @@
+"""Accuracy of a model on our generated ParallelBench test split at several tokens per step.
+
+    python benchmarks/eval_model.py --model runs/pb-tiny/model --out runs/pb-tiny/eval.jsonl
+    python benchmarks/eval_model.py --model M --tokens-per-step 1,2,4,8 --sampler low_confidence
+
+Runs `dllm bench --generated` once per tokens-per-step value (one block over the canvas, greedy,
+the sampler's fixed schedule), appending to one results file (so an interrupted run resumes), and
+prints a Markdown table: tasks as rows, one column per setting, the average and tokens/forward.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dllm.eval import report, runner
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True, help="results JSONL (appended; resumes)")
+    p.add_argument("--tasks", default=None, help="default: the 12 Waiting Line and Puzzle tasks")
+    p.add_argument("--tokens-per-step", default="1,2,4,8")
+    p.add_argument("--sampler", default="low_confidence")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--dtype", default="float32")
+    args = p.parse_args(argv)
+    try:
+        ks = [int(k) for k in args.tokens_per_step.split(",")]
+    except ValueError:
+        print(f"error: --tokens-per-step {args.tokens_per_step!r} must be comma-separated integers", file=sys.stderr)
+        return 2
+    runs = []
+    for k in ks:
+        cfg = runner.BenchConfig(model=args.model, tasks=args.tasks, generated=True, limit=args.limit, out=args.out,
+                                 sampler=args.sampler, tokens_per_step=k, batch_size=args.batch_size,
+                                 dtype=args.dtype)
+        rows = runner.run_bench(cfg)
+        runs.append(rows[0]["run_id"])
+    summaries = {s.run_id: s for s in report.summarize(runner.ResultsFile(args.out).rows())}
+    chosen = [summaries[r] for r in runs]
+    print(report.markdown_table(chosen, label=lambda s: f"{s.sampler} k={s.tasks[0].tokens_per_forward:g}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
