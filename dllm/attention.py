@@ -9,11 +9,19 @@ Every backend has the same signature::
         out:       (B, H, P, D)     in q's dtype
 
 H must be a multiple of H_kv (grouped-query attention). Backends are looked up by name through a
-registry of lazy import paths, so an optional backend costs nothing until it is chosen.
+registry of lazy import paths, so an optional backend costs nothing until it is chosen:
+
+    eager   plain fp32 math, the reference
+    sdpa    torch's scaled_dot_product_attention (the default on CPU)
+    triton  the Triton flash-attention kernel of `dllm.kernels.attention` (CUDA tensors, or CPU
+            tensors under TRITON_INTERPRET=1); rows with no valid key give zeros, not NaN
+    auto    `triton` on CUDA tensors it supports when triton is installed, `sdpa` otherwise;
+            `default_backend(device)` names the backend `auto` resolves to
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,31 +50,59 @@ def sdpa_attention(q, k, v, key_valid, scale):
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
+def auto_attention(q, k, v, key_valid, scale):
+    """The Triton kernel for CUDA tensors it supports when triton is installed, sdpa otherwise."""
+    if q.is_cuda:
+        from dllm.kernels import attention as kernel
+        if kernel.supports(q, k):
+            return kernel.bidir_attn(q, k, v, key_valid, scale)
+    return sdpa_attention(q, k, v, key_valid, scale)
+
+
+def default_backend(device: torch.device | str) -> str:
+    """The backend `auto` picks for tensors on `device`: "triton" on CUDA with triton installed,
+    else "sdpa" (the CPU default; the interpreter is far too slow to be a default)."""
+    from dllm.kernels import HAS_TRITON
+    return "triton" if torch.device(device).type == "cuda" and HAS_TRITON else "sdpa"
+
+
 @dataclass(frozen=True)
 class BackendInfo:
     name: str
     path: str          # "module:attribute", imported on first use
     description: str
+    requires: str = ""  # a package the backend needs, checked when it is looked up
 
 
 _BACKENDS: dict[str, BackendInfo] = {
     "eager": BackendInfo("eager", "dllm.attention:eager_attention", "plain fp32 math (the reference)"),
     "sdpa": BackendInfo("sdpa", "dllm.attention:sdpa_attention", "torch scaled_dot_product_attention"),
+    "triton": BackendInfo("triton", "dllm.kernels.attention:bidir_attn",
+                          "Triton flash attention: fp16/bf16/fp32, head dim <= 256, CUDA (or CPU under "
+                          "TRITON_INTERPRET=1)", requires="triton"),
+    "auto": BackendInfo("auto", "dllm.attention:auto_attention", "triton on CUDA when installed, else sdpa"),
 }
 
 
-def register_backend(name: str, path: str, description: str = "") -> None:
-    """Register an attention backend under `name`, resolved lazily from `"module:attribute"`."""
-    _BACKENDS[name] = BackendInfo(name, path, description)
+def register_backend(name: str, path: str, description: str = "", requires: str = "") -> None:
+    """Register an attention backend under `name`, resolved lazily from `"module:attribute"`;
+    `requires` names a package it cannot run without."""
+    _BACKENDS[name] = BackendInfo(name, path, description, requires)
 
 
 def available_backends() -> list[str]:
-    return sorted(_BACKENDS)
+    """Registered names in registration order: the reference and torch backends first."""
+    return list(_BACKENDS)
 
 
 def get_backend(name: str) -> AttentionFn:
     """The attention function registered as `name`; unknown names list the valid ones."""
     if not isinstance(name, str) or name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; valid options: {', '.join(available_backends())}")
-    module, attr = _BACKENDS[name].path.split(":")
+    info = _BACKENDS[name]
+    if info.requires and importlib.util.find_spec(info.requires) is None:
+        usable = [n for n, b in _BACKENDS.items() if not b.requires or importlib.util.find_spec(b.requires)]
+        raise ValueError(f"attention backend {name!r} needs the {info.requires} package, which is not installed "
+                         f"(pip install 'dllm[{info.requires}]'); usable here: {', '.join(usable)}")
+    module, attr = info.path.split(":")
     return getattr(importlib.import_module(module), attr)

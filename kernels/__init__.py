@@ -1,4 +1,49 @@
-"""GPU fast paths, each beside its pure-torch reference (installed as `dllm.kernels`)."""
-from .scoring import TokenScores, token_scores, token_scores_ref
+"""GPU fast paths, each beside its pure-torch reference (installed as `dllm.kernels`).
 
-__all__ = ["TokenScores", "token_scores", "token_scores_ref"]
+This file is also the single place that decides whether a Triton kernel can run (the gate below):
+Triton must be importable, and the tensors must live on a CUDA device, or on the CPU while
+`TRITON_INTERPRET=1` (Triton's interpreter, used by the tests on machines without CUDA). Triton
+reads that variable when a kernel is defined, i.e. when `dllm.kernels` is first imported, so the
+gate reads it once, at the same moment.
+
+`DLLM_SCORING` (read by `token_scores` on every call) picks the scoring implementation:
+"auto" (default: the Triton kernel on CUDA tensors, the torch reference elsewhere), "torch", or
+"triton" (the kernel wherever the gate allows it, e.g. on CPU tensors under the interpreter).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # the kernel modules import it anyway; a broken install counts as missing
+    import triton  # noqa: F401
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def triton_runs_on(device: torch.device | str) -> bool:
+    """Whether the Triton kernels can run on tensors of `device` in this process."""
+    device = torch.device(device)
+    if not HAS_TRITON:
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and INTERPRET)
+
+
+def require_triton(device: torch.device | str, what: str) -> None:
+    """Raise a RuntimeError saying why `what` cannot run on `device`, if it cannot."""
+    device = torch.device(device)
+    if not HAS_TRITON:
+        raise RuntimeError(f"{what} needs triton, which is not installed (pip install 'dllm[triton]')")
+    if not triton_runs_on(device):
+        raise RuntimeError(f"{what} runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 set before "
+                           f"dllm.kernels is imported; got tensors on {device} "
+                           f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} at import)")
+
+
+from .scoring import TokenScores, token_scores, token_scores_ref, token_scores_triton  # noqa: E402
+
+__all__ = ["HAS_TRITON", "INTERPRET", "TokenScores", "require_triton", "token_scores", "token_scores_ref",
+           "token_scores_triton", "triton_runs_on"]

@@ -1,0 +1,373 @@
+"""Bidirectional flash attention for the cache layout (forward only), beside its torch reference.
+
+What: the queries of the positions recomputed this step attend to every key of the per-layer
+buffers, with no causal mask:
+
+    q (B, H, P, D), k/v (B, H_kv, L, D), key_valid (B, L) -> out (B, H, P, D)
+    out[b, h, p] = sum_l softmax_l(scale * q[b, h, p] . k[b, h // G, l]) v[b, h // G, l]
+
+over the keys with key_valid[b, l] True (left padding is False), G = H / H_kv (grouped-query
+attention, any ratio). It is the attention backend `triton` of `dllm.attention`.
+
+How: the G query heads sharing a K/V head are packed into one row dimension of G * P rows, so a
+program reads each K/V tile once for the whole group (P is small in decoding: a block of 32). The
+online softmax runs in base 2 (`exp2`, scale * log2(e) folded into the scores), accumulating in
+fp32. When (query tiles x B x H_kv) programs cannot fill the GPU, the keys are split into ranges
+handled by separate programs (split-K, as in decoding kernels), each writing a normalised partial
+output and its log-sum-exp; a second kernel merges them.
+
+Dtypes: fp16, bf16 and fp32 (q, k, v alike); the output has q's dtype. fp32 inputs use IEEE fp32
+dots, not TF32, so results match torch's fp32 attention.
+Head dims: any D <= 256; tiles are padded to the next power of two >= 16 with masked loads. The
+real models use 64 and 128.
+Semantics at the edges: a query row with no valid key (a fully padded row, or L == 0) gets zeros,
+where softmax would give NaN. Keys with key_valid False are never read as values, so padding
+entries of a cache may hold anything, NaN included.
+
+Caution:
+- The launch configurations (`CONFIGS`, `_pick_config`, `_pick_splits`) follow the usual flash
+  attention forward settings and have not yet been timed on a GPU in this repository;
+  `benchmarks/bench_kernels.py --configs` times each of them at the real models' shapes.
+- Tested with triton 3.9.0: on CPU under TRITON_INTERPRET=1 in fp32 and fp16. The interpreter
+  gets bf16 arithmetic wrong, so there bf16 tiles are converted to fp32 before the dots (on a GPU
+  bf16 dots run natively); it runs programs one after another and says nothing about speed.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import HAS_TRITON, INTERPRET, require_triton, triton_runs_on
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+# --------------------------------------------------------------------------------------------
+# reference
+# --------------------------------------------------------------------------------------------
+def bidir_attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None = None,
+                   scale: float | None = None, *, upcast: bool = True, reorder_ops: bool = False) -> torch.Tensor:
+    """Plain torch bidirectional attention with the kernel's semantics.
+
+    q: (B, H, P, D); k, v: (B, H_kv, L, D) with H a multiple of H_kv; key_valid: (B, L) bool or None.
+    scale: None = D ** -0.5.
+    upcast: compute in fp32 and return fp32 (the accuracy reference); False computes in the inputs'
+        dtype and returns it (what "the same computation in torch" costs in accuracy).
+    reorder_ops: scale the keys instead of the queries, to see the error of reordering alone.
+    Rows with no valid key give zeros.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)                                  # (B, H, L, D)
+    v = v.repeat_interleave(group, dim=1)                                  # (B, H, L, D)
+    if reorder_ops:
+        scores = q @ (k * scale).transpose(-1, -2)                         # (B, H, P, L)
+    else:
+        scores = (q * scale) @ k.transpose(-1, -2)                         # (B, H, P, L)
+    if key_valid is not None:
+        scores = scores.masked_fill(~key_valid[:, None, None, :], float("-inf"))
+        v = v.masked_fill(~key_valid[:, None, :, None], 0.0)               # padding values are never read
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)                  # rows without keys: 0, not NaN
+    return (probs.to(v.dtype) @ v).to(q.dtype)                             # (B, H, P, D)
+
+
+# --------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------
+if HAS_TRITON:
+
+    @triton.jit
+    def _bidir_attn_fwd_kernel(
+        Q, K, V, KEY_VALID, Out, PartO, PartLse,
+        scale_log2, B, P, L, H, H_KV, GROUP, n_rows, keys_per_split,
+        stride_qb, stride_qh, stride_qp, stride_qd,
+        stride_kb, stride_kh, stride_kl, stride_kd,
+        stride_vb, stride_vh, stride_vl, stride_vd,
+        stride_mb, stride_ml,
+        stride_ob, stride_oh, stride_op, stride_od,
+        HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        HAS_MASK: tl.constexpr, IS_SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)          # b * H_kv + kv head
+        pid_s = tl.program_id(2)           # key range (split-K)
+        b = (pid_bh // H_KV).to(tl.int64)  # b * stride can pass 2**31 in a large batch
+        hk = pid_bh % H_KV
+        # Packed rows: row r of this K/V head is query head hk * GROUP + r // P at position r % P.
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < n_rows
+        h = hk * GROUP + offs_m // P
+        p = offs_m % P
+        offs_d = tl.arange(0, D_PAD)
+        mask_d = offs_d < HEAD_DIM
+        q_ptrs = Q + b * stride_qb + h[:, None] * stride_qh + p[:, None] * stride_qp + offs_d[None, :] * stride_qd
+        q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
+        k_base = K + b * stride_kb + hk * stride_kh
+        v_base = V + b * stride_vb + hk * stride_vh
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+        start = pid_s * keys_per_split
+        end = tl.minimum(start + keys_per_split, L)
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < end
+            if HAS_MASK:
+                ok = tl.load(KEY_VALID + b * stride_mb + offs_n * stride_ml, mask=mask_n, other=0)
+                mask_n = mask_n & (ok != 0)
+            k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :] * stride_kd,
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+            if DOT_F32:
+                qk = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                qk = tl.dot(q, tl.trans(k))
+            s = tl.where(mask_n[None, :], qk * scale_log2, float("-inf"))   # log2 units
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)           # no valid key yet: exp2(-inf) = 0
+            alpha = tl.math.exp2(m_i - m_use)
+            pr = tl.math.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(pr, 1)
+            # Invalid keys are not read as values: a cache's padding entries may hold NaN.
+            v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+            if DOT_F32:
+                acc = acc * alpha[:, None] + tl.dot(pr, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)
+            m_i = m_new
+
+        has_keys = l_i > 0.0
+        l_safe = tl.where(has_keys, l_i, 1.0)
+        o = tl.where(has_keys[:, None], acc / l_safe[:, None], 0.0)        # rows without keys: zeros
+        if IS_SPLIT:
+            # Partial outputs (S, B * H, P, HEAD_DIM) and their log2-sum-exp (S, B * H, P), fp32.
+            row = ((pid_s * B + b) * H + h) * P + p
+            lse = tl.where(has_keys, m_i + tl.math.log2(l_safe), float("-inf"))
+            tl.store(PartLse + row, lse, mask=mask_m)
+            tl.store(PartO + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=mask_m[:, None] & mask_d[None, :])
+        else:
+            o_ptrs = Out + b * stride_ob + h[:, None] * stride_oh + p[:, None] * stride_op + offs_d[None, :] * stride_od
+            tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+    @triton.jit
+    def _bidir_attn_combine_kernel(
+        PartO, PartLse, Out, n_splits, BH, P, H,
+        stride_ob, stride_oh, stride_op, stride_od,
+        HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_P: tl.constexpr,
+    ):
+        # out = sum_s 2^(lse_s - lse) o_s, lse = log2 sum_s 2^lse_s: the softmax over all keys.
+        pid_p = tl.program_id(0)
+        pid_bh = tl.program_id(1)          # b * H + h
+        offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        mask_p = offs_p < P
+        offs_d = tl.arange(0, D_PAD)
+        mask_d = offs_d < HEAD_DIM
+        lse_max = tl.full([BLOCK_P], float("-inf"), dtype=tl.float32)
+        for s in range(n_splits):
+            lse = tl.load(PartLse + (s * BH + pid_bh).to(tl.int64) * P + offs_p, mask=mask_p, other=float("-inf"))
+            lse_max = tl.maximum(lse_max, lse)
+        m_use = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+        acc = tl.zeros([BLOCK_P, D_PAD], dtype=tl.float32)
+        den = tl.zeros([BLOCK_P], dtype=tl.float32)
+        for s in range(n_splits):
+            row = (s * BH + pid_bh).to(tl.int64) * P + offs_p
+            w = tl.math.exp2(tl.load(PartLse + row, mask=mask_p, other=float("-inf")) - m_use)
+            o = tl.load(PartO + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_p[:, None] & mask_d[None, :],
+                        other=0.0)
+            acc += w[:, None] * o
+            den += w
+        out = tl.where(den[:, None] > 0.0, acc / tl.where(den > 0.0, den, 1.0)[:, None], 0.0)
+        b = (pid_bh // H).to(tl.int64)
+        h = pid_bh % H
+        o_ptrs = Out + b * stride_ob + h * stride_oh + offs_p[:, None] * stride_op + offs_d[None, :] * stride_od
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask_p[:, None] & mask_d[None, :])
+
+
+# --------------------------------------------------------------------------------------------
+# launcher
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttnConfig:
+    """One launch configuration: tile sizes and the GPU scheduling hints (ignored when interpreting)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+
+
+# Small row counts (LLaDA: 32 queries of one head) want short query tiles; packed GQA groups
+# (Dream: 7 heads x 32 queries) fill 64- or 128-row tiles; D = 256 halves the key tile. Two
+# pipeline stages keep the largest (128 rows, D = 128, fp16) under 100 KB of shared memory, which
+# consumer GPUs have; a GPU short of it for a configuration gets a retry with one stage.
+CONFIGS = (
+    AttnConfig(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
+    AttnConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+    AttnConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    AttnConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
+)
+
+
+def _pick_config(n_rows: int, d_pad: int) -> AttnConfig:
+    if d_pad > 128:
+        return CONFIGS[3]
+    if n_rows <= 32:
+        return CONFIGS[0]
+    return CONFIGS[1] if n_rows <= 128 else CONFIGS[2]
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _pick_splits(programs: int, key_tiles: int, device: torch.device) -> int:
+    """Key ranges per (query tile, row, K/V head): enough programs for one wave of the GPU, each
+    range at least 4 key tiles long. One on the CPU (the interpreter runs programs in turn)."""
+    if device.type != "cuda":
+        return 1
+    return max(1, min(_sm_count(device) // max(programs, 1), key_tiles // 4))
+
+
+def _validate(q, k, v, key_valid, scale, out):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor ({'(B, H, P, D)' if name == 'q' else '(B, H_kv, L, D)'}), "
+                             f"got {shape}")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"q dtype {q.dtype} is not supported; allowed: float16, bfloat16, float32")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    B, H, P, D = q.shape
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k/v shape {tuple(k.shape)} does not fit q shape {tuple(q.shape)}: "
+                         f"expected (B={B}, H_kv, L, D={D})")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim {D} is not supported; allowed: 1..{MAX_HEAD_DIM} (64 and 128 are the fast paths)")
+    H_kv = k.shape[1]
+    if H_kv == 0 or H % H_kv:
+        raise ValueError(f"query heads H={H} must be a multiple of key/value heads H_kv={H_kv}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if key_valid is not None:
+        if not isinstance(key_valid, torch.Tensor) or key_valid.dtype != torch.bool:
+            raise ValueError(f"key_valid must be a bool tensor (B, L), got "
+                             f"{key_valid.dtype if isinstance(key_valid, torch.Tensor) else type(key_valid).__name__}")
+        if tuple(key_valid.shape) != (B, k.shape[2]):
+            raise ValueError(f"key_valid shape {tuple(key_valid.shape)} != (B, L) = {(B, k.shape[2])}")
+        if key_valid.device != q.device:
+            raise ValueError(f"key_valid is on {key_valid.device}, q on {q.device}")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+            desc = (f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor)
+                    else type(out).__name__)
+            raise ValueError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
+                             f"{q.device}; got {desc}")
+
+
+def bidir_attn_fwd(q, k, v, key_valid, scale, *, out=None, config: AttnConfig | None = None,
+                   num_splits: int | None = None) -> torch.Tensor:
+    """Launch the kernel on validated inputs. config / num_splits override the heuristics
+    (benchmarks and tests); num_splits > 1 goes through the split-K partials and the merge."""
+    B, H, P, D = q.shape
+    H_kv, L = k.shape[1], k.shape[2]
+    if out is None:
+        # (B, P, H, D) storage seen as (B, H, P, D): the model's out.transpose(1, 2).reshape(B, P, H * D)
+        # is then a view, not a copy.
+        out = torch.empty(B, P, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
+    if B * H * P * D == 0:
+        return out.zero_() if out.numel() else out
+    group = H // H_kv
+    n_rows = group * P
+    d_pad = max(16, triton.next_power_of_2(D))
+    cfg = config or _pick_config(n_rows, d_pad)
+    for name in ("BLOCK_M", "BLOCK_N"):
+        size = getattr(cfg, name)
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot tiles), got {size}")
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    m_tiles = triton.cdiv(n_rows, cfg.BLOCK_M)
+    key_tiles = triton.cdiv(L, cfg.BLOCK_N)
+    splits = num_splits if num_splits is not None else _pick_splits(m_tiles * B * H_kv, key_tiles, q.device)
+    splits = max(1, min(splits, max(key_tiles, 1)))
+    keys_per_split = triton.cdiv(max(key_tiles, 1), splits) * cfg.BLOCK_N
+    splits = max(1, triton.cdiv(L, keys_per_split))               # no empty trailing range
+    if splits > 1:
+        part_o = torch.empty(splits, B * H, P, D, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(splits, B * H, P, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out                                    # unused
+    mask = key_valid.view(torch.uint8) if key_valid is not None else q   # q: an unused placeholder pointer
+    stride_mb, stride_ml = key_valid.stride() if key_valid is not None else (0, 0)
+    dot_f32 = q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and INTERPRET)
+
+    def launch(stages):
+        _bidir_attn_fwd_kernel[(m_tiles, B * H_kv, splits)](
+            q, k, v, mask, out, part_o, part_lse,
+            float(scale) * math.log2(math.e), B, P, L, H, H_kv, group, n_rows, keys_per_split,
+            *q.stride(), *k.stride(), *v.stride(), stride_mb, stride_ml, *out.stride(),
+            HEAD_DIM=D, D_PAD=d_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+            HAS_MASK=key_valid is not None, IS_SPLIT=splits > 1, DOT_F32=dot_f32,
+            num_warps=cfg.num_warps, num_stages=stages,
+        )
+
+    try:
+        launch(cfg.num_stages)
+    except triton.runtime.errors.OutOfResources:
+        if cfg.num_stages == 1:
+            raise
+        launch(1)                                                  # less shared memory, same result
+    if splits > 1:
+        block_p = min(64, max(16, triton.next_power_of_2(P)))
+        _bidir_attn_combine_kernel[(triton.cdiv(P, block_p), B * H)](
+            part_o, part_lse, out, splits, B * H, P, H, *out.stride(),
+            HEAD_DIM=D, D_PAD=d_pad, BLOCK_P=block_p, num_warps=4,
+        )
+    return out
+
+
+def bidir_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None = None,
+               scale: float | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Bidirectional attention of the recomputed queries against the whole canvas (Triton).
+
+    q: (B, H, P, D); k, v: (B, H_kv, L, D), H a multiple of H_kv; key_valid: (B, L) bool or None
+    (False: a padding key, never attended to). fp16, bf16 or fp32, one dtype for all; D <= 256.
+    scale: None = D ** -0.5.
+    out: optional (B, H, P, D) tensor of q's dtype to write into (any strides); it is returned.
+    Returns (B, H, P, D) in q's dtype; a row with no valid key gets zeros.
+    Runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1. Same call signature as the
+    other attention backends (`dllm.attention`), under the name `triton`.
+
+    Example::
+
+        out = bidir_attn(q, k_cache, v_cache, key_valid)   # (B, H, P, D)
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None and isinstance(q, torch.Tensor) else scale
+    _validate(q, k, v, key_valid, scale, out)
+    require_triton(q.device, "the triton attention backend")
+    return bidir_attn_fwd(q, k, v, key_valid, scale, out=out)
+
+
+def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether `bidir_attn` accepts these inputs here (the `auto` backend falls back otherwise)."""
+    return (triton_runs_on(q.device) and q.dtype in DTYPES and k.dtype == q.dtype and q.dim() == 4
+            and 1 <= q.shape[-1] <= MAX_HEAD_DIM)
