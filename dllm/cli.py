@@ -1,4 +1,4 @@
-"""The `dllm` command: `dllm generate`, `dllm bench`, `dllm train`, `dllm train-filter`, `dllm samplers`."""
+"""The `dllm` command: `dllm generate`, `dllm bench`, `dllm sweep`, `dllm train`, `dllm train-filter`, `dllm samplers`."""
 from __future__ import annotations
 
 import argparse
@@ -128,8 +128,6 @@ def cmd_bench(args) -> int:
                 raise ValueError("--report prints the tables of a results file; give it with --out FILE")
             _print_report(runner.ResultsFile(args.out).rows(), levels)
             return 0
-        if not args.model:
-            raise ValueError("--model is required (a checkpoint folder or hub id)")
         cfg = runner.BenchConfig(
             model=args.model, tasks=args.tasks, data_dir=args.data_dir, generated=args.generated, limit=args.limit,
             out=args.out, sampler=args.sampler, sampler_args=parse_kv(args.sampler_arg, "--sampler-arg"),
@@ -217,13 +215,21 @@ def cmd_samplers(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from dllm import sweep
+
+    return sweep.main_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dllm", description="Run masked-diffusion language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text from one or more prompts")
     g.add_argument("prompt", nargs="+", help="prompt text (several prompts decode as one batch)")
-    g.add_argument("--model", required=True, help="checkpoint folder or hub id (e.g. GSAI-ML/LLaDA-8B-Instruct)")
+    g.add_argument("--model", default=None,
+                   help="checkpoint folder, shipped model name or hub id (e.g. GSAI-ML/LLaDA-8B-Instruct); "
+                        "default: the shipped llada-pb-tiny")
     g.add_argument("--sampler", default=None, help="sampler name (see `dllm samplers`); default: the family's")
     g.add_argument("--sampler-arg", action="append", metavar="KEY=VALUE", help="sampler argument (repeatable)")
     g.add_argument("--gen-length", type=int, default=128)
@@ -239,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="auto", help="auto (cuda when available) | cpu | cuda | cuda:N")
     g.add_argument("--score-dtype", default="logits", choices=("logits", "float32", "float64"),
                    help="precision of confidences (logits = the model dtype, as LLaDA)")
-    g.add_argument("--attention", default="sdpa", help="attention backend: eager | sdpa")
+    g.add_argument("--attention", default="auto",
+                   help="attention backend: auto (triton on CUDA when installed, else sdpa) | sdpa | eager | triton")
     g.add_argument("--show", action="store_true", help="redraw the canvas in the terminal as tokens are unmasked")
     g.add_argument("--cache", default="none",
                    help="KV cache policy: none | prefix | dual | dkv-decode | dkv-greedy (default none)")
@@ -248,14 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="run ParallelBench tasks and print per-task scores and PB@X")
-    b.add_argument("--model", default=None, help="checkpoint folder or hub id")
+    b.add_argument("--model", default=None,
+                   help="checkpoint folder, shipped model name or hub id; default: the shipped llada-pb-tiny")
     b.add_argument("--tasks", default=None,
                    help="comma-separated task ids, patterns (puzzle/*) or groups (all, waiting_line, puzzle, text, "
                         "pure); default: the benchmark tasks available")
     src = b.add_mutually_exclusive_group()
     src.add_argument("--data-dir", default=None, help="folder with the official ParallelBench test files")
     src.add_argument("--generated", action="store_true",
-                     help="use our seeded generators' held-out test split (Waiting Line and Puzzle tasks)")
+                     help="use our seeded generators' held-out test split (Waiting Line and Puzzle tasks); "
+                          "the default when no --data-dir is given")
     b.add_argument("--limit", type=int, default=None, help="the first N samples of each task")
     b.add_argument("--out", default=None, help="results JSONL: one row per sample, appended; a rerun resumes")
     b.add_argument("--sampler", default=None, help="sampler name (see `dllm samplers`)")
@@ -273,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-size", type=int, default=8, help="samples of one task decoded together")
     b.add_argument("--dtype", default="auto")
     b.add_argument("--device", default="auto")
-    b.add_argument("--attention", default="sdpa")
+    b.add_argument("--attention", default="auto", help="auto | sdpa | eager | triton")
     b.add_argument("--grammar-server", default=None,
                    help="LanguageTool server URL for the Text Writing grammar score (or DLLM_LANGUAGETOOL_URL)")
     b.add_argument("--bertscore-model", default=None, help="local roberta-large folder for BERTScore (optional)")
@@ -296,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     f = sub.add_parser("train-filter", help="collect Learn2PD labels with a model and train its acceptance filter")
-    f.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    f.add_argument("--model", default=None,
+                   help="checkpoint folder, shipped model name or hub id; default: the shipped llada-pb-tiny")
     f.add_argument("--out", required=True, help="filter file to write (.safetensors; metadata beside it as .json)")
     f.add_argument("--tasks", default=None,
                    help="comma-separated generated task ids, patterns or groups (default: the Waiting Line and "
@@ -314,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--device", default="auto")
     f.add_argument("--no-progress", action="store_true")
     f.set_defaults(func=cmd_train_filter)
+
+    w = sub.add_parser("sweep", help="run a grid of models x samplers x caches x lengths on ParallelBench; write "
+                                     "rows, summaries, Pareto plots, PB@X and a Markdown report")
+    from dllm.sweep import add_arguments as add_sweep_arguments
+    add_sweep_arguments(w)
+    w.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("samplers", help="list the registered samplers and their arguments")
     s.add_argument("--json", action="store_true")

@@ -39,14 +39,15 @@ class BenchConfig:
 
     tasks:        selection (`waiting_line/copy,puzzle/*`, a group such as `all`, or a list);
                   default: every task found in `data_dir`, or every generated task.
-    data_dir:     folder with the official files; without it, `generated` must be True.
+    model:        checkpoint folder, shipped model name or hub id; None = the shipped default model.
+    data_dir:     folder with the official files; without it the generated test split is used.
     limit:        the first `limit` samples of each task.
     gen_length:   default: each task's `max_tokens` (32 / 64 / 128).
     block_length: default: one block over the whole generation (the benchmark's curves).
     steps / tokens_per_step: default one token per step; `tokens_per_step=k` sets steps = gen/k.
     """
 
-    model: str
+    model: str | None = None
     tasks: Any = None
     data_dir: str | None = None
     generated: bool = False
@@ -66,17 +67,16 @@ class BenchConfig:
     batch_size: int = 8
     dtype: str = "auto"
     device: str = "auto"
-    attention: str = "sdpa"
+    attention: str = "auto"
     grammar_url: str | None = None
     bertscore_model: str | None = None
     sort_key: str = "full_name"
     index_base: int = 0
 
     def __post_init__(self):
-        if self.data_dir is None and not self.generated:
-            raise ValueError("choose the data: data_dir=<folder with the official ParallelBench files> "
-                             "or generated=True (our seeded generators)")
-        if self.data_dir is not None and self.generated:
+        if self.data_dir is None:  # nothing to download: our generators' held-out test split
+            self.generated = True
+        elif self.generated:
             raise ValueError("data_dir and generated=True are exclusive; choose one data source")
         for name in ("limit", "gen_length", "block_length", "steps", "tokens_per_step", "max_forwards"):
             v = getattr(self, name)

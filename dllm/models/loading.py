@@ -40,6 +40,27 @@ _HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "mode
 _EOT_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
 _KNOWN_EOT = {("llada", 126336): 126348, ("dream", 151666): 151645}
 
+# Checkpoints shipped inside the package (dllm/assets/<name>/); the first is the default model of
+# `dllm.load()`, `dllm generate` and `dllm bench`.
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_MODEL = "llada-pb-tiny"
+
+
+def shipped_models() -> list[str]:
+    """Names of the checkpoints shipped in the package (folders of dllm/assets with a config.json)."""
+    if not ASSETS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def default_model_path() -> Path:
+    """Folder of the shipped default model (`DEFAULT_MODEL`)."""
+    folder = ASSETS_DIR / DEFAULT_MODEL
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"the shipped default model is missing from {folder}; reinstall dllm, or pass a "
+                                f"checkpoint folder or hub id")
+    return folder
+
 
 def detect_family(d: dict[str, Any]) -> str:
     """'llada' or 'dream' from the keys of a config.json; anything else is a clear error."""
@@ -88,17 +109,23 @@ def resolve_device(device) -> torch.device:
     return dev
 
 
-def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
-    """A local folder as is; otherwise a hub id fetched (or found in the local cache) with huggingface_hub."""
+def resolve_checkpoint(path_or_id: str | os.PathLike | None) -> Path:
+    """A local folder as is; the name of a shipped model (`shipped_models()`, None = the default);
+    otherwise a hub id fetched (or found in the local cache) with huggingface_hub."""
+    if path_or_id is None:
+        return default_model_path()
     path = Path(path_or_id).expanduser()
     if path.is_dir():
         return path
     name = str(path_or_id)
+    if name in shipped_models():
+        return ASSETS_DIR / name
     if path.exists():
         raise ValueError(f"{name!r} is a file; pass the checkpoint folder that holds config.json")
     parts = name.split("/")
     if len(parts) != 2 or not all(parts) or name.startswith((".", "~")):
-        raise FileNotFoundError(f"no checkpoint folder at {name!r}, and it is not a hub id of the form 'org/name'")
+        raise FileNotFoundError(f"no checkpoint folder at {name!r}, and it is neither a shipped model "
+                                f"{shipped_models()} nor a hub id of the form 'org/name'")
     try:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - huggingface_hub is a dependency
@@ -184,7 +211,7 @@ def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None,
     return out
 
 
-def build_model(cfg: ModelConfig, attention: str = "sdpa", *, dtype=torch.float32, device="cpu",
+def build_model(cfg: ModelConfig, attention: str = "auto", *, dtype=torch.float32, device="cpu",
                 seed: int | None = None, init_std: float = 0.02) -> DiffusionTransformer:
     """A randomly initialised model of `cfg` (tests, benchmarks, training from scratch)."""
     model = FAMILY_CLASSES[cfg.family](cfg, attention=attention)
@@ -198,7 +225,7 @@ def build_model(cfg: ModelConfig, attention: str = "sdpa", *, dtype=torch.float3
     return model.to(device=device, dtype=dtype).eval()
 
 
-def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "sdpa") -> DiffusionTransformer:
+def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "auto") -> DiffusionTransformer:
     cfg, _ = read_config(folder)
     cls = FAMILY_CLASSES[cfg.family]
     names = cls.hf_names(cfg)
@@ -252,14 +279,16 @@ def _token_id(tokenizer, token: str) -> int | None:
     return int(tid)
 
 
-def load(path_or_id: str | os.PathLike, dtype="auto", device="cpu", attention: str = "sdpa"):
+def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu", attention: str = "auto"):
     """Load a LLaDA or Dream checkpoint: returns (model, tokenizer).
 
-    path_or_id: a folder in the Hugging Face layout, or a hub id such as "GSAI-ML/LLaDA-8B-Instruct"
-        (fetched with huggingface_hub when the hub is reachable).
+    path_or_id: a folder in the Hugging Face layout, the name of a shipped model
+        (`shipped_models()`; None = the default, "llada-pb-tiny"), or a hub id such as
+        "GSAI-ML/LLaDA-8B-Instruct" (fetched with huggingface_hub when the hub is reachable).
     dtype: "auto" (as stored), "float32", "float16", "bfloat16" or a torch.dtype.
     device: where the weights go ("cpu", "cuda", "cuda:1", ...).
-    attention: attention backend name (`dllm.attention.available_backends()`).
+    attention: attention backend name (`dllm.attention.available_backends()`); "auto" = the Triton kernel on
+        CUDA when triton is installed, sdpa otherwise (the kernel is forward-only: use "sdpa" to train).
 
     Example::
 
@@ -287,5 +316,5 @@ def load(path_or_id: str | os.PathLike, dtype="auto", device="cpu", attention: s
         if hasattr(module, "cfg"):
             module.cfg = model.config
     model.generation_defaults = gen_defaults
-    model.name_or_path = str(path_or_id)
+    model.name_or_path = str(path_or_id) if path_or_id is not None else DEFAULT_MODEL
     return model, tokenizer

@@ -145,7 +145,7 @@ class DiffusionTransformer(nn.Module):
 
     family = "generic"
 
-    def __init__(self, cfg: ModelConfig, attention: str = "sdpa"):
+    def __init__(self, cfg: ModelConfig, attention: str = "auto"):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)

@@ -1,0 +1,460 @@
+"""The sweep: grid files (YAML/TOML) and their errors, the Pareto front, a small grid on the tiny
+random LLaDA (rows, summaries, plots, report, failures skipped), resume after SIGKILL, and two
+processes storing what one stores."""
+import itertools
+import json
+import os
+import random
+import runpy
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dllm import sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+# Fields that legitimately differ between two runs of the same configuration.
+ROW_VOLATILE = {"timestamp", "seconds", "batch_seconds", "batch_size", "hardware"}
+SUMMARY_VOLATILE = {"timestamp", "seconds", "tokens_per_second", "hardware"}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+pytestmark = pytest.mark.filterwarnings("ignore:.*records where the benchmark has")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model gains nothing from two threads, and they contend on a 2-core machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """The tiny random LLaDA with room for one-shot benchmark prompts (~600 tokens with its byte tokenizer)."""
+    from tests.fixtures.checkpoints import write_llada_checkpoint
+    return write_llada_checkpoint(tmp_path_factory.mktemp("llada_sweep"), seed=0, max_sequence_length=1024)
+
+
+def _lines(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def _strip_rows(rows):
+    return [{k: v for k, v in r.items() if k not in ROW_VOLATILE} for r in rows]
+
+
+def _strip_summaries(rows):
+    out = []
+    for r in rows:
+        r = {k: v for k, v in r.items() if k not in SUMMARY_VOLATILE}
+        if "per_task" in r:
+            r["per_task"] = [{k: v for k, v in t.items() if k != "seconds"} for t in r["per_task"]]
+        out.append(r)
+    return out
+
+
+# -- grid files -----------------------------------------------------------------------------------
+GRID_YAML = """\
+tasks: [waiting_line/copy, puzzle/*]
+limit: 4
+levels: [90, 50]
+models: [null, some/folder]
+gen_lengths: [null, 32]
+caches: [none, {name: dkv-decode, args: {refresh: [4, 8]}}]
+samplers:
+  - {name: low_confidence, tokens_per_step: [1, 2]}
+  - {name: threshold, args: {tau: [0.8, 0.9]}}
+  - {name: prophet, args: {thresholds: [[7.5, 5.0, 2.5]], base_kwargs: {logits_eos_inf: true}}}
+  - {name: learn2pd, block_lengths: [32], args: {filter: none}}
+grids:
+  - {}
+  - {models: [default], caches: [dual], samplers: [eb], gen_lengths: [64]}
+"""
+
+GRID_TOML = """\
+tasks = ["waiting_line/copy", "puzzle/*"]
+limit = 4
+levels = [90, 50]
+models = ["default", "some/folder"]
+gen_lengths = ["default", 32]
+caches = ["none", { name = "dkv-decode", args = { refresh = [4, 8] } }]
+
+[[samplers]]
+name = "low_confidence"
+tokens_per_step = [1, 2]
+
+[[samplers]]
+name = "threshold"
+args = { tau = [0.8, 0.9] }
+
+[[samplers]]
+name = "prophet"
+args = { thresholds = [[7.5, 5.0, 2.5]], base_kwargs = { logits_eos_inf = true } }
+
+[[samplers]]
+name = "learn2pd"
+block_lengths = [32]
+args = { filter = "none" }
+
+[[grids]]
+
+[[grids]]
+models = ["default"]
+caches = ["dual"]
+samplers = ["eb"]
+gen_lengths = [64]
+"""
+
+
+def test_yaml_and_toml_grids_expand_to_the_same_product(tmp_path):
+    (tmp_path / "g.yaml").write_text(GRID_YAML)
+    (tmp_path / "g.toml").write_text(GRID_TOML)
+    a = sweep.parse_grid(sweep.load_grid_file(tmp_path / "g.yaml"))
+    b = sweep.parse_grid(sweep.load_grid_file(tmp_path / "g.toml"))
+    assert [p.key() for p in a.points] == [p.key() for p in b.points]
+    assert a.settings == b.settings and a.settings.levels == (90.0, 50.0) and a.settings.limit == 4
+    # 2 models x (2 + 2 + 1 + 1 sampler settings) x 3 caches x 2 gen lengths, then eb x dual x gen 64
+    assert len(a.points) == 2 * 6 * 3 * 2 + 1
+    p0 = a.points[0]
+    assert (p0.model, p0.sampler, p0.tokens_per_step, p0.cache, p0.gen_length) == (None, "low_confidence", 1, "none",
+                                                                                   None)
+    assert {(p.model, p.sampler, p.cache, p.gen_length) for p in a.points if p.sampler == "eb"} == \
+        {(None, "eb", "dual", 64)}
+    assert {p.block_length for p in a.points if p.sampler == "learn2pd"} == {32}
+    assert {p.block_length for p in a.points if p.sampler != "learn2pd"} == {None}
+    assert {p.cache_args.get("refresh") for p in a.points if p.cache == "dkv-decode"} == {4, 8}
+    prophet = [p for p in a.points if p.sampler == "prophet"]
+    assert prophet[0].sampler_args == {"thresholds": [7.5, 5.0, 2.5], "base_kwargs": {"logits_eos_inf": True}}
+    labels = [p.label for p in a.points]
+    assert len(set(labels)) == len(labels)              # labels name configurations uniquely
+    assert "default: threshold(tau=0.8) +dkv-decode(refresh=4) gen=32" in labels
+
+
+def test_duplicate_configurations_are_run_once():
+    g = sweep.parse_grid({"samplers": ["threshold", {"name": "threshold"}], "caches": ["none", "none"],
+                          "grids": [{}, {"caches": [{"name": "none"}]}]})
+    assert len(g.points) == 1 and g.points[0].label == "threshold"
+
+
+BAD_GRIDS = [
+    ({"samplers": ["threshold"], "smaplers": []}, r"unknown key\(s\) 'smaplers'; allowed: .*samplers"),
+    ({"samplers": ["thresh"]}, r"samplers\[0\]: unknown sampler 'thresh'; valid options: .*threshold"),
+    ({"samplers": [{"name": "threshold", "args": {"tau": [0.9, 1.5]}}]}, r"tau=1.5.*tau must be <= 1, got 1.5"),
+    ({"samplers": [{"name": "threshold", "args": {"gamma": 1}}]}, r"has no argument\(s\) gamma; its arguments: tau"),
+    ({"samplers": [{"name": "threshold", "argz": {}}]}, r"unknown key\(s\) 'argz'; allowed: name, args"),
+    ({"samplers": [{"args": {"tau": 0.9}}]}, r"missing 'name'; valid sampler names: .*threshold"),
+    ({"samplers": [{"name": "low_confidence", "tokens_per_step": 2, "steps": 16}]}, "tokens_per_step or steps"),
+    ({"samplers": [{"name": "low_confidence", "tokens_per_step": [0]}]}, r"tokens_per_step: 0 is not allowed"),
+    ({"samplers": ["threshold"], "caches": ["dual", "lru"]}, r"caches\[1\]: unknown cache policy 'lru'; valid"),
+    ({"samplers": ["threshold"], "caches": [{"name": "dkv-greedy", "args": {"window": -1}}]}, r"window"),
+    ({"samplers": ["threshold"], "block_lengths": [32, "long"]}, r"block_lengths: 'long' is not allowed; give a "
+                                                                 r"positive integer"),
+    ({"samplers": ["threshold"], "gen_lengths": [2.5]}, r"gen_lengths: 2.5 is not allowed"),
+    ({"samplers": ["threshold"], "models": [3]}, r"model 3 is not allowed"),
+    ({"samplers": ["threshold"], "limit": 0}, r"limit 0 is not allowed; give a positive integer"),
+    ({"samplers": ["threshold"], "batch_size": "8"}, r"batch_size '8' is not allowed"),
+    ({"samplers": ["threshold"], "dtype": "fp8"}, r"unsupported dtype 'fp8'; choose one of"),
+    ({"samplers": ["threshold"], "levels": [80, 120]}, r"levels \[80, 120\] is not allowed; give accuracy levels "
+                                                       r"between 0 and 100"),
+    ({"samplers": ["threshold"], "temperature": -1}, r"temperature -1 is not allowed"),
+    ({"samplers": ["threshold"], "grids": [{"limit": 3}]}, r"grids\[0\]: unknown key\(s\) 'limit'; allowed: models"),
+    ({"samplers": ["threshold"], "grids": []}, r"grids must be a non-empty list"),
+    ({"caches": ["none"]}, r"no samplers"),
+    ({"samplers": [{"name": "threshold", "args": {"tau": []}}]}, r"args.tau: an empty list of values is not allowed"),
+]
+
+
+@pytest.mark.parametrize("data, message", BAD_GRIDS, ids=[m.split(":")[0][:30] for _, m in BAD_GRIDS])
+def test_bad_grid_values_are_named_with_what_is_allowed(data, message):
+    with pytest.raises(ValueError, match=message):
+        sweep.parse_grid(data)
+
+
+def test_bad_grid_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no grid file"):
+        sweep.load_grid_file(tmp_path / "missing.yaml")
+    (tmp_path / "g.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"suffix '.json'; allowed: .yaml, .yml, .toml"):
+        sweep.load_grid_file(tmp_path / "g.json")
+    (tmp_path / "bad.toml").write_text("samplers = [")
+    with pytest.raises(ValueError, match="cannot parse grid file"):
+        sweep.load_grid_file(tmp_path / "bad.toml")
+    (tmp_path / "list.yaml").write_text("- threshold\n")
+    with pytest.raises(ValueError, match="must hold a mapping at the top level, got list"):
+        sweep.load_grid_file(tmp_path / "list.yaml")
+
+
+def test_command_line_axes_replace_the_files_everywhere(tmp_path):
+    from dllm.cli import build_parser
+
+    (tmp_path / "g.yaml").write_text(GRID_YAML)
+    args = build_parser().parse_args([
+        "sweep", "--grid", str(tmp_path / "g.yaml"), "--out-dir", str(tmp_path / "o"), "--limit", "2",
+        "--sampler", "threshold tau=0.7,0.9", "--sampler", "low_confidence tokens_per_step=1,2,4",
+        "--sampler", "prophet thresholds=[7.5,5,2.5] base=threshold", "--cache", "dkv-decode refresh=2,4 warmup=1",
+        "--block-length", "default,16", "--model", "default", "--pb", "75"])
+    g = sweep.grid_from_args(args)
+    assert g.settings.limit == 2 and g.settings.tasks == ["waiting_line/copy", "puzzle/*"]
+    assert g.settings.levels == (75.0,)
+    assert {p.model for p in g.points} == {None} and {p.gen_length for p in g.points} == {None, 32, 64}
+    assert {p.cache for p in g.points} == {"dkv-decode"} and {p.block_length for p in g.points} == {None, 16}
+    assert {(p.sampler, json.dumps(p.sampler_args, sort_keys=True), p.tokens_per_step) for p in g.points} == {
+        ("threshold", '{"tau": 0.7}', None), ("threshold", '{"tau": 0.9}', None),
+        ("low_confidence", "{}", 1), ("low_confidence", "{}", 2), ("low_confidence", "{}", 4),
+        ("prophet", '{"base": "threshold", "thresholds": [7.5, 5, 2.5]}', None)}
+    # 6 sampler settings x 2 caches x 2 block lengths x 2 gen lengths, + the sub-grid with its own gen_lengths [64]
+    assert len(g.points) == 6 * 2 * 2 * 2 + 6 * 2 * 2 * 1
+    for spec, message in [("=0.9", "must start with a name"), ("threshold tau", r"'tau' must look like key=value"),
+                          ("threshold tau=[0.9", "cannot read the value of 'tau'")]:
+        with pytest.raises(ValueError, match=message):
+            sweep.parse_spec(spec, "--sampler")
+    bad = build_parser().parse_args(["sweep", "--out-dir", "x", "--sampler", "threshold", "--gen-length", "32,x"])
+    with pytest.raises(ValueError, match=r"--gen-length: 'x' is not allowed"):
+        sweep.grid_from_args(bad)
+
+
+def test_the_default_grid_covers_every_sampler_and_cache(capsys):
+    path = ROOT / "benchmarks" / "grids" / "default.yaml"
+    g = sweep.parse_grid(sweep.load_grid_file(path), str(path))
+    from dllm.eval import generators
+    from dllm.eval.tasks import GROUPS, select_tasks
+
+    assert {p.model for p in g.points} == {None} and g.settings.data_dir is None
+    tasks = select_tasks(g.settings.tasks, generators.generator_tasks())
+    assert len(tasks) == 12 and set(tasks) == set(GROUPS["pure"])       # Waiting Line + Puzzle
+    settings = {}
+    for p in g.points:
+        settings.setdefault(p.sampler, set()).add(p.key())
+    families = ["low_confidence", "random", "threshold", "factor", "adablock", "localleap", "learn2pd", "prophet", "eb"]
+    assert set(families) <= set(settings)
+    for name in families:
+        assert 3 <= len({k for k in settings[name] if '"cache": "none"' in k}) <= 5, name
+    assert {p.tokens_per_step for p in g.points if p.sampler == "low_confidence" and p.cache == "none"} == {1, 2, 4, 8}
+    assert {p.block_length for p in g.points if p.sampler == "learn2pd"} == {32}
+    assert {p.cache for p in g.points} == {"none", "prefix", "dual", "dkv-decode", "dkv-greedy"}
+    # The thin entry point lists the same configurations.
+    argv = sys.argv
+    sys.argv = ["benchmarks/sweep.py", "--grid", str(path), "--out-dir", "unused", "--dry-run"]
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(str(ROOT / "benchmarks" / "sweep.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{len(g.points)} configuration(s)"
+
+
+# -- Pareto front ---------------------------------------------------------------------------------
+def _front_brute_force(points):
+    def dominates(a, b):
+        return a[0] >= b[0] and a[1] >= b[1] and (a[0] > b[0] or a[1] > b[1])
+    return {i for i, p in enumerate(points) if not any(dominates(q, p) for q in points)}
+
+
+def test_pareto_front_matches_brute_force():
+    rng = random.Random(0)
+    for trial in range(300):
+        n = rng.randint(0, 25)
+        coarse = trial % 2 == 0          # small integer grids: many ties and duplicates
+        pts = [(float(rng.randint(1, 6)), float(rng.randint(0, 5))) if coarse else
+               (rng.uniform(0.5, 16), rng.uniform(0, 100)) for _ in range(n)]
+        front = sweep.pareto_front(pts)
+        assert set(front) == _front_brute_force(pts), pts
+        assert front == sorted(front, key=lambda i: (pts[i][0], i))
+        ys = [pts[i][1] for i in front]
+        assert all(a >= b for a, b in itertools.pairwise(ys))   # along the front, accuracy only falls
+    assert sweep.pareto_front([(1, 50), (2, 50), (2, 50), (4, 10)]) == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"point 1 = \(nan, 3\) is not finite"):
+        sweep.pareto_front([(1, 2), (float("nan"), 3)])
+
+
+def test_best_configuration_per_level():
+    s = [{"label": "a", "average": 90.0, "tokens_per_forward": 1.0},
+         {"label": "b", "average": 75.0, "tokens_per_forward": 3.0, "tokens_per_second": 10.0},
+         {"label": "c", "average": 75.0, "tokens_per_forward": 3.0, "tokens_per_second": 20.0},
+         {"label": "d", "average": 60.0, "tokens_per_forward": 8.0},
+         {"label": "e", "average": None, "tokens_per_forward": 16.0}]
+    got = [(x, b["label"] if b else None) for x, b in sweep.best_per_level(s, (95, 80, 70, 60))]
+    assert got == [(95, None), (80, "a"), (70, "c"), (60, "d")]
+
+
+# -- running --------------------------------------------------------------------------------------
+def _check_png(path):
+    from matplotlib import image
+
+    data = Path(path).read_bytes()
+    assert data[:8] == PNG_SIGNATURE, path
+    assert len(data) > 10_000, (path, len(data))            # axes, points and text, not a blank canvas
+    pixels = image.imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
+    assert pixels[..., :3].std() > 0.05                     # not a single colour
+
+
+def test_small_grid_rows_summaries_plots_report_and_skipped_failures(model_dir, tmp_path, capsys):
+    grid = sweep.parse_grid({
+        "tasks": "waiting_line/copy,waiting_line/reverse", "limit": 2, "batch_size": 2, "dtype": "float32",
+        "gen_lengths": [8], "models": [str(model_dir)], "levels": [80, 0],
+        "samplers": [{"name": "low_confidence", "tokens_per_step": [2, 4, 3]},
+                     {"name": "threshold", "args": {"tau": 0.9}},
+                     {"name": "learn2pd", "block_lengths": [8]}],
+        "caches": ["none"],
+        "grids": [{}, {"samplers": [{"name": "threshold", "args": {"tau": 0.9}}], "caches": ["dual"]}]})
+    labels = [p.label for p in grid.points]
+    assert labels == ["low_confidence k=2 gen=8", "low_confidence k=4 gen=8", "low_confidence k=3 gen=8",
+                      "threshold(tau=0.9) gen=8", "learn2pd blk=8 gen=8", "threshold(tau=0.9) +dual gen=8"]
+    out = tmp_path / "sweep"
+    result = sweep.run_sweep(grid, out)
+    err = capsys.readouterr().err
+    assert "sweep:" in err and "/24" in err              # one bar over 6 configurations x 4 samples
+    assert "skipped low_confidence k=3 gen=8: tokens_per_step 3 does not divide gen_length 8" in err
+    assert "skipped learn2pd blk=8 gen=8: sampler 'learn2pd' needs a trained filter" in err
+
+    rows = _lines(out / sweep.ROWS_FILE)
+    ok = ["low_confidence k=2 gen=8", "low_confidence k=4 gen=8", "threshold(tau=0.9) gen=8",
+          "threshold(tau=0.9) +dual gen=8"]
+    assert len(rows) == 4 * 4 and len({r["run_id"] for r in rows}) == 4
+    assert {(r["task"], r["index"]) for r in rows} == {(t, i) for t in ("waiting_line/copy", "waiting_line/reverse")
+                                                       for i in range(2)}
+    assert {r["data_mode"] for r in rows} == {"generated"} and {r["gen_length_used"] for r in rows} == {8}
+    summaries = _lines(out / sweep.SUMMARIES_FILE)
+    assert [s["label"] for s in summaries] == labels and [s["label"] for s in result.summaries] == labels
+    by_label = {s["label"]: s for s in summaries}
+    assert {s["label"] for s in summaries if s["status"] == "ok"} == set(ok)
+    failed = by_label["learn2pd blk=8 gen=8"]
+    assert failed["status"] == "failed" and "dllm train-filter" in failed["error"]
+    for label in ok:
+        s = by_label[label]
+        mine = [r for r in rows if r["run_id"] == s["run_id"]]
+        assert s["kind"] == "summary" and s["samples"] == 4 and s["tasks"] == ["waiting_line/copy",
+                                                                                  "waiting_line/reverse"]
+        for task in s["tasks"]:
+            scores = [r["score"] for r in mine if r["task"] == task]
+            assert s["accuracy"][task] == pytest.approx(100 * sum(scores) / len(scores))
+        assert s["average"] == pytest.approx(sum(s["accuracy"].values()) / 2)
+        assert s["tokens_per_forward"] == pytest.approx(sum(r["tokens_per_forward"] for r in mine) / 4)
+        assert s["forwards"] == sum(r["nfe"] for r in mine) and s["nfe"] == pytest.approx(s["forwards"] / 4)
+        assert s["tokens_per_second"] > 0 and s["seconds"] > 0 and s["hardware"]["world_size"] == 1
+        assert {"torch", "dllm"} <= set(s["versions"]) and s["timestamp"]
+    # The sweep knows each run id before loading the model (that is how finished configurations are skipped).
+    from dllm.eval import runner
+    dataset = runner.load_dataset(grid.points[0].bench_config(grid.settings))
+    for p in grid.points:
+        assert sweep.expected_run_id(p, grid.settings, dataset) == by_label[p.label]["run_id"]
+    assert by_label["low_confidence k=4 gen=8"]["tokens_per_forward"] == 4.0
+    assert by_label["low_confidence k=4 gen=8"]["nfe"] == 2.0
+
+    for name in (sweep.PLOT_TPF, sweep.PLOT_TPS, sweep.PLOT_TASKS):
+        _check_png(out / name)
+    report = (out / sweep.REPORT_FILE).read_text()
+    assert report == result.report
+    assert "| configuration | average | tokens/forward | tokens/s | NFE | copy | reverse |" in report
+    for label in ok:
+        assert f"| {label}" in report
+    table = [line for line in report.splitlines() if line.startswith("| low_confidence k=4 gen=8")]
+    assert len(table) == 1 and "| 4.00 |" in table[0] and table[0].split("|")[1].strip().endswith("*")
+    assert "| PB@80 | PB@0 |" in report and "## Best configuration per accuracy level" in report
+    assert "- average >= 0: **low_confidence k=4 gen=8**: 4.00 tokens/forward" in report
+    assert "## Failed configurations" in report and "- low_confidence k=3 gen=8: tokens_per_step 3" in report
+
+    # Run again: nothing is generated, no summary is duplicated, failures are retried and reported again.
+    before = (out / sweep.ROWS_FILE).read_bytes()
+    again = sweep.run_sweep(grid, out, progress=False, plots=False)
+    assert (out / sweep.ROWS_FILE).read_bytes() == before
+    assert [s["summary_id"] for s in _lines(out / sweep.SUMMARIES_FILE)] == [s["summary_id"] for s in summaries]
+    finished = [s for s in summaries if s["status"] == "ok"]
+    assert [s for s in _lines(out / sweep.SUMMARIES_FILE) if s["status"] == "ok"] == finished    # untouched
+    assert again.report.split("## Configurations")[1] == result.report.split("## Configurations")[1]
+
+
+GRID_FOR_PROCESSES = """\
+tasks: [waiting_line/copy, waiting_line/reverse]
+limit: 2
+batch_size: 1
+dtype: float32
+gen_lengths: [8]
+models: [{model}]
+samplers:
+  - {{name: low_confidence, tokens_per_step: [2]}}
+  - {{name: threshold, args: {{tau: 0.8}}}}
+caches: [none]
+grids:
+  - {{}}
+  - {{samplers: [{{name: low_confidence, tokens_per_step: 4}}], caches: [dual]}}
+"""
+
+
+@pytest.fixture(scope="module")
+def grid_file(model_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("grid") / "grid.yaml"
+    path.write_text(GRID_FOR_PROCESSES.format(model=model_dir))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(grid_file, tmp_path_factory):
+    """An uninterrupted single-process sweep of `grid_file`."""
+    out = tmp_path_factory.mktemp("ref")
+    sweep.run_sweep(sweep.parse_grid(sweep.load_grid_file(grid_file)), out, progress=False, plots=False)
+    return _lines(out / sweep.ROWS_FILE), _lines(out / sweep.SUMMARIES_FILE)
+
+
+def _env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def test_sigkill_mid_sweep_then_resume_loses_and_duplicates_nothing(grid_file, reference, tmp_path):
+    ref_rows, ref_summaries = reference
+    assert len(ref_rows) == 3 * 4 and len(ref_summaries) == 3
+    out = tmp_path / "killed"
+    rows_path = out / sweep.ROWS_FILE
+    proc = subprocess.Popen([sys.executable, "-m", "dllm.cli", "sweep", "--grid", str(grid_file), "--out-dir",
+                             str(out), "--no-progress", "--no-plots"], env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=tmp_path)
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if rows_path.exists() and rows_path.read_bytes().count(b"\n") >= 2:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the sweep finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = rows_path.read_bytes().count(b"\n")
+    assert 2 <= partial < len(ref_rows)
+    # Restart: the stored rows are kept, the rest is generated, nothing twice.
+    sweep.run_sweep(sweep.parse_grid(sweep.load_grid_file(grid_file)), out, progress=False, plots=False)
+    rows = _lines(rows_path)
+    assert [(r["run_id"], r["task"], r["index"]) for r in rows] == \
+        [(r["run_id"], r["task"], r["index"]) for r in ref_rows]
+    assert _strip_rows(rows) == _strip_rows(ref_rows)
+    summaries = _lines(out / sweep.SUMMARIES_FILE)
+    assert _strip_summaries(summaries) == _strip_summaries(ref_summaries)
+
+
+def test_two_processes_store_what_one_stores(grid_file, reference, tmp_path):
+    pytest.importorskip("accelerate")
+    ref_rows, ref_summaries = reference
+    out = tmp_path / "two"
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "dllm.cli", "sweep", "--grid", str(grid_file), "--out-dir", str(out),
+                          "--no-progress"], env=_env(), capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = _lines(out / sweep.ROWS_FILE)
+    assert {r["hardware"]["world_size"] for r in rows} == {2}
+    assert _strip_rows(rows) == _strip_rows(ref_rows)
+    summaries = _lines(out / sweep.SUMMARIES_FILE)
+    assert {s["hardware"]["world_size"] for s in summaries} == {2}
+    assert _strip_summaries(summaries) == _strip_summaries(ref_summaries)
+    assert res.stdout.count("# Sweep report") == 1           # only the main process reports
+    for name in (sweep.PLOT_TPF, sweep.PLOT_TPS, sweep.PLOT_TASKS):
+        assert (out / name).read_bytes()[:8] == PNG_SIGNATURE
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [sweep.ROWS_FILE, sweep.SUMMARIES_FILE, sweep.REPORT_FILE, sweep.PLOT_TPF, sweep.PLOT_TPS, sweep.PLOT_TASKS])
