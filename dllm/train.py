@@ -77,6 +77,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eps: float = 1e-3
+    rope_theta: float = 500000.0
     save_every: int = 250
     threads: int | None = None
     name: str = "pb-tiny"
@@ -94,6 +95,8 @@ class TrainConfig:
             raise ValueError(f"need 0 < lr < 1 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must be in (0, 1), got {self.eps}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
         if isinstance(self.tasks, str):
             self.tasks = tuple(t.strip() for t in self.tasks.split(",") if t.strip())
         from .eval import generators
@@ -214,7 +217,7 @@ def model_config(cfg: TrainConfig, tokenizer):
     ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in (("mask", MASK), ("eos", EOS), ("bos", BOS), ("eot", EOT))}
     return ModelConfig(family="llada", vocab_size=len(tokenizer), d_model=cfg.d_model, n_layers=cfg.n_layers,
                        n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads, mlp_hidden=cfg.mlp_hidden, norm_eps=1e-5,
-                       rope_theta=500000.0, max_seq_len=1024, mask_token_id=ids["mask"], eos_token_id=ids["eos"],
+                       rope_theta=cfg.rope_theta, max_seq_len=1024, mask_token_id=ids["mask"], eos_token_id=ids["eos"],
                        pad_token_id=ids["eos"], bos_token_id=ids["bos"], eot_token_id=ids["eot"], qkv_bias=False,
                        tie_embeddings=False, rope_fp32=True, logit_shift=False)
 

@@ -95,3 +95,5 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
         T.TrainConfig(tasks="waiting_line/cpy")
     with pytest.raises(ValueError, match="unknown train option"):
         T.config_from_args({"setps": 3})
+    with pytest.raises(ValueError, match="rope_theta must be > 0, got 0"):
+        T.TrainConfig(rope_theta=0.0)
