@@ -6,6 +6,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+
+def check_fields(cls, options, what: str) -> None:
+    """A ValueError naming the keys of `options` that are not fields of dataclass `cls`."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise ValueError(f"unknown {what} option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+
 FAMILIES = ("llada", "dream")
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .cache import get_policy
-from .config import GenerationConfig
+from .config import GenerationConfig, check_fields
 from .kernels import token_scores
 from .state import DecodeState, Decision, SpecialIds, select_positions
 
@@ -359,10 +359,7 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
     """
     cfg = config or GenerationConfig()
     if overrides:
-        names = {f.name for f in dataclasses.fields(GenerationConfig)}
-        unknown = sorted(set(overrides) - names)
-        if unknown:
-            raise ValueError(f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+        check_fields(GenerationConfig, overrides, "generation")
         cfg = dataclasses.replace(cfg, **overrides)
     if prompts is None:
         raise ValueError("no prompts given")

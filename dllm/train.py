@@ -376,10 +376,9 @@ def add_train_arguments(parser) -> None:
 
 
 def config_from_args(args: dict) -> TrainConfig:
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(args) - names)
-    if unknown:
-        raise ValueError(f"unknown train option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+    from .config import check_fields
+
+    check_fields(TrainConfig, args, "train")
     return TrainConfig(**args)
 
 

@@ -16,7 +16,6 @@ sorted, and only the main process writes, so N processes store exactly the rows 
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -397,8 +396,7 @@ def run_bench(cfg: BenchConfig, *, model=None, tokenizer=None, progress: bool = 
 
 def config_from_dict(d: dict) -> BenchConfig:
     """A BenchConfig from a mapping; unknown keys are an error naming them."""
-    names = {f.name for f in dataclasses.fields(BenchConfig)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ValueError(f"unknown bench option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+    from dllm.config import check_fields
+
+    check_fields(BenchConfig, d, "bench")
     return BenchConfig(**d)
