@@ -236,23 +236,31 @@ def _arg_combos(args, where: str) -> list[dict]:
     return [dict(zip(names, combo)) for combo in itertools.product(*lists)]
 
 
-def _sampler_entries(entries, where: str) -> list[dict]:
-    from dllm import samplers
-
-    out = []
+def _named_entries(entries, where: str, keys, what: str, available, lookup):
+    """(location, entry) for each entry of a sampler or cache list: a bare name becomes
+    {"name": ...}; its keys are checked and its name looked up with `lookup` (ValueError if unknown).
+    The location names the entry and its name, for the caller's further errors."""
     for j, e in enumerate(_alternatives(entries)):
         at = f"{where}[{j}]"
         if isinstance(e, str):
             e = {"name": e}
-        _check_keys(e, SAMPLER_KEYS, at)
+        _check_keys(e, keys, at)
         if "name" not in e:
-            raise ValueError(f"{at}: missing 'name'; valid sampler names: {', '.join(samplers.available())}")
-        name = e["name"]
+            raise ValueError(f"{at}: missing 'name'; valid {what}: {', '.join(available)}")
         try:
-            samplers.sampler_class(name)
+            lookup(e["name"])
         except ValueError as err:
             raise ValueError(f"{at}: {err}") from None
-        at = f"{at} ({name})"
+        yield f"{at} ({e['name']})", e
+
+
+def _sampler_entries(entries, where: str) -> list[dict]:
+    from dllm import samplers
+
+    out = []
+    for at, e in _named_entries(entries, where, SAMPLER_KEYS, "sampler names", samplers.available(),
+                                samplers.sampler_class):
+        name = e["name"]
         combos = _arg_combos(e.get("args"), at)
         for c in combos:
             try:
@@ -280,18 +288,7 @@ def _cache_entries(entries, where: str) -> list[tuple[str, dict]]:
     from dllm.cache import available_policies, get_policy, policy_class
 
     out = []
-    for j, e in enumerate(_alternatives(entries)):
-        at = f"{where}[{j}]"
-        if isinstance(e, str):
-            e = {"name": e}
-        _check_keys(e, CACHE_KEYS, at)
-        if "name" not in e:
-            raise ValueError(f"{at}: missing 'name'; valid cache policies: {', '.join(available_policies())}")
-        try:
-            policy_class(e["name"])
-        except ValueError as err:
-            raise ValueError(f"{at}: {err}") from None
-        at = f"{at} ({e['name']})"
+    for at, e in _named_entries(entries, where, CACHE_KEYS, "cache policies", available_policies(), policy_class):
         for c in _arg_combos(e.get("args"), at):
             try:
                 get_policy(e["name"], **c)
