@@ -10,7 +10,8 @@ import dllm
 from dllm import train as T
 
 TINY = dict(tasks="waiting_line/copy,puzzle/sudoku_n4_12", samples_per_task=40, vocab_size=700, d_model=32,
-            n_layers=2, n_heads=2, mlp_hidden=64, steps=6, batch_size=4, warmup=2, save_every=3, threads=1)
+            n_layers=2, n_heads=2, mlp_hidden=64, steps=6, copy_warmup_steps=2, batch_size=4, warmup=2, save_every=3,
+            threads=1)
 
 
 class _Uniform(torch.nn.Module):
@@ -42,6 +43,44 @@ def test_loss_masks_only_the_response_and_is_unbiased():
     assert pos[0, lp - 1] == 0 and pos[0, lp] == 1
 
 
+def test_masked_mean_loss_draws_t_as_a_power_of_u():
+    items = [T.Encoded("t", [5, 6, 7][: 1 + b % 3], [8 + b % 4] * 10) for b in range(4000)]
+    x, valid, pos, cols = T.make_batch(items, pad_id=0)
+    fake = _Uniform(50)
+    loss = T.diffusion_loss(fake, x, valid, pos, cols, mask_id=49, eps=1e-3,
+                            generator=torch.Generator().manual_seed(0), loss="masked-mean", t_power=2.0)
+    assert loss.item() == pytest.approx(math.log(50), rel=1e-5)         # the mean CE over masked tokens
+    lp = x.shape[1] - 10
+    assert torch.equal(fake.seen[:, :lp], x[:, :lp])
+    frac = (fake.seen[:, lp:] == 49).float().mean().item()
+    assert frac == pytest.approx(1 / 3, abs=0.02)                        # E[u^2] = 1/3
+    with pytest.raises(ValueError, match="loss 'elbo'"):
+        T.diffusion_loss(fake, x, valid, pos, cols, mask_id=49, eps=1e-3, generator=torch.Generator(), loss="elbo")
+
+
+def test_copy_warmup_examples_repeat_distinct_regular_tokens(trained):
+    import random
+
+    from transformers import PreTrainedTokenizerFast
+
+    out, _ = trained
+    tok = PreTrainedTokenizerFast.from_pretrained(str(out / "a" / "tokenizer"))
+    rng = random.Random(0)
+    special = set(tok.all_special_ids)
+    bos, eot, eos = (tok.convert_tokens_to_ids(t) for t in (T.BOS, T.EOT, T.EOS))
+    newline = tok("\n", add_special_tokens=False)["input_ids"]
+    lengths = set()
+    for _ in range(200):
+        e = T.copy_example(tok, rng)
+        n = len(e.prompt) - 1 - len(newline)
+        lengths.add(n)
+        body = e.prompt[1:1 + n]
+        assert e.prompt[0] == bos and e.prompt[1 + n:] == newline
+        assert len(set(body)) == n and not special & set(body)
+        assert e.response == body + [eot] + [eos] * (11 - n)
+    assert lengths == set(range(4, 11))
+
+
 def test_make_batch_left_pads():
     x, valid, pos, cols = T.make_batch([T.Encoded("t", [1, 2, 3], [9, 9]), T.Encoded("t", [4], [8, 8])], pad_id=0)
     assert x.tolist() == [[1, 2, 3, 9, 9], [0, 0, 4, 8, 8]]
@@ -59,9 +98,10 @@ def trained(tmp_path_factory):
 def test_saved_model_is_a_llada_checkpoint_that_generates(trained):
     out, folder = trained
     cfg = json.loads((folder / "config.json").read_text())
-    assert cfg["model_type"] == "llada" and cfg["d_model"] == 32 and cfg["weight_tying"] is False
+    assert cfg["model_type"] == "llada" and cfg["d_model"] == 32 and cfg["weight_tying"] is True
     names = set(load_file(str(folder / "model.safetensors")))
     assert "model.transformer.wte.weight" in names and "model.transformer.blocks.1.ff_proj.weight" in names
+    assert "model.transformer.ff_out.weight" not in names                 # tied: the head is wte
     model, tok = dllm.load(folder, dtype="float32")
     assert model.config.family == "llada"
     assert model.config.mask_token_id == tok.convert_tokens_to_ids("<|mdm_mask|>")
@@ -97,3 +137,9 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
         T.config_from_args({"setps": 3})
     with pytest.raises(ValueError, match="rope_theta must be > 0, got 0"):
         T.TrainConfig(rope_theta=0.0)
+    with pytest.raises(ValueError, match="loss 'l1' is not one of masked-mean, llada"):
+        T.TrainConfig(loss="l1")
+    with pytest.raises(ValueError, match="t_power must be in"):
+        T.TrainConfig(t_power=0.0)
+    with pytest.raises(ValueError, match="copy_warmup_steps must be an integer in \\[0, steps=10\\), got 10"):
+        T.TrainConfig(steps=10, copy_warmup_steps=10)
