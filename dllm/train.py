@@ -21,7 +21,7 @@ within about 1000 task steps, also when a quarter of the later batches stay synt
 Objective: per sequence draw a mask ratio t in (0, 1], mask each response token with
 probability t (the prompt never), and minimise the cross-entropy on the masked tokens.
 `--loss llada` is LLaDA's SFT estimator: t ~ U(eps, 1], each sequence's masked cross-entropy
-weighted by 1/t and normalised by the response length. `--loss masked-mean` (the shipped recipe)
+weighted by 1/t and normalised by the response length. `--loss masked-mean` (the default)
 draws t = u^t_power (u ~ U(0, 1], clipped at eps), so most sequences have few masks, and averages
 the cross-entropy over every masked token of the batch. Both train the same denoiser (predict each
 masked token from the visible ones); on this data the second learns to copy from the prompt in a
@@ -347,7 +347,7 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
     mcfg = model_config(cfg, tokenizer)
     model = LLaDAModel(mcfg, attention="sdpa")
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2:
                 torch.nn.init.normal_(p, std=0.02)
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n]
