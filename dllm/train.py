@@ -10,13 +10,17 @@ runs on the official files. The response is the answer, `<|eot_id|>`, then `<|en
 the task's canvas length (32 or 64 tokens), as LLaDA's SFT pads answers with EOS, which teaches
 the model to fill a fixed-length canvas.
 
-Copy warm-up: the first `copy_warmup_steps` batches are synthetic copy examples (4-10 distinct
-random tokens after BOS, to be repeated on a 12-token canvas). Every task needs the model to copy
-from its prompt; a small model trained on the tasks alone sits for thousands of steps predicting
-only the list punctuation and prior-likely names. On these short examples, with tied input/output
-embeddings (so a head that copies one token copies them all), the default model learns to copy in
-3000-6000 steps. Measured so far, that skill does not yet carry over to the tasks: it is lost
-within about 1000 task steps, also when a quarter of the later batches stay synthetic.
+Initialisation: "mimetic" (the default; see `init_weights`). Every task needs the model to copy
+from its prompt: find, in the query list, the visible neighbour of a masked token and take the
+token next to it. With a plain N(0, 0.02) init, a small bidirectional model trained on these
+~220-token sequences sat for thousands of steps predicting only the list punctuation and
+prior-likely names (measured: 0/16 held-out copies after 2250 steps). Starting each attention
+layer with W_k = W_q and W_o = W_v^T, and a larger embedding, it copies held-out lists exactly after
+a few hundred steps.
+
+Copy warm-up (`copy_warmup_steps`, 0 by default): the first batches can be synthetic copy examples
+(4-10 distinct random tokens after BOS, repeated on a 12-token canvas). Measured, it teaches
+copying at a fixed offset from BOS, which does not carry over to the tasks; kept as an option.
 
 Objective: per sequence draw a mask ratio t in (0, 1], mask each response token with
 probability t (the prompt never), and minimise the cross-entropy on the masked tokens.
@@ -73,6 +77,7 @@ DEFAULT_TASKS = (
 
 
 LOSSES = ("masked-mean", "llada")
+INITS = ("mimetic", "normal")
 
 
 @dataclass
@@ -89,8 +94,8 @@ class TrainConfig:
     n_heads: int = 4
     mlp_hidden: int = 384
     tie_embeddings: bool = True
-    steps: int = 13000
-    copy_warmup_steps: int = 6000
+    steps: int = 10000
+    copy_warmup_steps: int = 0
     batch_size: int = 32
     lr: float = 1e-3
     min_lr: float = 1e-4
@@ -99,6 +104,10 @@ class TrainConfig:
     grad_clip: float = 1.0
     eps: float = 1e-3
     rope_theta: float = 10000.0
+    init: str = "mimetic"
+    embed_std: float = 0.1
+    qk_std: float = 0.06
+    vo_std: float = 0.05
     loss: str = "masked-mean"
     t_power: float = 2.0
     save_every: int = 250
@@ -123,6 +132,12 @@ class TrainConfig:
             raise ValueError(f"need 0 < lr < 1 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must be in (0, 1), got {self.eps}")
+        if self.init not in INITS:
+            raise ValueError(f"init {self.init!r} is not one of {', '.join(INITS)}")
+        for k in ("embed_std", "qk_std", "vo_std"):
+            v = getattr(self, k)
+            if not 0 < v <= 1:
+                raise ValueError(f"{k} must be in (0, 1], got {v}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss {self.loss!r} is not one of {', '.join(LOSSES)}")
         if not 0 < self.t_power <= 10:
@@ -284,6 +299,31 @@ def model_config(cfg: TrainConfig, tokenizer):
                        tie_embeddings=cfg.tie_embeddings, rope_fp32=True, logit_shift=False)
 
 
+def init_weights(model, cfg: TrainConfig) -> None:
+    """Every matrix N(0, 0.02). With init="mimetic" (after Trockman & Kolter, "Mimetic
+    Initialization of Self-Attention Layers", 2023), each attention layer starts with W_k = W_q
+    (entries N(0, qk_std)) and W_o = W_v^T (entries N(0, vo_std)), so that W_q W_k^T and W_v W_o
+    are near multiples of the identity: from the first step a position attends to positions that
+    look like it and adds what it finds; the embedding is N(0, embed_std). The copying every task
+    needs (find the neighbour of a masked token in the prompt, take the token next to it) then
+    forms within a few hundred steps instead of not at all within a CPU budget."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+        if cfg.init != "mimetic":
+            return
+        torch.nn.init.normal_(model.embed.weight, std=cfg.embed_std)
+        for layer in model.layers:
+            attn = layer.attn
+            if attn.k.weight.shape != attn.q.weight.shape or attn.o.weight.shape != attn.v.weight.T.shape:
+                raise ValueError("mimetic init needs as many key/value heads as query heads")
+            torch.nn.init.normal_(attn.q.weight, std=cfg.qk_std)
+            attn.k.weight.copy_(attn.q.weight)
+            torch.nn.init.normal_(attn.v.weight, std=cfg.vo_std)
+            attn.o.weight.copy_(attn.v.weight.T)
+
+
 def save_pretrained(model, tokenizer, folder: str | Path, generation_defaults: dict | None = None) -> Path:
     """Write `model` and `tokenizer` in the LLaDA Hugging Face layout."""
     from safetensors.torch import save_file
@@ -346,10 +386,7 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
     torch.manual_seed(cfg.seed)
     mcfg = model_config(cfg, tokenizer)
     model = LLaDAModel(mcfg, attention="sdpa")
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                torch.nn.init.normal_(p, std=0.02)
+    init_weights(model, cfg)
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},

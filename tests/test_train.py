@@ -143,3 +143,38 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
         T.TrainConfig(t_power=0.0)
     with pytest.raises(ValueError, match="copy_warmup_steps must be an integer in \\[0, steps=10\\), got 10"):
         T.TrainConfig(steps=10, copy_warmup_steps=10)
+    with pytest.raises(ValueError, match="init 'xavier' is not one of mimetic, normal"):
+        T.TrainConfig(init="xavier")
+    with pytest.raises(ValueError, match="qk_std must be in \\(0, 1\\], got 0.0"):
+        T.TrainConfig(qk_std=0.0)
+
+
+def _tiny_model(init):
+    from dllm.config import ModelConfig
+    from dllm.models.llada import LLaDAModel
+
+    mc = ModelConfig(family="llada", vocab_size=50, d_model=24, n_layers=3, n_heads=3, n_kv_heads=3, mlp_hidden=40,
+                     norm_eps=1e-5, rope_theta=1e4, max_seq_len=64, mask_token_id=49, eos_token_id=48,
+                     pad_token_id=48, bos_token_id=47, eot_token_id=46, qkv_bias=False, tie_embeddings=True,
+                     rope_fp32=True, logit_shift=False)
+    torch.manual_seed(0)
+    model = LLaDAModel(mc)
+    T.init_weights(model, T.TrainConfig(init=init, embed_std=0.3, qk_std=0.2, vo_std=0.1))
+    return model
+
+
+def test_mimetic_init_ties_query_key_and_value_output():
+    model = _tiny_model("mimetic")
+    assert model.embed.weight.std().item() == pytest.approx(0.3, rel=0.15)
+    for layer in model.layers:
+        a = layer.attn
+        assert torch.equal(a.k.weight, a.q.weight) and torch.equal(a.o.weight, a.v.weight.T)
+        assert a.q.weight.std().item() == pytest.approx(0.2, rel=0.2)
+        assert a.v.weight.std().item() == pytest.approx(0.1, rel=0.2)
+        # W_q W_k^T is positive semi-definite: a token's key scores its own query highest on average
+        qk = a.q.weight.T @ a.k.weight
+        assert torch.linalg.eigvalsh((qk + qk.T) / 2).min() > -1e-5
+        assert layer.mlp.down.weight.std().item() == pytest.approx(0.02, rel=0.2)
+    normal = _tiny_model("normal")
+    assert normal.embed.weight.std().item() == pytest.approx(0.02, rel=0.2)
+    assert not torch.equal(normal.layers[0].attn.k.weight, normal.layers[0].attn.q.weight)
