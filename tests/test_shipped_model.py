@@ -1,0 +1,45 @@
+"""The model shipped in the package: its layout, a held-out generation and a short bench on CPU."""
+import json
+
+import pytest
+
+import dllm
+from dllm.eval import generators, runner
+from dllm.models import loading
+from dllm.train import render_prompt
+
+FOLDER = loading.ASSETS_DIR / loading.DEFAULT_MODEL
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return dllm.load(dtype="float32")
+
+
+def test_shipped_model_has_the_llada_layout_and_fits_the_budget():
+    names = {p.name for p in FOLDER.iterdir()}
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+              "generation_config.json", "README.md", "train_info.json", "learn2pd_filter.safetensors"):
+        assert f in names, f
+    cfg = json.loads((FOLDER / "config.json").read_text())
+    assert cfg["model_type"] == "llada" and cfg["weight_tying"] is True
+    assert sum(p.stat().st_size for p in FOLDER.iterdir()) <= 25 * 2 ** 20
+    assert loading.DEFAULT_MODEL in loading.shipped_models()
+
+
+def test_shipped_model_copies_held_out_lists(shipped):
+    model, tok = shipped
+    records = generators.generate("waiting_line/copy", split="test", num_samples=4, shard=0)
+    ids = [tok(render_prompt("waiting_line/copy", r), add_special_tokens=False)["input_ids"] for r in records]
+    out = dllm.generate(model, tok, ids, gen_length=64, steps=64, sampler="low_confidence")
+    right = sum(text.strip() == r["answer"] for text, r in zip(out.texts, records))
+    assert right >= 3, list(zip(out.texts, [r["answer"] for r in records]))
+
+
+def test_three_sample_bench_on_the_shipped_model(shipped, tmp_path):
+    model, tok = shipped
+    cfg = runner.BenchConfig(tasks="waiting_line/copy", generated=True, limit=3, out=str(tmp_path / "b.jsonl"),
+                             sampler="low_confidence")
+    rows = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert [r["task"] for r in rows] == ["waiting_line/copy"] * 3
+    assert sum(r["score"] for r in rows) >= 2
