@@ -43,3 +43,12 @@ def test_three_sample_bench_on_the_shipped_model(shipped, tmp_path):
     rows = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     assert [r["task"] for r in rows] == ["waiting_line/copy"] * 3
     assert sum(r["score"] for r in rows) >= 2
+
+
+def test_learn2pd_finds_the_filter_shipped_with_the_default_model(shipped):
+    model, tok = shipped
+    assert model.name_or_path == loading.DEFAULT_MODEL
+    records = generators.generate("waiting_line/copy", split="test", num_samples=2, shard=0)
+    ids = [tok(render_prompt("waiting_line/copy", r), add_special_tokens=False)["input_ids"] for r in records]
+    out = dllm.generate(model, tok, ids, gen_length=32, block_length=32, steps=32, sampler="learn2pd")
+    assert max(out.nfe) < 32 and [t.strip() for t in out.texts] == [r["answer"] for r in records]
