@@ -42,6 +42,8 @@ than K with zeros before the filter and softmaxes in the logits dtype (`score_dt
 """
 from __future__ import annotations
 
+import math
+
 import json
 import os
 from pathlib import Path
@@ -235,7 +237,11 @@ class Learn2PD(LowConfidence):
         feats = torch.zeros(positions.shape[0], K, dtype=torch.float32, device=positions.device)   # (B', K)
         r, q = in_block.nonzero(as_tuple=True)
         feats[r, offset[r, q]] = conf[r, q].float()
-        accept = torch.sigmoid(self.filter(feats)) > self.accept_thres                  # (B', K)
+        # sigmoid(z) > thres, compared as z > logit(thres): exact where float32 sigmoid would
+        # round to 0 or 1 (thres 0 accepts every position, thres 1 none)
+        z = self.filter(feats).double()
+        t = float(self.accept_thres)
+        accept = z > (math.log(t) - math.log1p(-t)) if 0 < t < 1 else torch.full_like(z, t == 0, dtype=torch.bool)
         return in_block & accept.gather(1, offset)
 
     def step(self, state, rows, positions, valid, scores):
