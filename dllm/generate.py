@@ -159,7 +159,8 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
     return DecodeState(x=x.to(device), gen_start=lp, gen_length=cfg.gen_length, block_length=block_length,
                        pad_len=pad_len.to(device), ids=ids, temperature=float(cfg.temperature), generator=gen,
                        score_dtype=_score_dtype(cfg.score_dtype, model), steps=cfg.resolved_steps,
-                       family=mc.family, source=getattr(model, "name_or_path", None))
+                       family=mc.family,
+                       source=getattr(model, "checkpoint_dir", None) or getattr(model, "name_or_path", None))
 
 
 def resolve_sampler(model, cfg: GenerationConfig):

@@ -42,9 +42,8 @@ than K with zeros before the filter and softmaxes in the logits dtype (`score_dt
 """
 from __future__ import annotations
 
-import math
-
 import json
+import math
 import os
 from pathlib import Path
 
@@ -138,16 +137,10 @@ def load_filter(path: str | os.PathLike) -> Learn2PDFilter:
 
 
 def shipped_filter(source: str | None) -> Path | None:
-    """The filter shipped in a checkpoint folder (`learn2pd_filter.safetensors`), if any; `source`
-    is that folder or the name of a model shipped in the package (`dllm.load()` names it so)."""
+    """The filter shipped in a checkpoint folder (`learn2pd_filter.safetensors`), if any."""
     if not source:
         return None
-    from dllm.models.loading import ASSETS_DIR, shipped_models
-
-    folder = Path(source)
-    if not (folder / FILTER_FILE).is_file() and str(source) in shipped_models():
-        folder = ASSETS_DIR / str(source)
-    candidate = folder / FILTER_FILE
+    candidate = Path(source) / FILTER_FILE
     return candidate if candidate.is_file() else None
 
 

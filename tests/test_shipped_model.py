@@ -6,7 +6,7 @@ import pytest
 import dllm
 from dllm.eval import generators, runner
 from dllm.models import loading
-from dllm.train import render_prompt
+from dllm.eval.tasks import encode_messages, messages
 
 FOLDER = loading.ASSETS_DIR / loading.DEFAULT_MODEL
 
@@ -14,6 +14,12 @@ FOLDER = loading.ASSETS_DIR / loading.DEFAULT_MODEL
 @pytest.fixture(scope="module")
 def shipped():
     return dllm.load(dtype="float32")
+
+
+def _held_out_copies(tok, n):
+    """The first `n` records of the generated copy test split and their prompt ids, as the bench renders them."""
+    records = generators.generate("waiting_line/copy", split="test", num_samples=n, shard=0)
+    return records, [encode_messages(tok, messages("waiting_line/copy", r)) for r in records]
 
 
 def test_shipped_model_has_the_llada_layout_and_fits_the_budget():
@@ -29,8 +35,7 @@ def test_shipped_model_has_the_llada_layout_and_fits_the_budget():
 
 def test_shipped_model_copies_held_out_lists(shipped):
     model, tok = shipped
-    records = generators.generate("waiting_line/copy", split="test", num_samples=4, shard=0)
-    ids = [tok(render_prompt("waiting_line/copy", r), add_special_tokens=False)["input_ids"] for r in records]
+    records, ids = _held_out_copies(tok, 4)
     out = dllm.generate(model, tok, ids, gen_length=64, steps=64, sampler="low_confidence")
     right = sum(text.strip() == r["answer"] for text, r in zip(out.texts, records))
     assert right >= 3, list(zip(out.texts, [r["answer"] for r in records]))
@@ -48,7 +53,6 @@ def test_three_sample_bench_on_the_shipped_model(shipped, tmp_path):
 def test_learn2pd_finds_the_filter_shipped_with_the_default_model(shipped):
     model, tok = shipped
     assert model.name_or_path == loading.DEFAULT_MODEL
-    records = generators.generate("waiting_line/copy", split="test", num_samples=2, shard=0)
-    ids = [tok(render_prompt("waiting_line/copy", r), add_special_tokens=False)["input_ids"] for r in records]
+    records, ids = _held_out_copies(tok, 2)
     out = dllm.generate(model, tok, ids, gen_length=32, block_length=32, steps=32, sampler="learn2pd")
     assert max(out.nfe) < 32 and [t.strip() for t in out.texts] == [r["answer"] for r in records]

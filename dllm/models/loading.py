@@ -317,4 +317,5 @@ def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu"
             module.cfg = model.config
     model.generation_defaults = gen_defaults
     model.name_or_path = str(path_or_id) if path_or_id is not None else DEFAULT_MODEL
+    model.checkpoint_dir = str(folder)   # the local folder (shipped files such as a Learn2PD filter)
     return model, tokenizer
