@@ -34,6 +34,19 @@ left the unigram plateau after about 900 steps with masked-mean and t = u^2, and
 with the 1/t-weighted uniform-t loss (nor at lr 3e-3), which leaves a CPU-sized budget learning
 nothing but the list punctuation.
 
+In-context answers (`mask_example`, 0.5 by default): in that fraction of rows, the answer of the
+prompt's one-shot example is masked as well, with the row's t, and its masked tokens join the
+loss. Every task prompt carries a solved example of the same task, so this doubles the supervised
+tokens of a forward at no extra cost. At inference the example is always visible; half of the
+training rows still show it. Measured at 1000 steps: masked-token accuracy 0.842 against 0.802
+without it.
+
+Speed (`precision`, `compile`): by default the step runs under bf16 autocast, compiled with
+`torch.compile`, with plain-math attention (the `eager` backend, which the compiler fuses); the
+weights and the optimizer stay fp32 and the exported checkpoint is fp32. On a 2-core CPU with bf16
+matrix units this runs the default model at about 3.8 steps/s against 2.3 for eager fp32 with sdpa.
+`--precision fp32 --compile false` gives the plain fp32 step.
+
 Tokenizer: a byte-level BPE built with the `tokenizers` library on the rendered training text,
 digits kept one per token (Sudoku cells), with LLaDA's special tokens and chat format. The result
 is saved in the real LLaDA Hugging Face layout (config.json with LLaDA keys, model.safetensors,
@@ -78,6 +91,7 @@ DEFAULT_TASKS = (
 
 LOSSES = ("masked-mean", "llada")
 INITS = ("mimetic", "normal")
+PRECISIONS = ("bf16", "fp32")
 
 
 @dataclass
@@ -94,7 +108,7 @@ class TrainConfig:
     n_heads: int = 4
     mlp_hidden: int = 384
     tie_embeddings: bool = True
-    steps: int = 10000
+    steps: int = 18000
     copy_warmup_steps: int = 0
     batch_size: int = 32
     lr: float = 1e-3
@@ -110,6 +124,9 @@ class TrainConfig:
     vo_std: float = 0.05
     loss: str = "masked-mean"
     t_power: float = 2.0
+    mask_example: float = 0.5
+    precision: str = "bf16"
+    compile: bool = True
     save_every: int = 250
     threads: int | None = None
     name: str = "pb-tiny"
@@ -142,6 +159,12 @@ class TrainConfig:
             raise ValueError(f"loss {self.loss!r} is not one of {', '.join(LOSSES)}")
         if not 0 < self.t_power <= 10:
             raise ValueError(f"t_power must be in (0, 10], got {self.t_power}")
+        if not 0 <= self.mask_example <= 1:
+            raise ValueError(f"mask_example must be in [0, 1], got {self.mask_example}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be true or false, got {self.compile!r}")
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
         if isinstance(self.tasks, str):
@@ -208,11 +231,41 @@ class Encoded:
     task: str
     prompt: list[int]
     response: list[int]      # answer + EOT + EOS padding, exactly the task's canvas length
+    examples: tuple = ()     # (start, stop) of each in-context example's answer inside `prompt`
+
+
+def _find(seq: list[int], sub: list[int], start: int) -> int:
+    """First index >= start where `sub` occurs in `seq`, or -1."""
+    n = len(sub)
+    for i in range(start, len(seq) - n + 1):
+        if seq[i:i + n] == sub:
+            return i
+    return -1
+
+
+def example_spans(tokenizer, prompt: list[int], turns: list[dict]) -> tuple:
+    """Where the answers of the in-context examples sit in a prompt's ids: one (start, stop) per
+    assistant turn, searched in order after the end of the turn before it (a copy example's
+    question holds the same list as its answer)."""
+    eot = tokenizer.convert_tokens_to_ids(EOT)
+    spans, at = [], 0
+    for turn in turns:
+        if turn["role"] == "user":
+            at = prompt.index(eot, at) + 1
+            continue
+        ids = tokenizer(turn["content"].strip(), add_special_tokens=False)["input_ids"]
+        i = _find(prompt, ids, at)
+        if i < 0 or not ids:
+            raise ValueError(f"an in-context answer ({turn['content'][:40]!r}) does not tokenize the same inside "
+                             f"the prompt")
+        spans.append((i, i + len(ids)))
+        at = prompt.index(eot, i + len(ids)) + 1
+    return tuple(spans)
 
 
 def encode_records(tokenizer, records: dict[str, list[dict]]) -> tuple[list[Encoded], dict[str, int]]:
     """Token ids of every record; records whose answer does not fit the canvas are counted, not kept."""
-    from .eval.tasks import get_task
+    from .eval.tasks import get_task, messages
 
     eos, eot = tokenizer.convert_tokens_to_ids(EOS), tokenizer.convert_tokens_to_ids(EOT)
     out, dropped = [], {}
@@ -220,11 +273,12 @@ def encode_records(tokenizer, records: dict[str, list[dict]]) -> tuple[list[Enco
         canvas = get_task(task_id).max_tokens
         prompts = tokenizer([render_prompt(task_id, r) for r in recs], add_special_tokens=False)["input_ids"]
         answers = tokenizer([answer_text(r) for r in recs], add_special_tokens=False)["input_ids"]
-        for p, a in zip(prompts, answers):
+        for r, p, a in zip(recs, prompts, answers):
             if len(a) + 1 > canvas:
                 dropped[task_id] = dropped.get(task_id, 0) + 1
                 continue
-            out.append(Encoded(task_id, p, a + [eot] + [eos] * (canvas - len(a) - 1)))
+            spans = example_spans(tokenizer, p, messages(task_id, r))
+            out.append(Encoded(task_id, p, a + [eot] + [eos] * (canvas - len(a) - 1), spans))
     return out, dropped
 
 
@@ -264,24 +318,50 @@ def make_batch(items: list[Encoded], pad_id: int):
     return x, valid, pos, cols
 
 
+def example_columns(items: list[Encoded], L: int):
+    """Canvas columns of the in-context answers of a batch made by `make_batch` (prompts end at
+    column L - G): (B, E) columns and (B, E) validity. Rows with fewer are padded with column 0,
+    which is never masked (a prompt starts with BOS; a shorter row's column 0 is padding)."""
+    g = len(items[0].response)
+    lp = L - g
+    per_row = [[lp - len(e.prompt) + j for a, b in e.examples for j in range(a, b)] for e in items]
+    E = max(1, max(len(c) for c in per_row))
+    cols = torch.zeros(len(items), E, dtype=torch.long)
+    ok = torch.zeros(len(items), E, dtype=torch.bool)
+    for b, c in enumerate(per_row):
+        if c:
+            cols[b, :len(c)] = torch.tensor(c)
+            ok[b, :len(c)] = True
+    return cols, ok
+
+
 def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generator: torch.Generator,
-                   loss: str = "llada", t_power: float = 1.0):
+                   loss: str = "llada", t_power: float = 1.0, extra_cols: torch.Tensor | None = None,
+                   extra_ok: torch.Tensor | None = None):
     """Masked-diffusion loss on one batch: response tokens masked w.p. t, cross-entropy on them.
 
     loss="llada": t ~ U(eps, 1] (`t_power` ignored), per sequence sum(CE on masked) / t / G, the
     batch mean (LLaDA SFT; an unbiased estimate of the ELBO bound, E = log V for uniform logits).
-    loss="masked-mean": t = max(u^t_power, eps), the mean CE over all masked tokens of the batch."""
+    loss="masked-mean": t = max(u^t_power, eps), the mean CE over all masked tokens of the batch.
+
+    extra_cols (B, E) with extra_ok (B, E): prompt columns (the in-context answers of the rows
+    chosen for it) that are masked with the same t as their row's response and join the loss;
+    extra_ok False entries are left alone."""
     if loss not in LOSSES:
         raise ValueError(f"loss {loss!r} is not one of {', '.join(LOSSES)}")
     B, G = cols.shape
     u = torch.rand(B, 1, generator=generator)
     t = eps + (1 - eps) * u if loss == "llada" else u.pow(t_power).clamp(min=eps)
     masked = torch.rand(B, G, generator=generator) < t
+    if extra_cols is not None:
+        ex_masked = (torch.rand(extra_cols.shape, generator=generator) < t) & extra_ok
+        cols = torch.cat([extra_cols, cols], dim=1)
+        masked = torch.cat([ex_masked, masked], dim=1)
     target = x.gather(1, cols)
     noisy = x.clone()
     noisy.scatter_(1, cols, torch.where(masked, torch.full_like(target, mask_id), target))
-    logits = model(noisy, cols, position_ids=pos, key_valid=valid)          # (B, G, V)
-    ce = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")   # (B, G)
+    logits = model(noisy, cols, position_ids=pos, key_valid=valid)          # (B, G', V)
+    ce = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")   # (B, G')
     if loss == "llada":
         return ((ce * masked / t).sum(1) / G).mean()
     return (ce * masked).sum() / masked.sum().clamp(min=1)
@@ -385,8 +465,11 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
 
     torch.manual_seed(cfg.seed)
     mcfg = model_config(cfg, tokenizer)
-    model = LLaDAModel(mcfg, attention="sdpa")
+    # eager attention: plain matmuls and softmax, which torch.compile fuses and bf16 autocast runs
+    # on the CPU's bf16 matrix units; sdpa's CPU backward in bf16 is several times slower.
+    model = LLaDAModel(mcfg, attention="eager" if cfg.precision == "bf16" or cfg.compile else "sdpa")
     init_weights(model, cfg)
+    forward = torch.compile(model, dynamic=True) if cfg.compile else model
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -418,9 +501,15 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
             pool = by_task[tasks[rng.randrange(len(tasks))]]
             items = [pool[rng.randrange(len(pool))] for _ in range(cfg.batch_size)]
         x, valid, pos, cols = make_batch(items, mcfg.pad_token_id)
+        extra_cols = extra_ok = None
+        if cfg.mask_example > 0:
+            extra_cols, extra_ok = example_columns(items, x.shape[1])
+            extra_ok &= torch.rand(len(items), 1, generator=gen) < cfg.mask_example
         for g in opt.param_groups:
             g["lr"] = _lr(cfg, step)
-        loss = diffusion_loss(model, x, valid, pos, cols, mcfg.mask_token_id, cfg.eps, gen, cfg.loss, cfg.t_power)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            loss = diffusion_loss(forward, x, valid, pos, cols, mcfg.mask_token_id, cfg.eps, gen, cfg.loss,
+                                  cfg.t_power, extra_cols, extra_ok)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -11,7 +11,7 @@ from dllm import train as T
 
 TINY = dict(tasks="waiting_line/copy,puzzle/sudoku_n4_12", samples_per_task=40, vocab_size=700, d_model=32,
             n_layers=2, n_heads=2, mlp_hidden=64, steps=6, copy_warmup_steps=2, batch_size=4, warmup=2, save_every=3,
-            threads=1)
+            threads=1, compile=False)
 
 
 class _Uniform(torch.nn.Module):
@@ -56,6 +56,63 @@ def test_masked_mean_loss_draws_t_as_a_power_of_u():
     assert frac == pytest.approx(1 / 3, abs=0.02)                        # E[u^2] = 1/3
     with pytest.raises(ValueError, match="loss 'elbo'"):
         T.diffusion_loss(fake, x, valid, pos, cols, mask_id=49, eps=1e-3, generator=torch.Generator(), loss="elbo")
+
+
+def test_example_answers_join_the_loss_masked_with_their_rows_t():
+    items = [T.Encoded("t", [1, 2, 3, 4, 5, 6][: 4 + b % 3], [8 + b % 4] * 10, ((1, 3),) if b % 5 else ())
+             for b in range(4000)]
+    x, valid, pos, cols = T.make_batch(items, pad_id=0)
+    ex_cols, ex_ok = T.example_columns(items, x.shape[1])
+    lp = x.shape[1] - 10
+    for b in (0, 1, 2):
+        assert ex_ok[b].sum() == (2 if b % 5 else 0)
+        assert x[b, ex_cols[b][ex_ok[b]]].tolist() == ([2, 3] if b % 5 else [])
+        assert (ex_cols[b][~ex_ok[b]] == 0).all()                       # padding points at column 0
+    fake = _Uniform(50)
+    loss = T.diffusion_loss(fake, x, valid, pos, cols, mask_id=49, eps=1e-3, generator=torch.Generator().manual_seed(0),
+                            loss="masked-mean", t_power=1.0, extra_cols=ex_cols, extra_ok=ex_ok)
+    assert loss.item() == pytest.approx(math.log(50), rel=1e-5)
+    seen = fake.seen
+    ex_mask = (seen == 49)
+    ex_mask[:, lp:] = False
+    rows = torch.arange(len(items))[:, None]
+    allowed = torch.zeros_like(ex_mask)
+    allowed[rows, ex_cols] = ex_ok
+    assert not (ex_mask & ~allowed).any()                                 # only the example answers, never padding
+    assert ex_mask.any()
+    has_ex = torch.tensor([b % 5 != 0 for b in range(len(items))])
+    assert (seen[~has_ex, :lp] == x[~has_ex, :lp]).all()
+    # The example is masked at its row's rate: it tracks the response's masked fraction.
+    resp_frac = (seen[has_ex, lp:] == 49).float().mean(1)
+    ex_frac = ex_mask[has_ex].float().sum(1) / 2
+    assert torch.corrcoef(torch.stack([resp_frac, ex_frac]))[0, 1] > 0.6
+    assert ex_frac.mean().item() == pytest.approx(0.5, abs=0.03)
+
+
+def test_example_spans_locate_the_in_context_answer_in_real_prompts(trained):
+    from transformers import PreTrainedTokenizerFast
+
+    out, _ = trained
+    tok = PreTrainedTokenizerFast.from_pretrained(str(out / "a" / "tokenizer"))
+    records = T.training_records(T.TrainConfig(tasks="waiting_line/copy,puzzle/sudoku_n4_12", samples_per_task=5))
+    checked = 0
+    for task, rec in [(t, r) for t, recs in records.items() for r in recs]:
+        data, _ = T.encode_records(tok, {task: [rec]})
+        if not data:                      # too long for the canvas with this small tokenizer
+            continue
+        e, = data
+        checked += 1
+        (a, b), = e.examples
+        ex = rec["input"]["icl_examples"][0]
+        shown = ex["answer"] if isinstance(ex["answer"], str) else ex["answer"]["example"]
+        assert tok.decode(e.prompt[a:b]) == shown
+        # a copy example's question holds the same list: the span is the assistant's, after it
+        assert e.prompt[a - 1] != tok.convert_tokens_to_ids(T.EOT) and e.prompt[b] == tok.convert_tokens_to_ids(T.EOT)
+        assert tok.convert_tokens_to_ids(T.HEADER_END) in e.prompt[a - 3:a]
+    assert checked >= 5
+    turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "zzqx unseen"}]
+    with pytest.raises(ValueError, match="does not tokenize the same"):
+        T.example_spans(tok, tok("<|startoftext|>a<|eot_id|>b", add_special_tokens=False)["input_ids"], turns)
 
 
 def test_copy_warmup_examples_repeat_distinct_regular_tokens(trained):
@@ -147,6 +204,12 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
         T.TrainConfig(init="xavier")
     with pytest.raises(ValueError, match="qk_std must be in \\(0, 1\\], got 0.0"):
         T.TrainConfig(qk_std=0.0)
+    with pytest.raises(ValueError, match="mask_example must be in \\[0, 1\\], got 1.5"):
+        T.TrainConfig(mask_example=1.5)
+    with pytest.raises(ValueError, match="precision 'fp16' is not one of bf16, fp32"):
+        T.TrainConfig(precision="fp16")
+    with pytest.raises(ValueError, match="compile must be true or false, got 'yes'"):
+        T.TrainConfig(compile="yes")
 
 
 def _tiny_model(init):
@@ -178,3 +241,42 @@ def test_mimetic_init_ties_query_key_and_value_output():
     normal = _tiny_model("normal")
     assert normal.embed.weight.std().item() == pytest.approx(0.02, rel=0.2)
     assert not torch.equal(normal.layers[0].attn.k.weight, normal.layers[0].attn.q.weight)
+
+
+def test_compiled_and_bf16_losses_equal_the_eager_fp32_loss(trained, tmp_path):
+    """torch.compile and bf16 autocast change how a step is computed, not what it computes: on a
+    real batch the compiled loss equals the eager one, and the bf16 loss and gradients are close."""
+    from transformers import PreTrainedTokenizerFast
+
+    from dllm.models.llada import LLaDAModel
+
+    out, _ = trained
+    tok = PreTrainedTokenizerFast.from_pretrained(str(out / "a" / "tokenizer"))
+    cfg = T.TrainConfig(**TINY)
+    data, _ = T.encode_records(tok, T.training_records(cfg))
+    items = [e for e in data if e.task == "waiting_line/copy"][:6]
+    x, valid, pos, cols = T.make_batch(items, tok.convert_tokens_to_ids(T.EOS))
+    ex_cols, ex_ok = T.example_columns(items, x.shape[1])
+    torch.manual_seed(0)
+    model = LLaDAModel(T.model_config(cfg, tok), attention="eager")
+    T.init_weights(model, cfg)
+
+    def loss_and_grad(fwd, bf16):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = T.diffusion_loss(fwd, x, valid, pos, cols, model.config.mask_token_id, 1e-3,
+                                    torch.Generator().manual_seed(1), "masked-mean", 1.0, ex_cols, ex_ok)
+        loss.backward()
+        return loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    ref, g_ref = loss_and_grad(model, False)
+    compiled = torch.compile(model, dynamic=True)
+    got, g = loss_and_grad(compiled, False)
+    assert got == pytest.approx(ref, rel=1e-5) and torch.allclose(g, g_ref, atol=1e-5)
+    got, g = loss_and_grad(compiled, True)
+    assert got == pytest.approx(ref, rel=2e-2)
+    assert torch.nn.functional.cosine_similarity(g, g_ref, dim=0) > 0.99
+    # and a compiled bf16 run trains and exports
+    folder = T.train(T.TrainConfig(out=str(tmp_path / "c"), **{**TINY, "steps": 3, "copy_warmup_steps": 0,
+                                                                  "compile": True}), progress=False)
+    assert (folder / "model.safetensors").is_file()
