@@ -280,3 +280,30 @@ def test_compiled_and_bf16_losses_equal_the_eager_fp32_loss(trained, tmp_path):
     folder = T.train(T.TrainConfig(out=str(tmp_path / "c"), **{**TINY, "steps": 3, "copy_warmup_steps": 0,
                                                                   "compile": True}), progress=False)
     assert (folder / "model.safetensors").is_file()
+
+
+def test_task_weights_parse_globs_and_reject_bad_entries():
+    tasks = "waiting_line/copy,waiting_line/reverse,puzzle/latin_square_n4,puzzle/sudoku_n4_12"
+    assert T.TrainConfig(tasks=tasks).sampling_weights() is None
+    assert T.TrainConfig(tasks=tasks, task_weights="waiting_line/*=2, puzzle/*=2").sampling_weights() is None
+    w = T.TrainConfig(tasks=tasks, task_weights="puzzle/*=3,waiting_line/copy=0.5,puzzle/sudoku_n4_12=2").sampling_weights()
+    assert w == {"waiting_line/copy": 0.5, "waiting_line/reverse": 1.0, "puzzle/latin_square_n4": 3.0,
+                 "puzzle/sudoku_n4_12": 2.0}
+    for bad, match in [("puzzle/*", "is not PATTERN=WEIGHT"), ("puzzle/*=-1", "is not PATTERN=WEIGHT"),
+                       ("puzzle/*=x", "is not PATTERN=WEIGHT"), ("=2", "is not PATTERN=WEIGHT"),
+                       ("puzzle/*=inf", "is not PATTERN=WEIGHT"),
+                       ("waiting_line/sort=2", "pattern 'waiting_line/sort' matches none of the tasks"),
+                       ("*=0", "gives every task weight 0")]:
+        with pytest.raises(ValueError, match=match):
+            T.TrainConfig(tasks=tasks, task_weights=bad)
+
+
+def test_weighted_runs_draw_tasks_by_weight(trained, tmp_path):
+    out, _ = trained
+    info = json.loads((out / "a" / "train_info.json").read_text())
+    assert sum(info["batches_per_task"].values()) == TINY["steps"] - TINY["copy_warmup_steps"]
+    opts = {**TINY, "steps": 8, "copy_warmup_steps": 0, "task_weights": "puzzle/*=0"}
+    T.train(T.TrainConfig(out=str(tmp_path / "w"), **opts), progress=False)
+    info = json.loads((tmp_path / "w" / "train_info.json").read_text())
+    assert info["batches_per_task"] == {"puzzle/sudoku_n4_12": 0, "waiting_line/copy": 8}
+    assert info["recipe"]["task_weights"] == "puzzle/*=0"
