@@ -206,6 +206,8 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
         T.TrainConfig(qk_std=0.0)
     with pytest.raises(ValueError, match="mask_example must be in \\[0, 1\\], got 1.5"):
         T.TrainConfig(mask_example=1.5)
+    with pytest.raises(ValueError, match="bind_mask must be in \\[0, 1\\], got -0.1"):
+        T.TrainConfig(bind_mask=-0.1)
     with pytest.raises(ValueError, match="precision 'fp16' is not one of bf16, fp32"):
         T.TrainConfig(precision="fp16")
     with pytest.raises(ValueError, match="compile must be true or false, got 'yes'"):
@@ -307,3 +309,39 @@ def test_weighted_runs_draw_tasks_by_weight(trained, tmp_path):
     info = json.loads((tmp_path / "w" / "train_info.json").read_text())
     assert info["batches_per_task"] == {"puzzle/sudoku_n4_12": 0, "waiting_line/copy": 8}
     assert info["recipe"]["task_weights"] == "puzzle/*=0"
+
+
+def test_name_sides_mark_first_and_last_name_tokens_of_list_items():
+    toks = ['["', 'Betty', 'ĠMorgan', '",', 'Ġ"', 'Z', 'z', 'ĠQ', 'w', '"]', '<|eot_id|>']
+    assert T.name_sides(toks) == (0, 1, 2, 0, 0, 1, 1, 2, 2, 0, 0)
+    assert T.name_sides(['"', 'Ann', 'ĠLee', '"']) == (0, 1, 2, 0)          # bare quotes open and close
+    assert T.name_sides(['1', '4', 'Ċ', '3', ',', 'A']) == (0,) * 6             # grids have no items
+
+
+def test_bind_rows_mask_exactly_one_name_side(trained):
+    """bind_mask rows mask every first-name (or every last-name) token of the answer and nothing
+    else; the sides come from the real tokenizer's view of a rendered answer."""
+    from transformers import PreTrainedTokenizerFast
+
+    out, _ = trained
+    tok = PreTrainedTokenizerFast.from_pretrained(str(out / "a" / "tokenizer"))
+    recs = T.training_records(T.TrainConfig(tasks="waiting_line/shuffle", samples_per_task=12))
+    data, _ = T.encode_records(tok, recs)
+    assert data
+    for e in data:
+        eot = e.response.index(tok.convert_tokens_to_ids(T.EOT))
+        names = json.loads(tok.decode(e.response[:eot]))
+        firsts = [tok.decode([t]) for t, s in zip(e.response, e.sides) if s == 1]
+        lasts = [tok.decode([t]) for t, s in zip(e.response, e.sides) if s == 2]
+        assert "".join(firsts) == "".join(n.split()[0] for n in names)
+        assert "".join(lasts).split() == [n.split()[1] for n in names]
+    x, valid, pos, cols = T.make_batch(data, tok.convert_tokens_to_ids(T.EOS))
+    sides = T.response_sides(data)
+    rows = torch.tensor([[b % 2 == 0] for b in range(len(data))])
+    fixed = sides == 1
+    fake = _Uniform(len(tok))
+    T.diffusion_loss(fake, x, valid, pos, cols, tok.convert_tokens_to_ids(T.MASK), 1e-3,
+                     torch.Generator().manual_seed(0), "masked-mean", 1.0, fixed=fixed, fixed_rows=rows)
+    masked = fake.seen[:, cols[0]] == tok.convert_tokens_to_ids(T.MASK)
+    assert torch.equal(masked[rows[:, 0]], fixed[rows[:, 0]])
+    assert not torch.equal(masked[~rows[:, 0]], fixed[~rows[:, 0]])
