@@ -41,16 +41,22 @@ tokens of a forward at no extra cost. At inference the example is always visible
 training rows still show it. Measured at 1000 steps: masked-token accuracy 0.842 against 0.802
 without it.
 
-Name binding (`bind_mask`, 0 by default): in that fraction of the list-task rows, the response is
-masked on one side of every name: all first-name tokens (or all last-name tokens) and nothing
-else. Under confidence-ordered decoding the model commits one side of the names first, and must
+Name binding (`bind_mask`, 0.25 by default): in that fraction of the list-task rows, the response
+is masked on one side of every name: all first-name tokens (or all last-name tokens) and nothing
+else. Under confidence-ordered decoding the model commits one side of the names first and must
 then find each name's other half in the prompt by content (the token beside it); under i.i.d.
-masking that state is rare and elimination or position often answer it instead, and models
-trained without these rows pair names wrongly on shuffle and the random-operation tasks.
+masking that state is rare, and elimination or position often answer it instead.
 
-Task mix (`task_weights`, empty by default): each batch holds one task, drawn uniformly unless
-weights are given as "PATTERN=W,..." (globs over task ids, e.g. `puzzle/*=2,waiting_line/copy=0.5`).
-`train_info.json` records how many batches each task got.
+Task mix (`task_weights`, `DEFAULT_TASK_WEIGHTS`): each batch holds one task, drawn with these
+weights ("PATTERN=W,...", globs over task ids; unmatched tasks weigh 1; an empty string draws
+uniformly). `train_info.json` records how many batches each task got.
+
+Measured on the held-out test split (low_confidence, 1 token/step): 18000 steps without bind rows
+and with uniform task draws average 63.0 over the 12 tasks; with both (the defaults) 71.2. The two
+changes were not measured apart. Neither model has learned the content lookup: with every
+last name of a shuffle answer hidden and the first names shown, both name the right last name
+about a third of the time (chance is 1/3 to 1/6), so shuffle and the random-insert/replace tasks
+stay low.
 
 Speed (`precision`, `compile`): by default the step runs under bf16 autocast, compiled with
 `torch.compile`, with plain-math attention (the `eager` backend, which the compiler fuses); the
@@ -100,6 +106,11 @@ DEFAULT_TASKS = (
 )
 
 
+# Batches per task relative to the others: copy and reverse are learned first and need fewer; the
+# tasks with many valid answers (shuffle, *_random), sort and the Latin square need more.
+DEFAULT_TASK_WEIGHTS = ("waiting_line/copy=0.5,waiting_line/reverse=0.5,waiting_line/*_random=1.5,"
+                        "waiting_line/shuffle=1.5,waiting_line/sort=1.5,puzzle/latin_square_n4=2")
+
 LOSSES = ("masked-mean", "llada")
 INITS = ("mimetic", "normal")
 PRECISIONS = ("bf16", "fp32")
@@ -136,8 +147,8 @@ class TrainConfig:
     loss: str = "masked-mean"
     t_power: float = 2.0
     mask_example: float = 0.5
-    bind_mask: float = 0.0
-    task_weights: str = ""
+    bind_mask: float = 0.25
+    task_weights: str = DEFAULT_TASK_WEIGHTS
     precision: str = "bf16"
     compile: bool = True
     save_every: int = 250
