@@ -205,9 +205,12 @@ class TrainConfig:
 
     def sampling_weights(self) -> dict[str, float] | None:
         """How often each task's batches are drawn, from `task_weights` ("PATTERN=W,...", glob
-        patterns over task ids, the last match wins, unmatched tasks weigh 1); None when every
-        task weighs the same (uniform draws)."""
+        patterns over task ids, the last match wins, unmatched tasks weigh 1; a pattern must name
+        some generated task, and one naming only tasks outside `tasks` is ignored so the default
+        weights work with any task subset); None when every task weighs the same (uniform draws)."""
         from fnmatch import fnmatchcase
+
+        from .eval import generators
 
         weights = {t: 1.0 for t in self.tasks}
         for item in (i.strip() for i in self.task_weights.split(",")):
@@ -220,10 +223,11 @@ class TrainConfig:
                 w = float("nan")
             if not sep or not pattern or not (w >= 0 and math.isfinite(w)):
                 raise ValueError(f"task_weights entry {item!r} is not PATTERN=WEIGHT with a weight >= 0")
-            hits = [t for t in self.tasks if fnmatchcase(t, pattern.strip())]
-            if not hits:
-                raise ValueError(f"task_weights pattern {pattern.strip()!r} matches none of the tasks "
-                                 f"{', '.join(self.tasks)}")
+            known = [t for t in generators.generator_tasks() if fnmatchcase(t, pattern.strip())]
+            if not known:
+                raise ValueError(f"task_weights pattern {pattern.strip()!r} matches none of the generated "
+                                 f"tasks {', '.join(generators.generator_tasks())}")
+            hits = [t for t in self.tasks if t in known]  # patterns for tasks not trained on are ignored
             weights.update(dict.fromkeys(hits, w))
         if not any(weights.values()):
             raise ValueError(f"task_weights {self.task_weights!r} gives every task weight 0")

@@ -286,7 +286,13 @@ def test_compiled_and_bf16_losses_equal_the_eager_fp32_loss(trained, tmp_path):
 
 def test_task_weights_parse_globs_and_reject_bad_entries():
     tasks = "waiting_line/copy,waiting_line/reverse,puzzle/latin_square_n4,puzzle/sudoku_n4_12"
-    assert T.TrainConfig(tasks=tasks).sampling_weights() is None
+    assert T.TrainConfig(tasks=tasks, task_weights="").sampling_weights() is None
+    # the default weights apply to whichever of their tasks are selected
+    assert T.TrainConfig(tasks=tasks).sampling_weights() == {
+        "waiting_line/copy": 0.5, "waiting_line/reverse": 0.5, "puzzle/latin_square_n4": 2.0,
+        "puzzle/sudoku_n4_12": 1.0}
+    assert T.TrainConfig(tasks="puzzle/sudoku_n4_12").sampling_weights() is None
+    assert T.TrainConfig(tasks=tasks, task_weights="waiting_line/sort=2").sampling_weights() is None
     assert T.TrainConfig(tasks=tasks, task_weights="waiting_line/*=2, puzzle/*=2").sampling_weights() is None
     w = T.TrainConfig(tasks=tasks, task_weights="puzzle/*=3,waiting_line/copy=0.5,puzzle/sudoku_n4_12=2").sampling_weights()
     assert w == {"waiting_line/copy": 0.5, "waiting_line/reverse": 1.0, "puzzle/latin_square_n4": 3.0,
@@ -294,7 +300,7 @@ def test_task_weights_parse_globs_and_reject_bad_entries():
     for bad, match in [("puzzle/*", "is not PATTERN=WEIGHT"), ("puzzle/*=-1", "is not PATTERN=WEIGHT"),
                        ("puzzle/*=x", "is not PATTERN=WEIGHT"), ("=2", "is not PATTERN=WEIGHT"),
                        ("puzzle/*=inf", "is not PATTERN=WEIGHT"),
-                       ("waiting_line/sort=2", "pattern 'waiting_line/sort' matches none of the tasks"),
+                       ("waiting_line/sortt=2", "pattern 'waiting_line/sortt' matches none of the generated tasks"),
                        ("*=0", "gives every task weight 0")]:
         with pytest.raises(ValueError, match=match):
             T.TrainConfig(tasks=tasks, task_weights=bad)
