@@ -10,8 +10,9 @@ MASK_GLYPH = "\u2591"  # light shade: a still-masked position in --show
 
 
 def parse_kv(items: list[str] | None, what: str) -> dict:
-    """`key=value` pairs; values are read as Python literals (numbers, True/False/None, lists)
-    and fall back to strings."""
+    """`key=value` pairs; values are read as Python literals (numbers, True/False/None, lists),
+    `true`/`false`/`null` in any case, and fall back to strings. Lower-case `none` stays the string
+    "none" (as in the sweep's YAML), the value some arguments take literally (learn2pd filter=none)."""
     out = {}
     for item in items or []:
         if "=" not in item:
@@ -23,7 +24,7 @@ def parse_kv(items: list[str] | None, what: str) -> dict:
         try:
             out[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            out[key] = {"true": True, "false": False, "none": None, "null": None}.get(value.lower(), value)
+            out[key] = {"true": True, "false": False, "null": None}.get(value.lower(), value)
     return out
 
 

@@ -42,6 +42,8 @@ def test_bad_sampler_argument_is_a_clean_error(llada_dir, capsys):
 def test_parse_kv():
     assert parse_kv(["tau=0.9", "n=3", "flag=true", "name=abc", "ids=[1, 2]", "x-y=None"], "--sampler-arg") == \
         {"tau": 0.9, "n": 3, "flag": True, "name": "abc", "ids": [1, 2], "x_y": None}
+    # null is None; lower-case none is the string some arguments take (learn2pd filter=none)
+    assert parse_kv(["a=null", "b=NULL", "filter=none"], "--sampler-arg") == {"a": None, "b": None, "filter": "none"}
     with pytest.raises(SystemExit, match="must look like key=value"):
         parse_kv(["tau"], "--sampler-arg")
 
