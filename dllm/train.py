@@ -56,7 +56,10 @@ and with uniform task draws average 63.0 over the 12 tasks; with both (the defau
 changes were not measured apart. Neither model has learned the content lookup: with every
 last name of a shuffle answer hidden and the first names shown, both name the right last name
 about a third of the time (chance is 1/3 to 1/6), so shuffle and the random-insert/replace tasks
-stay low.
+stay low. `benchmarks/probe_binding.py` isolates that lookup on random token pairs with this
+architecture, loss and optimiser: after 2000 steps the shuffled pairs are bound at chance (0.22,
+chance about 0.18) while the same pairs in the prompt's order are copied at 1.00 within 400 steps
+(0.93), so the recipe learns positional copying and not content lookup, whatever the task mix.
 
 Speed (`precision`, `compile`): by default the step runs under bf16 autocast, compiled with
 `torch.compile`, with plain-math attention (the `eager` backend, which the compiler fuses); the

@@ -1,6 +1,7 @@
 """Masked-diffusion training: the objective, the saved LLaDA layout, resume after interruption."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -351,3 +352,44 @@ def test_bind_rows_mask_exactly_one_name_side(trained):
     masked = fake.seen[:, cols[0]] == tok.convert_tokens_to_ids(T.MASK)
     assert torch.equal(masked[rows[:, 0]], fixed[rows[:, 0]])
     assert not torch.equal(masked[~rows[:, 0]], fixed[~rows[:, 0]])
+
+
+def _probe_binding_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_binding.py"
+    spec = importlib.util.spec_from_file_location("probe_binding", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
+    import random
+
+    from transformers import PreTrainedTokenizerFast
+
+    from dllm.models.loading import default_model_path
+
+    pb = _probe_binding_module()
+    tok = PreTrainedTokenizerFast.from_pretrained(str(default_model_path()))
+    vocab = T._copy_vocab(tok)
+    rng = random.Random(3)
+    for order in ("shuffled", "same"):
+        for _ in range(20):
+            e = pb.pair_example(rng, vocab, 7, order)
+            body = e.prompt[1:-len(vocab[1])]
+            n = len(body) // 2
+            assert 3 <= n <= 7 and len(e.response) == 16 and len(set(body)) == 2 * n
+            pairs = [tuple(body[2 * i:2 * i + 2]) for i in range(n)]
+            answer = [tuple(e.response[2 * i:2 * i + 2]) for i in range(n)]
+            assert sorted(answer) == sorted(pairs) and (order == "shuffled" or answer == pairs)
+            assert e.response[2 * n] == vocab[3] and set(e.response[2 * n + 1:]) == {vocab[4]}
+            assert e.sides == (1, 2) * n + (0,) * (16 - 2 * n)
+    assert pb.main(["--steps", "3", "--every", "2", "--layers", "1", "--no-compile", "--probe-size", "4",
+                    "--threads", str(torch.get_num_threads())]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("pairs 3-8, order shuffled, 1 layers") and len(lines) == 3
+    assert lines[1].startswith("step 2 loss ") and lines[2].startswith("step 3 loss ")
+    with pytest.raises(SystemExit):
+        pb.main(["--pairs", "2"])
