@@ -10,12 +10,22 @@ optimiser settings:
             (`--order same`, the positional control), then EOT and EOS padding
 * training: `dllm.train.diffusion_loss` (masked-mean, t = u^2); in half of the rows the mask covers
             one side of every pair (all a's or all b's), as `bind_mask` does
+* curriculum (`--global-pairs F`): a share F of the training examples draw their pairs from one
+            fixed global pairing (b = f(a)), a bigram that a previous-token head alone can
+            predict; the random-pair binding is then built on that head
 * probe:    every `--every` steps, on fresh examples with every b masked and every a shown, the
             share of b's predicted exactly (chance is about 1 / n)
 
     python benchmarks/probe_binding.py                          # 2000 steps, 3-8 pairs, shuffled
     python benchmarks/probe_binding.py --order same             # the positional control
-    python benchmarks/probe_binding.py --layers 2 --pairs 4 --steps 6000 --lr 3e-3
+    python benchmarks/probe_binding.py --layers 2 --steps 8000 --global-pairs 0.5
+
+Measured on a 2-core CPU (binding accuracy; chance about 0.18):
+* defaults (6 layers, shuffled): 0.22 after 2000 steps, 0.19 after 10000; 2 layers: 0.18 after
+  15000. `--order same`: 0.93 after 400 steps, 1.00 after 2000: positional copying is learned,
+  content lookup is not.
+* `--layers 2 --steps 8000 --global-pairs 0.5`: at chance until 3000 steps, then 0.39 at 4000 and
+  0.51 at 8000: the global bigrams grow a previous-token head first and the lookup follows.
 
 The tokens are drawn from the shipped model's tokenizer (its regular, non-special tokens), so the
 vocabulary is the real runs'.
@@ -38,11 +48,25 @@ from dllm.train import (Encoded, INITS, TrainConfig, _copy_vocab, diffusion_loss
                         make_batch, model_config)
 
 
-def pair_example(rng: random.Random, vocab, pairs: int, order: str) -> Encoded:
+def global_pairing(regular: list[int], seed: int = 99) -> dict[int, int]:
+    """A fixed pairing of the regular tokens: half of them (in a seeded random order) each mapped to
+    a distinct token of the other half."""
+    order = list(regular)
+    random.Random(seed).shuffle(order)
+    half = len(order) // 2
+    return dict(zip(order[:half], order[half:2 * half]))
+
+
+def pair_example(rng: random.Random, vocab, pairs: int, order: str, pairing: dict[int, int] | None = None) -> Encoded:
+    """One example; with `pairing`, every b is pairing[a] (the pair is a global bigram), else the
+    2n tokens are distinct random regular tokens."""
     regular, newline, bos, eot, eos = vocab
     n = rng.randint(3, pairs)
-    toks = rng.sample(regular, 2 * n)
-    items = [(toks[2 * i], toks[2 * i + 1]) for i in range(n)]
+    if pairing is None:
+        toks = rng.sample(regular, 2 * n)
+        items = [(toks[2 * i], toks[2 * i + 1]) for i in range(n)]
+    else:
+        items = [(a, pairing[a]) for a in rng.sample(sorted(pairing), n)]
     out = items[:]
     if order == "shuffled":
         rng.shuffle(out)
@@ -81,6 +105,9 @@ def main(argv=None) -> int:
     ap.add_argument("--init", choices=INITS, default=TrainConfig.init)
     ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     ap.add_argument("--bind-rows", type=float, default=0.5, help="share of rows masked on one side of every pair")
+    ap.add_argument("--global-pairs", type=float, default=0.0,
+                    help="share of training examples whose pairs follow one fixed global pairing (b = f(a), "
+                         "a bigram a single previous-token head can use); the probe always uses random pairs")
     ap.add_argument("--every", type=int, default=100, help="probe every this many steps")
     ap.add_argument("--probe-size", type=int, default=64)
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
@@ -92,8 +119,9 @@ def main(argv=None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.pairs < 3:
         ap.error(f"--pairs must be >= 3, got {args.pairs}")
-    if not 0 <= args.bind_rows <= 1:
-        ap.error(f"--bind-rows must be in [0, 1], got {args.bind_rows}")
+    for name in ("bind_rows", "global_pairs"):
+        if not 0 <= getattr(args, name) <= 1:
+            ap.error(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
 
     torch.set_num_threads(args.threads)
     cfg = TrainConfig(out="unused", d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, lr=args.lr,
@@ -110,15 +138,19 @@ def main(argv=None) -> int:
     vocab = _copy_vocab(tokenizer)
     rng, probe_rng = random.Random(args.seed), random.Random(args.seed + 1)
     gen = torch.Generator().manual_seed(args.seed)
+    pairing = global_pairing(vocab[0])
     probe = [pair_example(probe_rng, vocab, args.pairs, args.order) for _ in range(args.probe_size)]
     print(f"pairs 3-{args.pairs}, order {args.order}, {args.layers} layers, d_model {args.d_model}, "
-          f"{args.heads} heads, lr {args.lr}, init {args.init}, {mcfg.n_params:,} parameters; "
+          f"{args.heads} heads, lr {args.lr}, init {args.init}, global pairs {args.global_pairs}, "
+          f"{mcfg.n_params:,} parameters; "
           f"chance about {2 / (3 + args.pairs):.2f}", flush=True)
     t0, losses = time.perf_counter(), []
     for step in range(1, args.steps + 1):
         for g in opt.param_groups:
             g["lr"] = args.lr * min(1.0, step / 100)
-        items = [pair_example(rng, vocab, args.pairs, args.order) for _ in range(args.batch_size)]
+        items = [pair_example(rng, vocab, args.pairs, args.order,
+                              pairing if args.global_pairs and rng.random() < args.global_pairs else None)
+                 for _ in range(args.batch_size)]
         x, valid, pos, cols = make_batch(items, mcfg.pad_token_id)
         sides = torch.tensor([list(e.sides) for e in items])
         rows = torch.rand(len(items), 1, generator=gen) < args.bind_rows

@@ -386,10 +386,17 @@ def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
             assert sorted(answer) == sorted(pairs) and (order == "shuffled" or answer == pairs)
             assert e.response[2 * n] == vocab[3] and set(e.response[2 * n + 1:]) == {vocab[4]}
             assert e.sides == (1, 2) * n + (0,) * (16 - 2 * n)
+    pairing = pb.global_pairing(vocab[0])
+    assert len(set(pairing) | set(pairing.values())) == 2 * len(pairing) >= len(vocab[0]) - 1
+    e = pb.pair_example(rng, vocab, 7, "shuffled", pairing)
+    body = e.prompt[1:-len(vocab[1])]
+    assert all(pairing[body[i]] == body[i + 1] for i in range(0, len(body), 2))
     assert pb.main(["--steps", "3", "--every", "2", "--layers", "1", "--no-compile", "--probe-size", "4",
+                    "--global-pairs", "0.5",
                     "--threads", str(torch.get_num_threads())]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("pairs 3-8, order shuffled, 1 layers") and len(lines) == 3
     assert lines[1].startswith("step 2 loss ") and lines[2].startswith("step 3 loss ")
-    with pytest.raises(SystemExit):
-        pb.main(["--pairs", "2"])
+    for bad in (["--pairs", "2"], ["--global-pairs", "1.5"], ["--bind-rows", "-0.1"]):
+        with pytest.raises(SystemExit):
+            pb.main(bad)
