@@ -26,6 +26,9 @@ Measured on a 2-core CPU (binding accuracy; chance about 0.18):
   content lookup is not.
 * `--layers 2 --steps 8000 --global-pairs 0.5`: at chance until 3000 steps, then 0.39 at 4000 and
   0.51 at 8000: the global bigrams grow a previous-token head first and the lookup follows.
+* 6 layers, `--lr 2e-3`: `--global-pairs 0.5` 0.46 at 4000, 0.65 at 8000 (still rising);
+  `--global-pairs 0.3` 0.32 at 8000; `--global-pairs 0.8` and no global pairs at chance (0.17,
+  0.20) after 8000; `--global-pairs 0.5` at lr 1e-3 0.22 after 8000.
 
 The tokens are drawn from the shipped model's tokenizer (its regular, non-special tokens), so the
 vocabulary is the real runs'.
