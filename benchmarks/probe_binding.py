@@ -2,14 +2,15 @@
 
 Shuffle, the random insert/replace tasks and sort need a content lookup: given the first name of a
 list item, find that name in the prompt and take the token after it. This script isolates that
-lookup on random tokens, with the shipped model's architecture and `dllm.train`'s loss, init and
-optimiser settings:
+lookup on random tokens, with the shipped model's architecture and `dllm.train`'s loss, init,
+AdamW settings and gradient clip (the learning rate warms up over 100 steps and then stays
+constant, without the cosine decay):
 
 * prompt:   BOS a1 b1 a2 b2 ... an bn NEWLINE   (2n distinct random regular tokens, n in [3, pairs])
 * response: the n pairs in a random order (`--order shuffled`) or in the prompt's order
             (`--order same`, the positional control), then EOT and EOS padding
 * training: `dllm.train.diffusion_loss` (masked-mean, t = u^2); in half of the rows the mask covers
-            one side of every pair (all a's or all b's), as `bind_mask` does
+            one side of every pair (all a's or all b's), `dllm.train.bind_rows` as `bind_mask` uses it
 * curriculum (`--global-pairs F`): a share F of the training examples draw their pairs from one
             fixed global pairing (b = f(a)), a bigram that a previous-token head alone can
             predict; the random-pair binding is then built on that head
@@ -47,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dllm.models.llada import LLaDAModel  # noqa: E402
 from dllm.models.loading import default_model_path  # noqa: E402
-from dllm.train import (Encoded, INITS, TrainConfig, _copy_vocab, diffusion_loss, init_weights,  # noqa: E402
-                        make_batch, model_config)
+from dllm.train import (Encoded, INITS, TrainConfig, _copy_vocab, bind_rows, diffusion_loss,  # noqa: E402
+                        init_weights, make_batch, model_config, response_sides)
 
 
 def global_pairing(regular: list[int], seed: int = 99) -> dict[int, int]:
@@ -83,7 +84,7 @@ def pair_example(rng: random.Random, vocab, pairs: int, order: str, pairing: dic
 def binding_accuracy(model, mask_id: int, pad_id: int, examples: list[Encoded]) -> float:
     """Share of b tokens predicted exactly with every b masked and every a shown."""
     x, valid, pos, cols = make_batch(examples, pad_id)
-    sides = torch.tensor([list(e.sides) for e in examples])
+    sides = response_sides(examples)
     target = x.gather(1, cols)
     hide = sides == 2
     noisy = x.clone()
@@ -155,9 +156,7 @@ def main(argv=None) -> int:
                               pairing if args.global_pairs and rng.random() < args.global_pairs else None)
                  for _ in range(args.batch_size)]
         x, valid, pos, cols = make_batch(items, mcfg.pad_token_id)
-        sides = torch.tensor([list(e.sides) for e in items])
-        rows = torch.rand(len(items), 1, generator=gen) < args.bind_rows
-        fixed = sides == 1 + (torch.rand(len(items), 1, generator=gen) < 0.5).long()
+        fixed, rows = bind_rows(response_sides(items), args.bind_rows, gen)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = diffusion_loss(forward, x, valid, pos, cols, mcfg.mask_token_id, cfg.eps, gen, "masked-mean",
                                   cfg.t_power, fixed=fixed, fixed_rows=rows)
