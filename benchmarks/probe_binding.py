@@ -2,9 +2,9 @@
 
 Shuffle, the random insert/replace tasks and sort need a content lookup: given the first name of a
 list item, find that name in the prompt and take the token after it. This script isolates that
-lookup on random tokens, with the shipped model's architecture and `dllm.train`'s loss, init,
-AdamW settings and gradient clip (the learning rate warms up over 100 steps and then stays
-constant, without the cosine decay):
+lookup on random tokens, with the shipped model's architecture and `dllm.train`'s loss, init (the
+built previous-token head included unless `--no-prev-token-head`), AdamW settings and gradient
+clip (the learning rate warms up over 100 steps and then stays constant, without the cosine decay):
 
 * prompt:   BOS a1 b1 a2 b2 ... an bn NEWLINE   (2n distinct random regular tokens, n in [3, pairs])
 * response: the n pairs in a random order (`--order shuffled`) or in the prompt's order
@@ -18,21 +18,26 @@ constant, without the cosine decay):
             share of b's predicted exactly (chance is about 1 / n)
 
     python benchmarks/probe_binding.py                          # 2000 steps, 3-8 pairs, shuffled
-    python benchmarks/probe_binding.py --order same             # the positional control
-    python benchmarks/probe_binding.py --layers 2 --steps 8000 --global-pairs 0.5
+    python benchmarks/probe_binding.py --no-prev-token-head     # the mimetic init alone
+    python benchmarks/probe_binding.py --no-prev-token-head --order same   # the positional control
+    python benchmarks/probe_binding.py --no-prev-token-head --layers 2 --steps 8000 --global-pairs 0.5
 
 Measured on a 2-core CPU (binding accuracy; chance about 0.18):
-* defaults (6 layers, shuffled): 0.22 after 2000 steps, 0.19 after 10000; 2 layers: 0.18 after
-  15000. `--order same`: 0.93 after 400 steps, 1.00 after 2000: positional copying is learned,
-  content lookup is not.
-* `--layers 2 --steps 8000 --global-pairs 0.5`: at chance until 3000 steps, then 0.39 at 4000 and
-  0.51 at 8000: the global bigrams grow a previous-token head first and the lookup follows.
-* 6 layers, `--lr 2e-3`: `--global-pairs 0.5` 0.46 at 4000, 0.65 at 8000 (still rising);
+* with the default previous-token head built in at init (`dllm.train.previous_token_head`):
+  0.34 after 250 steps, 0.96 after 500.
+* `--no-prev-token-head` (the mimetic init alone), shuffled: 0.22 after 2000 steps, 0.19 after
+  10000; 2 layers: 0.18 after 15000. `--order same`: 0.93 after 400 steps, 1.00 after 2000:
+  positional copying is learned, content lookup is not.
+* `--no-prev-token-head --layers 2 --steps 8000 --global-pairs 0.5`: at chance until 3000 steps,
+  then 0.39 at 4000 and 0.51 at 8000: the global bigrams grow a previous-token head first and
+  the lookup follows.
+* `--no-prev-token-head`, 6 layers, `--lr 2e-3`: `--global-pairs 0.5` 0.46 at 4000, 0.65 at 8000;
   `--global-pairs 0.3` 0.32 at 8000; `--global-pairs 0.8` and no global pairs at chance (0.17,
   0.20) after 8000; `--global-pairs 0.5` at lr 1e-3 0.22 after 8000.
 
 The tokens are drawn from the shipped model's tokenizer (its regular, non-special tokens), so the
-vocabulary is the real runs'.
+vocabulary is the real runs'. The examples and the probe are `dllm.train.pair_example` and
+`dllm.train.binding_accuracy`, which `dllm train` uses for its pair curriculum (`pair_warmup_steps`).
 """
 from __future__ import annotations
 
@@ -48,53 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dllm.models.llada import LLaDAModel  # noqa: E402
 from dllm.models.loading import default_model_path  # noqa: E402
-from dllm.train import (Encoded, INITS, TrainConfig, _copy_vocab, bind_rows, diffusion_loss,  # noqa: E402
-                        init_weights, make_batch, model_config, response_sides)
-
-
-def global_pairing(regular: list[int], seed: int = 99) -> dict[int, int]:
-    """A fixed pairing of the regular tokens: half of them (in a seeded random order) each mapped to
-    a distinct token of the other half."""
-    order = list(regular)
-    random.Random(seed).shuffle(order)
-    half = len(order) // 2
-    return dict(zip(order[:half], order[half:2 * half]))
-
-
-def pair_example(rng: random.Random, vocab, pairs: int, order: str, pairing: dict[int, int] | None = None) -> Encoded:
-    """One example; with `pairing`, every b is pairing[a] (the pair is a global bigram), else the
-    2n tokens are distinct random regular tokens."""
-    regular, newline, bos, eot, eos = vocab
-    n = rng.randint(3, pairs)
-    if pairing is None:
-        toks = rng.sample(regular, 2 * n)
-        items = [(toks[2 * i], toks[2 * i + 1]) for i in range(n)]
-    else:
-        items = [(a, pairing[a]) for a in rng.sample(sorted(pairing), n)]
-    out = items[:]
-    if order == "shuffled":
-        rng.shuffle(out)
-    canvas = 2 * pairs + 2
-    response = [t for item in out for t in item]
-    sides = (1, 2) * n + (0,) * (canvas - 2 * n)
-    prompt = [bos] + [t for item in items for t in item] + newline
-    return Encoded("pair-binding", prompt, response + [eot] + [eos] * (canvas - 2 * n - 1), (), sides)
-
-
-def binding_accuracy(model, mask_id: int, pad_id: int, examples: list[Encoded]) -> float:
-    """Share of b tokens predicted exactly with every b masked and every a shown."""
-    x, valid, pos, cols = make_batch(examples, pad_id)
-    sides = response_sides(examples)
-    target = x.gather(1, cols)
-    hide = sides == 2
-    noisy = x.clone()
-    noisy.scatter_(1, cols, torch.where(hide, torch.full_like(target, mask_id), target))
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        logits = model(noisy, cols, position_ids=pos, key_valid=valid)
-    model.train(was_training)
-    return float(((logits.argmax(-1) == target) & hide).sum() / hide.sum())
+from dllm.train import (INITS, TrainConfig, _copy_vocab, bind_rows, binding_accuracy,  # noqa: E402
+                        diffusion_loss, global_pairing, init_weights, make_batch, model_config, pair_example,
+                        response_sides)
 
 
 def main(argv=None) -> int:
@@ -107,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=TrainConfig.n_heads)
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--init", choices=INITS, default=TrainConfig.init)
+    ap.add_argument("--prev-token-head", action=argparse.BooleanOptionalAction, default=TrainConfig.prev_token_head,
+                    help="build a previous-token head into layer 0 at init (dllm.train.previous_token_head)")
     ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     ap.add_argument("--bind-rows", type=float, default=0.5, help="share of rows masked on one side of every pair")
     ap.add_argument("--global-pairs", type=float, default=0.0,
@@ -129,7 +92,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     cfg = TrainConfig(out="unused", d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, lr=args.lr,
-                      init=args.init, seed=args.seed)
+                      init=args.init, prev_token_head=args.prev_token_head, seed=args.seed)
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(default_model_path()))
@@ -142,10 +105,10 @@ def main(argv=None) -> int:
     vocab = _copy_vocab(tokenizer)
     rng, probe_rng = random.Random(args.seed), random.Random(args.seed + 1)
     gen = torch.Generator().manual_seed(args.seed)
-    pairing = global_pairing(vocab[0])
+    pairing = global_pairing(vocab[0], seed=99)
     probe = [pair_example(probe_rng, vocab, args.pairs, args.order) for _ in range(args.probe_size)]
     print(f"pairs 3-{args.pairs}, order {args.order}, {args.layers} layers, d_model {args.d_model}, "
-          f"{args.heads} heads, lr {args.lr}, init {args.init}, global pairs {args.global_pairs}, "
+          f"{args.heads} heads, lr {args.lr}, init {args.init}, previous-token head {args.prev_token_head}, global pairs {args.global_pairs}, "
           f"{mcfg.n_params:,} parameters; "
           f"chance about {2 / (3 + args.pairs):.2f}", flush=True)
     t0, losses = time.perf_counter(), []

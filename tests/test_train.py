@@ -11,7 +11,7 @@ import dllm
 from dllm import train as T
 
 TINY = dict(tasks="waiting_line/copy,puzzle/sudoku_n4_12", samples_per_task=40, vocab_size=700, d_model=32,
-            n_layers=2, n_heads=2, mlp_hidden=64, steps=6, copy_warmup_steps=2, batch_size=4, warmup=2, save_every=3,
+            n_layers=2, n_heads=2, mlp_hidden=64, steps=7, copy_warmup_steps=2, pair_warmup_steps=1, batch_size=4, warmup=2, save_every=3,
             threads=1, compile=False)
 
 
@@ -169,7 +169,7 @@ def test_saved_model_is_a_llada_checkpoint_that_generates(trained):
     out_ = dllm.generate(model, tok, ["hello"], gen_length=8, steps=8)
     assert out_.generated.shape == (1, 8)
     info = json.loads((out / "a" / "train_info.json").read_text())
-    assert info["steps"] == 6 and info["parameters"] == model.config.n_params
+    assert info["steps"] == TINY["steps"] and info["parameters"] == model.config.n_params
 
 
 def test_interrupted_run_resumes_to_the_same_weights(trained, tmp_path):
@@ -225,7 +225,7 @@ def _tiny_model(init):
                      rope_fp32=True, logit_shift=False)
     torch.manual_seed(0)
     model = LLaDAModel(mc)
-    T.init_weights(model, T.TrainConfig(init=init, embed_std=0.3, qk_std=0.2, vo_std=0.1))
+    T.init_weights(model, T.TrainConfig(init=init, embed_std=0.3, qk_std=0.2, vo_std=0.1, prev_token_head=False))
     return model
 
 
@@ -310,12 +310,14 @@ def test_task_weights_parse_globs_and_reject_bad_entries():
 def test_weighted_runs_draw_tasks_by_weight(trained, tmp_path):
     out, _ = trained
     info = json.loads((out / "a" / "train_info.json").read_text())
-    assert sum(info["batches_per_task"].values()) == TINY["steps"] - TINY["copy_warmup_steps"]
-    opts = {**TINY, "steps": 8, "copy_warmup_steps": 0, "task_weights": "puzzle/*=0"}
+    assert info["pair_batches"] >= TINY["pair_warmup_steps"]
+    assert sum(info["batches_per_task"].values()) + info["pair_batches"] == TINY["steps"] - TINY["copy_warmup_steps"]
+    opts = {**TINY, "steps": 8, "copy_warmup_steps": 0, "pair_warmup_steps": 0, "pair_share": 0.0,
+            "task_weights": "puzzle/*=0"}
     T.train(T.TrainConfig(out=str(tmp_path / "w"), **opts), progress=False)
     info = json.loads((tmp_path / "w" / "train_info.json").read_text())
     assert info["batches_per_task"] == {"puzzle/sudoku_n4_12": 0, "waiting_line/copy": 8}
-    assert info["recipe"]["task_weights"] == "puzzle/*=0"
+    assert info["recipe"]["task_weights"] == "puzzle/*=0" and info["pair_batches"] == 0
 
 
 def test_name_sides_mark_first_and_last_name_tokens_of_list_items():
@@ -377,7 +379,7 @@ def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
     rng = random.Random(3)
     for order in ("shuffled", "same"):
         for _ in range(20):
-            e = pb.pair_example(rng, vocab, 7, order)
+            e = T.pair_example(rng, vocab, 7, order)
             body = e.prompt[1:-len(vocab[1])]
             n = len(body) // 2
             assert 3 <= n <= 7 and len(e.response) == 16 and len(set(body)) == 2 * n
@@ -386,9 +388,9 @@ def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
             assert sorted(answer) == sorted(pairs) and (order == "shuffled" or answer == pairs)
             assert e.response[2 * n] == vocab[3] and set(e.response[2 * n + 1:]) == {vocab[4]}
             assert e.sides == (1, 2) * n + (0,) * (16 - 2 * n)
-    pairing = pb.global_pairing(vocab[0])
+    pairing = T.global_pairing(vocab[0], 99)
     assert len(set(pairing) | set(pairing.values())) == 2 * len(pairing) >= len(vocab[0]) - 1
-    e = pb.pair_example(rng, vocab, 7, "shuffled", pairing)
+    e = T.pair_example(rng, vocab, 7, "shuffled", pairing)
     body = e.prompt[1:-len(vocab[1])]
     assert all(pairing[body[i]] == body[i + 1] for i in range(0, len(body), 2))
     assert pb.main(["--steps", "3", "--every", "2", "--layers", "1", "--no-compile", "--probe-size", "4",
@@ -400,3 +402,93 @@ def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
     for bad in (["--pairs", "2"], ["--global-pairs", "1.5"], ["--bind-rows", "-0.1"]):
         with pytest.raises(SystemExit):
             pb.main(bad)
+
+
+def test_lr_schedule_holds_pair_lr_through_the_pair_warmup_then_decays_from_lr():
+    plain = T.TrainConfig(steps=1000, warmup=10, lr=1e-3, min_lr=1e-4, pair_warmup_steps=0)
+    assert T._lr(plain, 0) == pytest.approx(1e-4) and T._lr(plain, 10) == pytest.approx(1e-3)
+    assert T._lr(plain, 505) == pytest.approx(5.5e-4) and T._lr(plain, 1000) == pytest.approx(1e-4)
+    cfg = T.TrainConfig(steps=1000, warmup=10, lr=1e-3, min_lr=1e-4, pair_warmup_steps=200, pair_lr=2e-3)
+    assert T._lr(cfg, 4) == pytest.approx(1e-3)                       # warm-up towards pair_lr
+    assert all(T._lr(cfg, s) == 2e-3 for s in range(10, 200))
+    assert T._lr(cfg, 200) == pytest.approx(1e-3)                     # the cosine starts at lr
+    assert T._lr(cfg, 600) == pytest.approx(5.5e-4) and T._lr(cfg, 1000) == pytest.approx(1e-4)
+    copy_first = T.TrainConfig(steps=1000, warmup=10, copy_warmup_steps=50, pair_warmup_steps=100, pair_lr=2e-3)
+    assert T._lr(copy_first, 20) == 1e-3 and T._lr(copy_first, 50) == T._lr(copy_first, 149) == 2e-3
+    assert T._lr(copy_first, 150) == pytest.approx(1e-3)
+    for bad, match in [(dict(steps=10, pair_warmup_steps=10), "pair_warmup_steps must be an integer in \\[0, "
+                                                               "steps - copy_warmup_steps = 10\\), got 10"),
+                       (dict(steps=10, copy_warmup_steps=4, pair_warmup_steps=6), "= 6\\), got 6"),
+                       (dict(pair_lr=0.0), "pair_lr must be in \\(0, 1\\), got 0.0"),
+                       (dict(pair_global=1.5), "pair_global must be in \\[0, 1\\], got 1.5"),
+                       (dict(pair_share=1.0), "pair_share must be in \\[0, 1\\), got 1.0"),
+                       (dict(pair_max=2), "pair_max must be an integer in \\[3, 64\\], got 2")]:
+        with pytest.raises(ValueError, match=match):
+            T.TrainConfig(**bad)
+
+
+class _Echo(torch.nn.Module):
+    """Predicts, at each asked column, a fixed map of the *true* canvas token (identity = an oracle)."""
+
+    def __init__(self, vocab, truth, shift=0):
+        super().__init__()
+        self.vocab, self.truth, self.shift, self.seen = vocab, truth, shift, None
+
+    def forward(self, x, logits_at, position_ids=None, key_valid=None):
+        self.seen = x.clone()
+        tgt = (self.truth.gather(1, logits_at) + self.shift) % self.vocab
+        return torch.nn.functional.one_hot(tgt, self.vocab).float()
+
+
+def test_binding_accuracy_hides_every_second_side_token_and_scores_it():
+    import random
+
+    vocab = (list(range(10, 90)), [5], 1, 2, 3)
+    rng = random.Random(0)
+    items = [T.pair_example(rng, vocab, 5) for _ in range(7)]
+    x, valid, pos, cols = T.make_batch(items, 0)
+    oracle = _Echo(100, x)
+    assert T.binding_accuracy(oracle, 99, 0, items) == 1.0
+    sides = T.response_sides(items)
+    resp = oracle.seen.gather(1, cols)
+    assert torch.equal(resp == 99, sides == 2)                          # exactly the b's are masked
+    assert torch.equal(oracle.seen.gather(1, cols)[sides != 2], x.gather(1, cols)[sides != 2])
+    assert T.binding_accuracy(_Echo(100, x, shift=1), 99, 0, items) == 0.0
+    with pytest.raises(ValueError, match="order 'sorted' is not 'shuffled' or 'same'"):
+        T.pair_example(rng, vocab, 5, "sorted")
+
+
+def test_previous_token_head_attends_to_the_previous_position_at_init():
+    from dllm.config import ModelConfig
+    from dllm.models.llada import LLaDAModel
+
+    mc = ModelConfig(family="llada", vocab_size=300, d_model=64, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden=96,
+                     norm_eps=1e-5, rope_theta=1e4, max_seq_len=64, mask_token_id=299, eos_token_id=298,
+                     pad_token_id=298, bos_token_id=297, eot_token_id=296, qkv_bias=False, tie_embeddings=True,
+                     rope_fp32=True, logit_shift=False)
+
+    def head0_attention(prev):
+        torch.manual_seed(0)
+        model = LLaDAModel(mc)
+        T.init_weights(model, T.TrainConfig(prev_token_head=prev))
+        x = torch.randint(0, 296, (3, 23), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            h = model.layers[0].attn_norm(model.embed(x))
+            D = mc.head_dim
+            q, k = model.layers[0].attn.q(h)[..., :D].double(), model.layers[0].attn.k(h)[..., :D].double()
+        # plain rotary re-statement: dims i and i + D/2 rotate by pos * theta^(-2i/D)
+        ang = torch.arange(23.0, dtype=torch.float64)[:, None] * mc.rope_theta ** (-torch.arange(0, D, 2) / D)
+        cos, sin = ang.cos(), ang.sin()
+
+        def rot(v):
+            a, b = v[..., :D // 2], v[..., D // 2:]
+            return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+        return (rot(q) @ rot(k).transpose(1, 2) / D ** 0.5).softmax(-1)
+
+    att = head0_attention(True)
+    p = torch.arange(1, 23)
+    assert att[:, p, p - 1].mean() > 0.6 and (att[:, 1:].argmax(-1) == p - 1).float().mean() > 0.95
+    plain = head0_attention(False)
+    assert plain[:, p, p - 1].mean() < 0.2
+    with pytest.raises(ValueError, match="prev_token_head must be true or false, got 1"):
+        T.TrainConfig(prev_token_head=1)
