@@ -2,8 +2,8 @@
 
 Shuffle, the random insert/replace tasks and sort need a content lookup: given the first name of a
 list item, find that name in the prompt and take the token after it. This script isolates that
-lookup on random tokens, with the shipped model's architecture and `dllm.train`'s loss, init (the
-built previous-token head included unless `--no-prev-token-head`), AdamW settings and gradient
+lookup on random tokens, with the shipped model's architecture and `dllm.train`'s loss, init (with
+`--prev-token-head`, the built previous-token head), AdamW settings and gradient
 clip (the learning rate warms up over 100 steps and then stays constant, without the cosine decay):
 
 * prompt:   BOS a1 b1 a2 b2 ... an bn NEWLINE   (2n distinct random regular tokens, n in [3, pairs])
@@ -18,20 +18,20 @@ clip (the learning rate warms up over 100 steps and then stays constant, without
             share of b's predicted exactly (chance is about 1 / n)
 
     python benchmarks/probe_binding.py                          # 2000 steps, 3-8 pairs, shuffled
-    python benchmarks/probe_binding.py --no-prev-token-head     # the mimetic init alone
-    python benchmarks/probe_binding.py --no-prev-token-head --order same   # the positional control
-    python benchmarks/probe_binding.py --no-prev-token-head --layers 2 --steps 8000 --global-pairs 0.5
+    python benchmarks/probe_binding.py --prev-token-head        # with the built previous-token head
+    python benchmarks/probe_binding.py --order same             # the positional control
+    python benchmarks/probe_binding.py --layers 2 --steps 8000 --global-pairs 0.5
 
 Measured on a 2-core CPU (binding accuracy; chance about 0.18):
-* with the default previous-token head built in at init (`dllm.train.previous_token_head`):
+* `--prev-token-head` (a previous-token head built in at init, `dllm.train.previous_token_head`):
   0.34 after 250 steps, 0.96 after 500.
-* `--no-prev-token-head` (the mimetic init alone), shuffled: 0.22 after 2000 steps, 0.19 after
+* defaults (the mimetic init alone), shuffled: 0.22 after 2000 steps, 0.19 after
   10000; 2 layers: 0.18 after 15000. `--order same`: 0.93 after 400 steps, 1.00 after 2000:
   positional copying is learned, content lookup is not.
-* `--no-prev-token-head --layers 2 --steps 8000 --global-pairs 0.5`: at chance until 3000 steps,
+* `--layers 2 --steps 8000 --global-pairs 0.5`: at chance until 3000 steps,
   then 0.39 at 4000 and 0.51 at 8000: the global bigrams grow a previous-token head first and
   the lookup follows.
-* `--no-prev-token-head`, 6 layers, `--lr 2e-3`: `--global-pairs 0.5` 0.46 at 4000, 0.65 at 8000;
+* 6 layers, `--lr 2e-3`: `--global-pairs 0.5` 0.46 at 4000, 0.65 at 8000;
   `--global-pairs 0.3` 0.32 at 8000; `--global-pairs 0.8` and no global pairs at chance (0.17,
   0.20) after 8000; `--global-pairs 0.5` at lr 1e-3 0.22 after 8000.
 

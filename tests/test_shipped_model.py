@@ -33,6 +33,23 @@ def test_shipped_model_has_the_llada_layout_and_fits_the_budget():
     assert loading.DEFAULT_MODEL in loading.shipped_models()
 
 
+def test_default_train_config_is_the_shipped_recipe():
+    """`dllm train` with no recipe flag reproduces the shipped model: every recipe field recorded in
+    its train_info.json equals the default, and fields added since are at their off values."""
+    import dataclasses
+
+    from dllm import train as T
+
+    shipped = json.loads((FOLDER / "train_info.json").read_text())["recipe"]
+    default = {k: v for k, v in dataclasses.asdict(T.TrainConfig()).items() if k not in T._NOT_RECIPE}
+    default["tasks"] = list(default["tasks"])
+    assert {k: default[k] for k in shipped} == shipped
+    added = set(default) - set(shipped)
+    # the pair options only act when pair batches are drawn, which the first two being 0 rules out
+    assert added == {"prev_token_head", "pair_warmup_steps", "pair_share", "pair_lr", "pair_global", "pair_max"}
+    assert (default["prev_token_head"], default["pair_warmup_steps"], default["pair_share"]) == (False, 0, 0.0)
+
+
 def test_shipped_model_copies_held_out_lists(shipped):
     model, tok = shipped
     records, ids = _held_out_copies(tok, 4)
