@@ -399,6 +399,12 @@ def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("pairs 3-8, order shuffled, 1 layers") and len(lines) == 3
     assert lines[1].startswith("step 2 loss ") and lines[2].startswith("step 3 loss ")
+    # --model probes a trained model: the shipped one binds copies exactly and rarely repeats a name
+    assert pb.main(["--model", str(default_model_path()), "--probe-size", "6", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["waiting_line/copy", "waiting_line/shuffle",
+                                                     "waiting_line/insert_random", "waiting_line/shuffle"]
+    assert lines[0].endswith("binding accuracy 1.000") and float(lines[3].split()[-1]) < 0.05
     for bad in (["--pairs", "2"], ["--global-pairs", "1.5"], ["--bind-rows", "-0.1"]):
         with pytest.raises(SystemExit):
             pb.main(bad)
