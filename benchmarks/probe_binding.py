@@ -60,36 +60,34 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dllm.eval.tasks import get_task  # noqa: E402
 from dllm.models.llada import LLaDAModel  # noqa: E402
 from dllm.models.loading import default_model_path  # noqa: E402
-from dllm.train import (EOS, EOT, INITS, MASK, TrainConfig, _copy_vocab, bind_rows, binding_accuracy,  # noqa: E402
-                        diffusion_loss, global_pairing, init_weights, make_batch, model_config, pair_example,
+from dllm.train import (INITS, TrainConfig, _copy_vocab, bind_rows, binding_accuracy, diffusion_loss,  # noqa: E402
+                        encode_records, global_pairing, init_weights, make_batch, model_config, pair_example,
                         response_sides)
 
 
 def repeat_probability(model, tokenizer, records: list[dict]) -> float:
     """On shuffle prompts: the mean probability a model gives to repeating a committed last name.
-    The canvas shows the answer's punctuation and the last token of the last item's last name,
-    everything else masked; the score is the probability of that same token at the end of the
-    first item's last name (a valid answer never repeats it)."""
-    from dllm.train import name_sides, render_prompt
-
-    mask, eot, eos = (tokenizer.convert_tokens_to_ids(t) for t in (MASK, EOT, EOS))
-    canvas = get_task("waiting_line/shuffle").max_tokens
-    probs = []
-    for rec in records:
-        prompt = tokenizer(render_prompt("waiting_line/shuffle", rec), add_special_tokens=False)["input_ids"]
-        answer = tokenizer(json.dumps(rec["answer"]["input"]), add_special_tokens=False)["input_ids"]
-        sides = name_sides(tokenizer.convert_ids_to_tokens(answer))
-        ends = [k for k, side in enumerate(sides) if side == 2 and (k + 1 == len(sides) or sides[k + 1] != 2)]
-        shown = ends[-1]
-        resp = [t if side == 0 or k == shown else mask for k, (t, side) in enumerate(zip(answer, sides))]
-        x = torch.tensor([prompt + resp + [eot] + [eos] * (canvas - len(answer) - 1)])
-        with torch.no_grad():
-            logits = model(x, torch.tensor([[len(prompt) + ends[0]]]))
-        probs.append(logits.float().softmax(-1)[0, 0, answer[shown]].item())
-    return sum(probs) / len(probs)
+    The answer is the input list in its own order; the canvas shows its punctuation and the last
+    token of the last item's last name, everything else masked; the score is the probability of
+    that same token at the end of the first item's last name (a valid answer never repeats it)."""
+    task = "waiting_line/shuffle"
+    in_order = [{**r, "answer": {**r["answer"], "example": json.dumps(r["answer"]["input"])}} for r in records]
+    items, _ = encode_records(tokenizer, {task: in_order})
+    x, valid, pos, cols = make_batch(items, model.config.pad_token_id)
+    sides = response_sides(items)
+    last = (sides == 2) & (torch.nn.functional.pad(sides[:, 1:], (0, 1)) != 2)   # last token of each last name
+    idx = torch.arange(sides.shape[1]).expand_as(sides)
+    first_end = torch.where(last, idx, sides.shape[1]).min(1).values             # the first item's
+    shown = torch.where(last, idx, -1).max(1).values                              # the last item's
+    resp = x.gather(1, cols)
+    keep = (sides == 0) | (idx == shown[:, None])
+    x = x.scatter(1, cols, torch.where(keep, resp, torch.full_like(resp, model.config.mask_token_id)))
+    with torch.no_grad():
+        logits = model(x, cols.gather(1, first_end[:, None]), position_ids=pos, key_valid=valid)
+    target = resp.gather(1, shown[:, None])
+    return logits.float().softmax(-1).gather(2, target[..., None]).mean().item()
 
 
 def probe_model(path: str, n: int) -> None:
@@ -97,7 +95,6 @@ def probe_model(path: str, n: int) -> None:
     and the repeat probability, for a trained model folder."""
     import dllm
     from dllm.eval import generators
-    from dllm.train import encode_records
 
     model, tokenizer = dllm.load(path, dtype="float32")
     model.eval()

@@ -625,7 +625,7 @@ def previous_token_head(model, generator: torch.Generator) -> None:
     is a previous-token head followed by a match on the previous token, which the mimetic heads
     of the later layers can already make (their W_q = W_k match positions whose states look alike).
     Left to form by itself the previous-token head never did within a CPU budget; built in,
-    `benchmarks/probe_binding.py` binds shuffled random pairs at 0.97 after 500 steps."""
+    `benchmarks/probe_binding.py --prev-token-head` binds shuffled random pairs at 0.96 after 500 steps."""
     cfg = model.config
     d, D = cfg.d_model, cfg.head_dim
     if D // 2 < PREV_HEAD_PAIRS:
