@@ -87,14 +87,7 @@ lookup matching masks: on a shuffle canvas with only the punctuation and the thi
 name ("Bradley", its first name still masked) shown, that model puts 0.74 on "Bradley" for the
 second item's last name, whose first name is masked too; with the third item's first name shown,
 0.009 (the shipped model: 0.000 and 0.000). A masked neighbour acts as a token the lookup finds
-beside committed tokens. Attention read off a later checkpoint of a run with the head (5000 steps,
-`mask_example 0`, `content_rows 0.25`; repeat probability 0.365) shows the path: the masked last
-name attends to the prompt's copy of the committed name (0.16-0.50 per head in layers 1-5), not to
-the committed token in the answer (under 0.001). The committed name's "predecessor is the mask"
-reaches its prompt twin, which the masked slot, whose predecessor is the mask too, then matches.
-`silent_mask` (with `prev_token_head`) projects the mask token's embedding out of what the head
-reads into its values, at init and after every step (`silence_mask`), so the head writes nothing
-after a mask.
+beside committed tokens.
 
 Speed (`precision`, `compile`): by default the step runs under bf16 autocast, compiled with
 `torch.compile`, with plain-math attention (the `eager` backend, which the compiler fuses); the
@@ -185,7 +178,6 @@ class TrainConfig:
     rope_theta: float = 10000.0
     init: str = "mimetic"
     prev_token_head: bool = False
-    silent_mask: bool = False
     embed_std: float = 0.1
     qk_std: float = 0.06
     vo_std: float = 0.05
@@ -225,10 +217,6 @@ class TrainConfig:
             raise ValueError(f"pair_max must be an integer in [3, 64], got {self.pair_max!r}")
         if not isinstance(self.prev_token_head, bool):
             raise ValueError(f"prev_token_head must be true or false, got {self.prev_token_head!r}")
-        if not isinstance(self.silent_mask, bool):
-            raise ValueError(f"silent_mask must be true or false, got {self.silent_mask!r}")
-        if self.silent_mask and not self.prev_token_head:
-            raise ValueError("silent_mask needs prev_token_head true (it silences the mask token in that head)")
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"tie_embeddings must be true or false, got {self.tie_embeddings!r}")
         if self.d_model % self.n_heads:
@@ -649,8 +637,6 @@ def init_weights(model, cfg: TrainConfig) -> None:
                 attn.o.weight.copy_(attn.v.weight.T)
     if cfg.prev_token_head:
         previous_token_head(model, torch.Generator().manual_seed(cfg.seed + 1))
-    if cfg.silent_mask:
-        silence_mask(model)
 
 
 PREV_HEAD_PAIRS, PREV_HEAD_SCALE = 3, 6.0
@@ -688,27 +674,6 @@ def previous_token_head(model, generator: torch.Generator) -> None:
         attn = model.layers[0].attn
         attn.q.weight[:D] = PREV_HEAD_SCALE * torch.outer(cq, u) / math.sqrt(d)
         attn.k.weight[:D] = PREV_HEAD_SCALE * torch.outer(ck, u) / math.sqrt(d)
-
-
-def silence_mask(model) -> None:
-    """Remove from the mask token's embedding everything head 0 of the first layer reads into its
-    values, so that the previous-token head writes nothing after a masked position.
-
-    With the built head, a position after a mask otherwise carries "my predecessor is the mask"
-    and the later lookup matches it like any other predecessor: a committed name whose first
-    name is still masked passes that feature to its twin in the prompt (the two attend to each
-    other as equal tokens), and every other masked last name then finds that twin and repeats
-    it. A zero value adds nothing to the query or the key, so the lookup has no preference there.
-    The head's values are V diag(w) x / rms(x) (w the layer's input norm weight), so projecting
-    the embedding out of the row space of V diag(w) zeroes them; `train` repeats it after every
-    step, as training moves V, w and the embedding."""
-    cfg = model.config
-    D = cfg.head_dim
-    layer = model.layers[0]
-    with torch.no_grad():
-        a = layer.attn.v.weight[:D] * layer.attn_norm.weight[None, :]          # (D, d)
-        e = model.embed.weight[cfg.mask_token_id]
-        e -= torch.linalg.pinv(a.double()).float() @ (a @ e)
 
 
 def save_pretrained(model, tokenizer, folder: str | Path, generation_defaults: dict | None = None) -> Path:
@@ -855,8 +820,6 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        if cfg.silent_mask:
-            silence_mask(model)
         step += 1
         tokens_seen += int(valid.sum())
         value = loss.item()

@@ -211,10 +211,6 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
         T.TrainConfig(bind_mask=-0.1)
     with pytest.raises(ValueError, match="content_rows must be in \\[0, 1\\], got 2"):
         T.TrainConfig(content_rows=2)
-    with pytest.raises(ValueError, match="silent_mask needs prev_token_head true"):
-        T.TrainConfig(silent_mask=True)
-    with pytest.raises(ValueError, match="silent_mask must be true or false, got 1"):
-        T.TrainConfig(silent_mask=1, prev_token_head=True)
     with pytest.raises(ValueError, match="precision 'fp16' is not one of bf16, fp32"):
         T.TrainConfig(precision="fp16")
     with pytest.raises(ValueError, match="compile must be true or false, got 'yes'"):
@@ -563,19 +559,3 @@ def test_training_with_content_rows_masks_only_content_in_them(tmp_path, monkeyp
     assert 0 < rows.sum() < len(rows)
     for target, fixed, r in seen:
         assert not (fixed[r[:, 0]] & punct[target[r[:, 0]]]).any()
-
-
-def test_silent_mask_keeps_the_previous_token_head_silent_after_a_mask(tmp_path):
-    """With silent_mask the head's value at the mask token is zero after training (the projection
-    is redone after every step), while other tokens keep theirs; so the head's output at a position
-    after a mask holds only what it takes from other positions."""
-    import dllm
-
-    cfg = T.TrainConfig(out=str(tmp_path / "s"), **{**TINY, "prev_token_head": True, "silent_mask": True,
-                                                     "d_model": 48, "n_heads": 4})
-    model, _ = dllm.load(T.train(cfg, progress=False), dtype="float32")
-    layer, D = model.layers[0], model.config.head_dim
-    values = (model.embed.weight * layer.attn_norm.weight) @ layer.attn.v.weight[:D].T         # (V, D)
-    norms = values.norm(dim=1)
-    assert norms[model.config.mask_token_id] < 1e-5 * norms.median()
-    assert (norms > 1e-3 * norms.median()).sum() == len(norms) - 1
