@@ -38,10 +38,12 @@ Measured on a 2-core CPU (binding accuracy; chance about 0.18):
 
 `--model FOLDER` probes a trained model instead, on held-out generated prompts: the binding
 accuracy on copy, shuffle and insert_random (every last name hidden, the first names shown), and
-the repeat probability on shuffle (`repeat_probability`). `--probe-size 40`: the shipped model
-1.000 / 0.341 / 0.566 and 0.003; a model trained with `dllm train --prev-token-head true
---pair-warmup-steps 1000 --pair-share 0.1 --steps 20000` 1.000 / 0.985 / 0.983 and 0.314, which
-1500 more steps at lr 3e-4 raised to 0.408 with t = u (more masks per row) and 0.417 with t = u^2.
+the repeat probability on shuffle (`repeat_probability`), once with the committed name shown and
+once with it masked. `--probe-size 40`: the shipped model 1.000 / 0.341 / 0.566, repeats 0.003
+(0.374 masked: it rules out a name it has written); a model trained with `dllm train
+--prev-token-head true --pair-warmup-steps 1000 --pair-share 0.1 --steps 20000` 1.000 / 0.985 /
+0.983, repeats 0.314 (0.315 masked: the written name changes nothing), which 1500 more steps at
+lr 3e-4 raised to 0.408 with t = u (more masks per row) and 0.417 with t = u^2.
 
 The tokens are drawn from the shipped model's tokenizer (its regular, non-special tokens), so the
 vocabulary is the real runs'. The examples and the probe are `dllm.train.pair_example` and
@@ -67,11 +69,13 @@ from dllm.train import (INITS, TrainConfig, _copy_vocab, bind_rows, binding_accu
                         response_sides)
 
 
-def repeat_probability(model, tokenizer, records: list[dict]) -> float:
+def repeat_probability(model, tokenizer, records: list[dict], shown: bool = True) -> float:
     """On shuffle prompts: the mean probability a model gives to repeating a committed last name.
     The answer is the input list in its own order; the canvas shows its punctuation and the last
     token of the last item's last name, everything else masked; the score is the probability of
-    that same token at the end of the first item's last name (a valid answer never repeats it)."""
+    that same token at the end of the first item's last name (a valid answer never repeats it).
+    `shown=False` masks that last name too: the same probability with nothing committed, so the
+    pair of figures says whether the model rules out a name it has already written."""
     task = "waiting_line/shuffle"
     in_order = [{**r, "answer": {**r["answer"], "example": json.dumps(r["answer"]["input"])}} for r in records]
     items, _ = encode_records(tokenizer, {task: in_order})
@@ -80,13 +84,13 @@ def repeat_probability(model, tokenizer, records: list[dict]) -> float:
     last = (sides == 2) & (torch.nn.functional.pad(sides[:, 1:], (0, 1)) != 2)   # last token of each last name
     idx = torch.arange(sides.shape[1]).expand_as(sides)
     first_end = torch.where(last, idx, sides.shape[1]).min(1).values             # the first item's
-    shown = torch.where(last, idx, -1).max(1).values                              # the last item's
+    last_at = torch.where(last, idx, -1).max(1).values                            # the last item's
     resp = x.gather(1, cols)
-    keep = (sides == 0) | (idx == shown[:, None])
+    keep = (sides == 0) | ((idx == last_at[:, None]) & shown)
     x = x.scatter(1, cols, torch.where(keep, resp, torch.full_like(resp, model.config.mask_token_id)))
     with torch.no_grad():
         logits = model(x, cols.gather(1, first_end[:, None]), position_ids=pos, key_valid=valid)
-    target = resp.gather(1, shown[:, None])
+    target = resp.gather(1, last_at[:, None])
     return logits.float().softmax(-1).gather(2, target[..., None]).mean().item()
 
 
@@ -103,7 +107,8 @@ def probe_model(path: str, n: int) -> None:
         items, _ = encode_records(tokenizer, {task: generators.generate(task, split="test", num_samples=n)})
         print(f"{task}: binding accuracy {binding_accuracy(model, cfg.mask_token_id, cfg.pad_token_id, items):.3f}")
     records = generators.generate("waiting_line/shuffle", split="test", num_samples=n)
-    print(f"waiting_line/shuffle: repeat probability {repeat_probability(model, tokenizer, records):.3f}", flush=True)
+    print(f"waiting_line/shuffle: repeat probability {repeat_probability(model, tokenizer, records):.3f} "
+          f"(with that name still masked: {repeat_probability(model, tokenizer, records, shown=False):.3f})", flush=True)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,7 @@
 """Masked-diffusion training: the objective, the saved LLaDA layout, resume after interruption."""
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -440,7 +441,9 @@ def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["waiting_line/copy", "waiting_line/shuffle",
                                                      "waiting_line/insert_random", "waiting_line/shuffle"]
-    assert lines[0].endswith("binding accuracy 1.000") and float(lines[3].split()[-1]) < 0.05
+    assert lines[0].endswith("binding accuracy 1.000")
+    shown, masked = re.match(r".*repeat probability ([\d.]+) \(with that name still masked: ([\d.]+)\)$", lines[3]).groups()
+    assert float(shown) < 0.05 and float(masked) > 0.2       # it rules out the name it has written
     for bad in (["--pairs", "2"], ["--global-pairs", "1.5"], ["--bind-rows", "-0.1"]):
         with pytest.raises(SystemExit):
             pb.main(bad)
