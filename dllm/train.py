@@ -77,20 +77,20 @@ steps after the warm-up. `pair_global` draws that share of the pair examples fro
 pairing (b = f(a), a bigram): without the built head, at lr 2e-3 and half global pairs, the
 probe's lookup formed after 4000 steps in one run and not within 8000 in a full training run.
 
-Measured, one full run with the head (`--prev-token-head true --pair-warmup-steps 1000
---pair-share 0.1 --steps 20000`, 70 min on 2 threads): the lookup carries over to the real names
-(one forward with every last name of a held-out answer hidden: 0.98 right on shuffle, 0.97 on
-insert_random, after 1250 steps), and sort at one token per step rises from 7% to 70%, but the
-decoded answers repeat names and symbols: shuffle 0%, insert_random 1%, Latin squares 0% (rows
-of one symbol), Sudoku 59%, average 57.4 against the shipped 71.2. That model does not rule out
-what it has written: on held-out shuffle canvases with the punctuation and the last item's last
-name shown, it gives the first item's last name the same name with probability 0.314, and 0.315
-with that name masked too (`probe_binding.py --model`); the shipped model gives 0.003 and 0.374.
-Read off the attention, the shipped model's prompt names find their committed copies in the answer
-through same-token matches in layer 0 (0.23 and 0.47 of two heads' attention), and the model with
-the head has none (at most 0.006 in any head of any layer). On one canvas, a masked first name left the lookup
-with nothing to find: 0.74 on "Bradley" for the second item's last name with the third item's
-"Bradley" shown and its first name masked, 0.009 with that first name shown too.
+Measured, one full run with the head (`--prev-token-head true --pair-warmup-steps 1000 --pair-share
+0.1 --steps 20000`, 70 min on 2 threads): the lookup carries over to the real names (one forward
+with every last name of a held-out answer hidden: 0.98 right on shuffle, 0.97 on insert_random,
+after 1250 steps), and sort at one token per step rises from 7% to 70%, but the decoded answers
+repeat names and symbols: shuffle 0%, insert_random 1%, Latin squares 0% (rows of one symbol),
+Sudoku 59%, average 57.4 against the shipped 71.2. That model does not rule out what it has
+written: on held-out shuffle canvases with the punctuation and the last item's last name shown, it
+gives the first item's last name the same name with probability 0.314, and 0.315 with that name
+masked too (`probe_binding.py --model`); the shipped model gives 0.003 and 0.374. Read off the
+attention, the shipped model's prompt names find their committed copies in the answer through
+same-token matches in layer 0 (0.23 and 0.47 of two heads' attention), and the model with the head
+has none (at most 0.006 in any head of any layer). On one canvas, a masked first name left the
+lookup with nothing to find: 0.74 on "Bradley" for the second item's last name with the third
+item's "Bradley" shown and its first name masked, 0.009 with that first name shown too.
 
 Speed (`precision`, `compile`): by default the step runs under bf16 autocast, compiled with
 `torch.compile`, with plain-math attention (the `eager` backend, which the compiler fuses); the
