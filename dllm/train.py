@@ -88,8 +88,7 @@ gives the first item's last name the same name with probability 0.314, and 0.315
 masked too (`probe_binding.py --model`); the shipped model gives 0.003 and 0.374. Read off the
 attention, the shipped model's prompt names find their committed copies in the answer through
 same-token matches in layer 0 (0.23 and 0.47 of two heads' attention), and the model with the head
-has none (at most 0.006 in any head of any layer). On one canvas, a masked first name left the
-lookup with nothing to find: 0.74 on "Bradley" for the second item's last name with the third
+has none (at most 0.006 in any head of any layer). On one hand-made canvas it put 0.74 on "Bradley" for the second item's last name with the third
 item's "Bradley" shown and its first name masked, 0.009 with that first name shown too.
 
 Speed (`precision`, `compile`): by default the step runs under bf16 autocast, compiled with
