@@ -180,7 +180,6 @@ class TrainConfig:
     rope_theta: float = 10000.0
     init: str = "mimetic"
     prev_token_head: bool = False
-    prev_head_share: float = 1.0
     embed_std: float = 0.1
     qk_std: float = 0.06
     vo_std: float = 0.05
@@ -220,8 +219,6 @@ class TrainConfig:
             raise ValueError(f"pair_max must be an integer in [3, 64], got {self.pair_max!r}")
         if not isinstance(self.prev_token_head, bool):
             raise ValueError(f"prev_token_head must be true or false, got {self.prev_token_head!r}")
-        if not 0 < self.prev_head_share <= 1:
-            raise ValueError(f"prev_head_share must be in (0, 1], got {self.prev_head_share}")
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"tie_embeddings must be true or false, got {self.tie_embeddings!r}")
         if self.d_model % self.n_heads:
@@ -641,13 +638,13 @@ def init_weights(model, cfg: TrainConfig) -> None:
                 torch.nn.init.normal_(attn.v.weight, std=cfg.vo_std)
                 attn.o.weight.copy_(attn.v.weight.T)
     if cfg.prev_token_head:
-        previous_token_head(model, torch.Generator().manual_seed(cfg.seed + 1), cfg.prev_head_share)
+        previous_token_head(model, torch.Generator().manual_seed(cfg.seed + 1))
 
 
 PREV_HEAD_PAIRS, PREV_HEAD_SCALE = 3, 6.0
 
 
-def previous_token_head(model, generator: torch.Generator, share: float = 1.0) -> None:
+def previous_token_head(model, generator: torch.Generator) -> None:
     """Make head 0 of the first layer attend to the previous position, whatever the tokens.
 
     Every token embedding gets a shared component: a random unit direction u times the embedding's
@@ -661,15 +658,7 @@ def previous_token_head(model, generator: torch.Generator, share: float = 1.0) -
     is a previous-token head followed by a match on the previous token, which the mimetic heads
     of the later layers can already make (their W_q = W_k match positions whose states look alike).
     Left to form by itself the previous-token head never did within a CPU budget; built in,
-    `benchmarks/probe_binding.py --prev-token-head` binds shuffled random pairs at 0.96 after 500 steps.
-
-    `share` (`prev_head_share`, 1 by default) sizes the shared component against each embedding's
-    norm; the head's query and key are scaled by 1 / share to keep its scores. After the layer's
-    RMSNorm a token's own part keeps 1 / sqrt(1 + share^2) of its size, so the other heads'
-    same-token scores are halved at share 1. Measured at init on held-out shuffle canvases: a
-    prompt name puts 0.015-0.021 of its attention on its committed copy in the answer through the
-    other three heads of layer 0 without the built head, 0.008-0.011 with it at share 1, and
-    0.012-0.017 at share 0.5."""
+    `benchmarks/probe_binding.py --prev-token-head` binds shuffled random pairs at 0.96 after 500 steps."""
     cfg = model.config
     d, D = cfg.d_model, cfg.head_dim
     if D // 2 < PREV_HEAD_PAIRS:
@@ -678,16 +667,15 @@ def previous_token_head(model, generator: torch.Generator, share: float = 1.0) -
         u = torch.randn(d, generator=generator)
         u /= u.norm()
         emb = model.embed.weight
-        emb += share * emb.norm(dim=1, keepdim=True) * u
+        emb += emb.norm(dim=1, keepdim=True) * u
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2).double() / D))
         ck, cq = torch.zeros(D), torch.zeros(D)
         for i in range(PREV_HEAD_PAIRS):           # NeoX layout: dims i and i + D/2 rotate together
             ck[i] = 1.0
             cq[i], cq[i + D // 2] = math.cos(inv_freq[i]), -math.sin(inv_freq[i])
         attn = model.layers[0].attn
-        scale = PREV_HEAD_SCALE / share / math.sqrt(d)
-        attn.q.weight[:D] = scale * torch.outer(cq, u)
-        attn.k.weight[:D] = scale * torch.outer(ck, u)
+        attn.q.weight[:D] = PREV_HEAD_SCALE * torch.outer(cq, u) / math.sqrt(d)
+        attn.k.weight[:D] = PREV_HEAD_SCALE * torch.outer(ck, u) / math.sqrt(d)
 
 
 def save_pretrained(model, tokenizer, folder: str | Path, generation_defaults: dict | None = None) -> Path:

@@ -47,9 +47,9 @@ def test_default_train_config_is_the_shipped_recipe():
     added = set(default) - set(shipped)
     # the pair options only act when pair batches are drawn, which the first two being 0 rules out
     assert added == {"prev_token_head", "pair_warmup_steps", "pair_share", "pair_lr", "pair_global", "pair_max",
-                     "content_rows", "prev_head_share"}
+                     "content_rows"}
     assert (default["prev_token_head"], default["pair_warmup_steps"], default["pair_share"]) == (False, 0, 0.0)
-    assert default["content_rows"] == 0.0      # prev_head_share only acts with prev_token_head
+    assert default["content_rows"] == 0.0
 
 
 def test_shipped_model_copies_held_out_lists(shipped):
