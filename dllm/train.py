@@ -47,14 +47,6 @@ else. Under confidence-ordered decoding the model commits one side of the names 
 then find each name's other half in the prompt by content (the token beside it); under i.i.d.
 masking that state is rare, and elimination or position often answer it instead.
 
-Content rows (`content_rows`, 0 by default): in that fraction of the rows left by the binding
-masks, the answer's punctuation stays visible and each content token (a token with a letter or a
-digit: names, Latin-square symbols, Sudoku digits) is masked with a rate drawn per row from
-U(0, 1). Under confidence-ordered decoding the punctuation is committed first, so this is the state
-the later steps see: committed and masked names side by side. A lookup that copies a committed
-name into another masked slot is always wrong in these rows, where i.i.d. masking also hides the
-punctuation and rewards copying from a position that shares a masked neighbour.
-
 Task mix (`task_weights`, `DEFAULT_TASK_WEIGHTS`): each batch holds one task, drawn with these
 weights ("PATTERN=W,...", globs over task ids; unmatched tasks weigh 1; an empty string draws
 uniformly). `train_info.json` records how many batches each task got.
@@ -187,7 +179,6 @@ class TrainConfig:
     t_power: float = 2.0
     mask_example: float = 0.5
     bind_mask: float = 0.25
-    content_rows: float = 0.0
     task_weights: str = DEFAULT_TASK_WEIGHTS
     precision: str = "bf16"
     compile: bool = True
@@ -241,8 +232,6 @@ class TrainConfig:
             raise ValueError(f"mask_example must be in [0, 1], got {self.mask_example}")
         if not 0 <= self.bind_mask <= 1:
             raise ValueError(f"bind_mask must be in [0, 1], got {self.bind_mask}")
-        if not 0 <= self.content_rows <= 1:
-            raise ValueError(f"content_rows must be in [0, 1], got {self.content_rows}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if not isinstance(self.compile, bool):
@@ -526,26 +515,6 @@ def bind_rows(sides: torch.Tensor, share: float, generator: torch.Generator):
     return fixed, rows
 
 
-def punctuation_ids(tokenizer) -> torch.Tensor:
-    """(V,) bool: True for the tokens with no letter or digit (list and grid punctuation, spaces,
-    newlines) and for the special tokens; False for the content tokens (names, symbols, digits)."""
-    special = set(tokenizer.all_special_ids)
-    text = [tokenizer.decode([i]) for i in range(len(tokenizer))]
-    return torch.tensor([i in special or not any(c.isalnum() for c in t) for i, t in enumerate(text)])
-
-
-def content_masks(content: torch.Tensor, share: float, taken: torch.Tensor, generator: torch.Generator):
-    """The content-row masks of a batch, (fixed (B, G) bool, rows (B, 1) bool) as `bind_rows`
-    gives them. A row not already `taken` is chosen with probability `share`; its punctuation stays
-    visible and each content token (`content`, (B, G) bool) is masked with a rate drawn per row
-    from U(0, 1), so committed and masked names (or symbols) sit side by side."""
-    B = content.shape[0]
-    rows = (torch.rand(B, 1, generator=generator) < share) & ~taken & content.any(1, keepdim=True)
-    rate = torch.rand(B, 1, generator=generator)
-    fixed = content & (torch.rand(content.shape, generator=generator) < rate)
-    return fixed, rows
-
-
 def example_columns(items: list[Encoded], L: int):
     """Canvas columns of the in-context answers of a batch made by `make_batch` (prompts end at
     column L - G): (B, E) columns and (B, E) validity. Rows with fewer are padded with column 0,
@@ -766,7 +735,6 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
     pair_batches = 0
     vocab = _copy_vocab(tokenizer)
     pairing = global_pairing(vocab[0], cfg.seed)
-    punct = punctuation_ids(tokenizer)
     if ckpt_path.is_file():
         ck = torch.load(ckpt_path, weights_only=False)
         if ck["recipe"] != recipe:
@@ -808,11 +776,6 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
         fixed = fixed_rows = None
         if cfg.bind_mask > 0 or pair_batch:
             fixed, fixed_rows = bind_rows(response_sides(items), PAIR_BIND_ROWS if pair_batch else cfg.bind_mask, gen)
-        if cfg.content_rows > 0 and not pair_batch:
-            taken = fixed_rows if fixed_rows is not None else torch.zeros(len(items), 1, dtype=torch.bool)
-            c_fixed, c_rows = content_masks(~punct[x.gather(1, cols)], cfg.content_rows, taken, gen)
-            fixed = c_fixed if fixed is None else torch.where(c_rows, c_fixed, fixed)
-            fixed_rows = taken | c_rows
         for g in opt.param_groups:
             g["lr"] = _lr(cfg, step)
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):

@@ -210,8 +210,6 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
         T.TrainConfig(mask_example=1.5)
     with pytest.raises(ValueError, match="bind_mask must be in \\[0, 1\\], got -0.1"):
         T.TrainConfig(bind_mask=-0.1)
-    with pytest.raises(ValueError, match="content_rows must be in \\[0, 1\\], got 2"):
-        T.TrainConfig(content_rows=2)
     with pytest.raises(ValueError, match="precision 'fp16' is not one of bf16, fp32"):
         T.TrainConfig(precision="fp16")
     with pytest.raises(ValueError, match="compile must be true or false, got 'yes'"):
@@ -359,40 +357,6 @@ def test_bind_rows_mask_exactly_one_name_side(trained):
     assert not torch.equal(masked[~rows[:, 0]], fixed[~rows[:, 0]])
 
 
-def test_content_rows_mask_names_and_symbols_and_never_punctuation(trained):
-    """punctuation_ids splits a rendered answer into content (the name tokens that name_sides marks,
-    the Latin-square symbols) and punctuation; content rows mask only content, at a rate that varies
-    per row, and leave the rows already taken by the name-binding masks alone."""
-    from transformers import PreTrainedTokenizerFast
-
-    out, _ = trained
-    tok = PreTrainedTokenizerFast.from_pretrained(str(out / "a" / "tokenizer"))
-    punct = T.punctuation_ids(tok)
-    assert punct[tok.convert_tokens_to_ids(T.MASK)] and punct[tok.convert_tokens_to_ids(T.EOT)]
-    recs = T.training_records(T.TrainConfig(tasks="waiting_line/shuffle,puzzle/latin_square_n4",
-                                            samples_per_task=40))
-    data, _ = T.encode_records(tok, recs)
-    for e in data:
-        content = [not punct[t] for t in e.response]
-        if e.task.endswith("shuffle"):         # a small vocabulary can split the space off a last name
-            assert content == [s > 0 and tok.decode([t]).strip() != "" for t, s in zip(e.response, e.sides)]
-        else:
-            eot = e.response.index(tok.convert_tokens_to_ids(T.EOT))
-            rows = tok.decode(e.response[:eot]).split("\n")
-            symbols = "".join(tok.decode([t]) for t, c in zip(e.response, content) if c)
-            assert symbols == "".join(r.replace(",", "") for r in rows) and len(symbols) == 16
-    shuffle = [e for e in data if e.task.endswith("shuffle")]     # one canvas length per batch
-    x, valid, pos, cols = T.make_batch(shuffle, tok.convert_tokens_to_ids(T.EOS))
-    content = ~punct[x.gather(1, cols)]
-    taken = torch.arange(len(shuffle))[:, None] % 3 == 0
-    fixed, rows = T.content_masks(content, 1.0, taken, torch.Generator().manual_seed(0))
-    assert torch.equal(rows, ~taken)
-    assert not (fixed & ~content).any()
-    share = (fixed.sum(1) / content.sum(1))[rows[:, 0]]
-    assert share.min() < 0.25 and share.max() > 0.75
-    assert not T.content_masks(content, 0.0, taken, torch.Generator().manual_seed(0))[1].any()
-
-
 def _probe_binding_module():
     import importlib.util
 
@@ -537,28 +501,3 @@ def test_previous_token_head_attends_to_the_previous_position_at_init():
     assert plain[:, p, p - 1].mean() < 0.2
     with pytest.raises(ValueError, match="prev_token_head must be true or false, got 1"):
         T.TrainConfig(prev_token_head=1)
-
-
-def test_training_with_content_rows_masks_only_content_in_them(tmp_path, monkeypatch):
-    """In `train`, content rows reach the loss as fixed masks over name tokens only, and with
-    bind_mask at 0 every chosen row is a content row."""
-    import inspect
-
-    seen = []
-    real = T.diffusion_loss
-
-    def spy(*args, **kw):
-        a = inspect.signature(real).bind(*args, **kw).arguments
-        seen.append((a["x"].gather(1, a["cols"]), a["fixed"], a["fixed_rows"]))
-        return real(*args, **kw)
-
-    monkeypatch.setattr(T, "diffusion_loss", spy)
-    cfg = T.TrainConfig(out=str(tmp_path / "c"), **{**TINY, "tasks": "waiting_line/shuffle", "copy_warmup_steps": 0,
-                                                     "pair_warmup_steps": 0, "bind_mask": 0.0, "content_rows": 0.5})
-    T.train(cfg, progress=False, stop_after=3)
-    from transformers import PreTrainedTokenizerFast
-    punct = T.punctuation_ids(PreTrainedTokenizerFast.from_pretrained(str(tmp_path / "c" / "tokenizer")))
-    rows = torch.cat([r for _, _, r in seen])
-    assert 0 < rows.sum() < len(rows)
-    for target, fixed, r in seen:
-        assert not (fixed[r[:, 0]] & punct[target[r[:, 0]]]).any()
