@@ -83,7 +83,8 @@ same-token matches in layer 0 (0.23 and 0.47 of two heads' attention), and the m
 has none (at most 0.006 in any head of any layer). On one hand-made canvas it put 0.74 on "Bradley" for the second item's last name with the third
 item's "Bradley" shown and its first name masked, 0.009 with that first name shown too. In short
 runs (`probe_binding.py --model` on checkpoints, committed name shown / masked), the shipped recipe
-rules out written names by 1000 steps (0.120 / 0.301); with the head it had not at 1000 steps
+rules out written names by 1000 steps (0.120 / 0.301); with the head (its shared component at half
+each embedding's norm in these three runs) it had not at 1000 steps
 without the pair curriculum (0.553 / 0.529), nor with 8 heads per layer (0.411 / 0.413), nor at
 3000 steps with it (0.120 / 0.120). Lookup and ruling-out have not yet been had together.
 
