@@ -14,6 +14,9 @@ key is ever re-rotated. Every cache of the literature is a policy choosing the r
 | dkv-decode | masked positions + tokens committed at the last step | first `warmup` steps, every `refresh`  |
 | dkv-greedy | scored positions + last step's commits + a window    | every `refresh` steps of a block       |
 
+Every storing policy also takes `twins` (False by default): recompute as well the columns holding
+the same token as a column that changed since the row's last forward (see `StoringPolicy`).
+
 A full refresh recomputes every column and writes K/V for all of them; it is also a decoding step
 (its logits are scored). Whatever a plan says, the forward also recomputes the columns whose
 hidden state produces the scored logits (the scored columns; for Dream, their left neighbours), so
@@ -124,6 +127,12 @@ def plan_columns(need: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, cols, cols[:, :1])
 
 
+def same_token_columns(x: torch.Tensor, marked: torch.Tensor) -> torch.Tensor:
+    """(B, L) tokens, (B, L) bool -> (B, L) bool: the columns whose token equals the token of a
+    marked column of the same row."""
+    return ((x[:, :, None] == x[:, None, :]) & marked[:, None, :]).any(-1)
+
+
 class CachePolicy:
     """Chooses which canvas columns to recompute at each step (see the module docstring).
 
@@ -171,9 +180,21 @@ class StoringPolicy(CachePolicy):
     forward saw; `refreshes` / `partial_steps` (B,), how many full and partial forwards each row
     took. Subclasses define `_full(state, rows) -> (B',) bool` (rows refreshed this step) and
     `_columns(state, rows, changed, scored) -> (B', L) bool` (what a partial step recomputes).
+
+    twins (every storing policy; False by default, the published rules): a partial step also
+    recomputes every column that holds the same token as a column changed since the row's last
+    forward. A bidirectional model can mark a prompt token as used once its copy appears in the
+    answer (the shipped model does, through same-token attention in its first layer); without this,
+    those prompt columns keep their state from before the copy was written until the next refresh.
     """
 
     needs_storage = True
+
+    def __init__(self, twins: bool = False):
+        super().__init__()
+        if not isinstance(twins, bool):
+            raise ValueError(f"cache {self.name!r}: twins must be true or false, got {twins!r}")
+        self.twins = twins
 
     def setup(self, state, model):
         B, L = state.batch_size, state.length
@@ -196,6 +217,8 @@ class StoringPolicy(CachePolicy):
         if bool(full.all()):
             return None
         need = self._columns(state, rows, changed, scored) | full[:, None]  # (B', L)
+        if self.twins:
+            need |= same_token_columns(x, changed)
         return plan_columns(need)
 
     # -- helpers for subclasses -------------------------------------------------------------
@@ -225,14 +248,15 @@ class PrefixCache(StoringPolicy):
         Fast-dLLM; 1 recomputes everything every step, which equals `none`).
     On Dream the column left of the block is recomputed too: its hidden state predicts the block's
     first position (Fast-dLLM's Dream code scores that position with a stale logit instead).
+    twins: see `StoringPolicy` (False: Fast-dLLM's rule).
     """
 
     name = "prefix"
 
-    def __init__(self, *, refresh: int | None = None):
-        super().__init__()
+    def __init__(self, *, refresh: int | None = None, twins: bool = False):
+        super().__init__(twins)
         self.refresh = _check_int(self.name, "refresh", refresh, 1, allow_none=True)
-        self._args = dict(refresh=refresh)
+        self._args = dict(refresh=refresh, twins=twins)
 
     def _full(self, state, rows):
         return self._periodic(state, rows, self.refresh)
@@ -247,6 +271,7 @@ class DualCache(PrefixCache):
 
     refresh: as for `prefix`. The block is read at every step, so a block whose end a sampler moves
     is recomputed up to its new end. On Dream the column left of the block is recomputed too.
+    twins: see `StoringPolicy` (False: Fast-dLLM's rule).
     """
 
     name = "dual"
@@ -274,25 +299,26 @@ class DKVDecode(StoringPolicy):
     refresh: default by model family, 8 for LLaDA and 4 for Dream (dKV-Cache's paper settings).
     warmup:  full forwards at the start of each block; default by family, 2 for LLaDA and 1 for
              Dream (dKV-Cache's loops).
+    twins:   see `StoringPolicy` (False: dKV-Cache's rule).
     On Dream the left neighbour of every masked position is recomputed too (dKV-Cache's default
     `shift_type="un"`: a column is cached once the token it predicts is decoded).
     """
 
     name = "dkv-decode"
 
-    def __init__(self, *, refresh: int | None = None, warmup: int | None = None):
-        super().__init__()
+    def __init__(self, *, refresh: int | None = None, warmup: int | None = None, twins: bool = False):
+        super().__init__(twins)
         self._given = dict(refresh=_check_int(self.name, "refresh", refresh, 1, allow_none=True),
                            warmup=_check_int(self.name, "warmup", warmup, 0, allow_none=True))
         self.refresh, self.warmup = refresh, warmup
-        self._args = dict(self._given)
+        self._args = dict(self._given, twins=twins)
 
     def setup(self, state, model):
         super().setup(state, model)
         refresh, warmup = DKV_DECODE_DEFAULTS.get(model.config.family, DKV_DECODE_DEFAULTS["llada"])
         self.refresh = refresh if self._given["refresh"] is None else self._given["refresh"]
         self.warmup = warmup if self._given["warmup"] is None else self._given["warmup"]
-        self._args = dict(refresh=self.refresh, warmup=self.warmup)
+        self._args = dict(refresh=self.refresh, warmup=self.warmup, twins=self.twins)
 
     def _full(self, state, rows):
         i = state.step_in_block[rows]
@@ -320,16 +346,16 @@ class DKVGreedy(StoringPolicy):
     policy is dKV-Cache-Greedy. With a sampler that scores every masked position of its block
     (`low_confidence`, `threshold`, ...) the due set is the block's masked positions and the policy
     is a block cache with a one-step delay, a window and periodic refreshes. Paper settings:
-    refresh 2, window 4 (MBPP: window 2).
+    refresh 2, window 4 (MBPP: window 2). twins: see `StoringPolicy` (False: dKV-Cache's rule).
     """
 
     name = "dkv-greedy"
 
-    def __init__(self, *, refresh: int = 2, window: int = 4):
-        super().__init__()
+    def __init__(self, *, refresh: int = 2, window: int = 4, twins: bool = False):
+        super().__init__(twins)
         self.refresh = _check_int(self.name, "refresh", refresh, 1)
         self.window = _check_int(self.name, "window", window, 0)
-        self._args = dict(refresh=refresh, window=window)
+        self._args = dict(refresh=refresh, window=window, twins=twins)
 
     def _full(self, state, rows):
         return self._periodic(state, rows, self.refresh)

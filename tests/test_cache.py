@@ -110,6 +110,8 @@ def test_registry_lists_the_policies():
     (lambda: get_policy("dkv-greedy", window=-2), r"'dkv-greedy': window must be an integer >= 0, got -2"),
     (lambda: get_policy("dkv-greedy", refresh=None), r"'dkv-greedy': refresh must be an integer >= 1, got None"),
     (lambda: get_policy(get_policy("dual"), refresh=2), r"only used with a policy given by name"),
+    (lambda: get_policy("dkv-greedy", twins=1), r"cache 'dkv-greedy': twins must be true or false, got 1"),
+    (lambda: get_policy("dual", twins="yes"), r"cache 'dual': twins must be true or false, got 'yes'"),
 ])
 def test_bad_names_and_arguments_are_value_errors(call, match):
     with pytest.raises(ValueError, match=match):
@@ -139,9 +141,9 @@ def test_output_names_the_policy_with_resolved_defaults(llada, dream):
     for model, refresh, warmup in ((llada[0], 8, 2), (dream[0], 4, 1)):
         out = dllm.generate(model, None, PROMPTS, gen_length=8, block_length=4, steps=8, sampler="low_confidence",
                             cache="dkv-decode")
-        assert out.cache == "dkv-decode" and out.cache_args == {"refresh": refresh, "warmup": warmup}
+        assert out.cache == "dkv-decode" and out.cache_args == {"refresh": refresh, "warmup": warmup, "twins": False}
     out = dllm.generate(llada[0], None, PROMPTS, gen_length=8, cache="dkv-decode", cache_kwargs={"refresh": 3})
-    assert out.cache_args == {"refresh": 3, "warmup": 2}
+    assert out.cache_args == {"refresh": 3, "warmup": 2, "twins": False}
     assert dllm.generate(llada[0], None, PROMPTS, gen_length=4).cache == "none"
 
 
@@ -293,6 +295,57 @@ def test_dkv_decode_recomputes_masks_and_the_last_commits(family_model, sampler)
             assert got[k] == want, (t, r, sorted(got[k]), sorted(want))
     assert partial >= 10
     assert int(policy.partial_steps.sum()) == partial
+
+
+TWIN_PROMPTS = [[5, 17, 33, 2, 90, 41, 7, 5, 17], [64, 3, 12, 3], [250, 11, 11, 19, 100, 250]]
+
+
+def test_twins_add_the_columns_holding_a_changed_token(family_model):
+    """With twins=True a partial step recomputes what the policy's own rule names on that canvas
+    plus every column whose token equals the token of a column changed since the row's last
+    forward (found here by brute force over pairs of columns); every storing policy."""
+    model, _ = family_model
+    checked = {"partial": 0, "extra": 0}
+    for name in STORING:
+        _check_twins(model, get_policy(name, twins=True, refresh=4), checked)
+    assert checked["partial"] >= 40 and checked["extra"] > 0
+
+
+def _check_twins(model, policy, checked):
+    inner = policy.plan
+
+    def plan(state, rows, scored=None):
+        x = state.x[rows].clone()
+        seen = policy.seen[rows].clone()
+        out = inner(state, rows, scored)
+        if out is None:
+            return out
+        changed = x != seen
+        rule = policy._columns(state, rows, changed, scored) | policy._full(state, rows)[:, None]
+        for k in range(len(rows)):
+            row = x[k].tolist()
+            moved = [c for c in range(len(row)) if changed[k, c]]
+            twins = {c for c in range(len(row)) for d in moved if row[c] == row[d]}
+            want = set(rule[k].nonzero().flatten().tolist()) | twins
+            assert set(out[k].tolist()) == want, (state.global_step, int(rows[k]))
+            checked["partial"] += 1
+            checked["extra"] += len(twins - set(rule[k].nonzero().flatten().tolist()))
+        return out
+
+    policy.plan = plan
+    # prompts that repeat tokens, so a commit's twins include prompt columns
+    dllm.generate(model, None, TWIN_PROMPTS, cache=policy, gen_length=12, block_length=6, steps=12,
+                  sampler="low_confidence")
+
+
+def test_twins_forced_to_refresh_every_step_equal_no_cache(family_model):
+    model, tok = family_model
+    for name in ("low_confidence", "threshold"):
+        base = _generate(model, tok, TWIN_PROMPTS, **_kwargs(name, None))
+        for policy in STORING:
+            out = _generate(model, tok, TWIN_PROMPTS, cache=policy, cache_kwargs={"refresh": 1, "twins": True},
+                            **_kwargs(name, None))
+            assert torch.equal(out.sequences, base.sequences), (policy, name)
 
 
 def test_prefix_and_dual_recompute_the_block_and_follow_moved_ends(family_model):
@@ -481,6 +534,14 @@ def test_cli_cache_flags(llada_dir, capsys):
     want = dllm.generate(model, tok, ["hello", "a longer prompt"], gen_length=8, block_length=4, steps=8,
                          cache="dkv-decode", cache_kwargs={"refresh": 2})
     assert out == "".join(t + "\n" for t in want.texts) and "cache dkv-decode" in err
+
+    assert main(args + ["--cache", "dual", "--cache-arg", "twins=true"]) == 0
+    want = dllm.generate(model, tok, ["hello", "a longer prompt"], gen_length=8, block_length=4, steps=8,
+                         cache="dual", cache_kwargs={"twins": True})
+    out, err = capsys.readouterr()
+    assert out == "".join(t + "\n" for t in want.texts) and "cache dual" in err
+    assert main(args + ["--cache", "dual", "--cache-arg", "twins=2"]) == 2
+    assert "cache 'dual': twins must be true or false, got 2" in capsys.readouterr()[1]
 
     assert main(args + ["--cache", "dual2"]) == 2
     assert "unknown cache policy 'dual2'; valid options: dkv-decode, dkv-greedy, dual, none, prefix" in \
