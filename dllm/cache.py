@@ -129,8 +129,10 @@ def plan_columns(need: torch.Tensor) -> torch.Tensor:
 
 def same_token_columns(x: torch.Tensor, marked: torch.Tensor) -> torch.Tensor:
     """(B, L) tokens, (B, L) bool -> (B, L) bool: the columns whose token equals the token of a
-    marked column of the same row."""
-    return ((x[:, :, None] == x[:, None, :]) & marked[:, None, :]).any(-1)
+    marked column of the same row. Compares against the K marked tokens of each row, (B, L, K)."""
+    cols, valid = select_positions(marked)                                   # (B, K)
+    ids = x.gather(1, cols)
+    return ((x[:, :, None] == ids[:, None, :]) & valid[:, None, :]).any(-1)
 
 
 class CachePolicy:

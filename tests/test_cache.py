@@ -7,7 +7,7 @@ import torch
 
 import dllm
 from dllm import samplers
-from dllm.cache import (CachePolicy, KVCache, available_policies, get_policy, window_columns)
+from dllm.cache import (CachePolicy, KVCache, available_policies, get_policy, same_token_columns, window_columns)
 from dllm.cli import main
 from dllm.state import Decision
 from tests.reference.cache_ref import fastdllm_generate_ref
@@ -336,6 +336,18 @@ def _check_twins(model, policy, checked):
     # prompts that repeat tokens, so a commit's twins include prompt columns
     dllm.generate(model, None, TWIN_PROMPTS, cache=policy, gen_length=12, block_length=6, steps=12,
                   sampler="low_confidence")
+
+
+def test_same_token_columns_brute_force():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 6, (5, 13), generator=g)
+    marked = torch.rand(5, 13, generator=g) < 0.2
+    marked[2] = False                                       # a row with nothing marked
+    got = same_token_columns(x, marked)
+    for b in range(5):
+        ids = {int(x[b, c]) for c in range(13) if marked[b, c]}
+        assert got[b].tolist() == [int(t) in ids for t in x[b]]
+    assert not got[2].any() and got.any()
 
 
 def test_twins_forced_to_refresh_every_step_equal_no_cache(family_model):
