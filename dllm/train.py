@@ -88,8 +88,8 @@ each embedding's norm in these three runs) it had not at 1000 steps
 without the pair curriculum (0.553 / 0.529), nor with 8 heads per layer (0.411 / 0.413), nor at
 3000 steps with it (0.120 / 0.120). The other way round, building the head into the shipped
 recipe's 1000-step checkpoint and training on (a one-off run), keeps the ruling-out (0.019 / 0.458
-after 1000 more steps) but the lookup does not form (shuffle binding 0.31 after 1000 and after 2000
-more steps, 0.30 with 500 pair warm-up steps first). Lookup and ruling-out have not yet been had
+after 1000 more steps) but the lookup does not form (shuffle binding 0.31, 0.33 and 0.27 after 1000,
+2000 and 4500 more steps, 0.30 with 500 pair warm-up steps first). Lookup and ruling-out have not yet been had
 together.
 
 Speed (`precision`, `compile`): by default the step runs under bf16 autocast, compiled with
