@@ -69,13 +69,13 @@ from dllm.train import (INITS, TrainConfig, _copy_vocab, bind_rows, binding_accu
                         response_sides)
 
 
-def repeat_probability(model, tokenizer, records: list[dict], shown: bool = True) -> float:
+def repeat_probability(model, tokenizer, records: list[dict]) -> tuple[float, float]:
     """On shuffle prompts: the mean probability a model gives to repeating a committed last name.
     The answer is the input list in its own order; the canvas shows its punctuation and the last
     token of the last item's last name, everything else masked; the score is the probability of
     that same token at the end of the first item's last name (a valid answer never repeats it).
-    `shown=False` masks that last name too: the same probability with nothing committed, so the
-    pair of figures says whether the model rules out a name it has already written."""
+    Returns (shown, masked): the second masks that last name too, the same probability with
+    nothing committed, so the pair says whether the model rules out a name it has already written."""
     task = "waiting_line/shuffle"
     in_order = [{**r, "answer": {**r["answer"], "example": json.dumps(r["answer"]["input"])}} for r in records]
     items, _ = encode_records(tokenizer, {task: in_order})
@@ -86,12 +86,14 @@ def repeat_probability(model, tokenizer, records: list[dict], shown: bool = True
     first_end = torch.where(last, idx, sides.shape[1]).min(1).values             # the first item's
     last_at = torch.where(last, idx, -1).max(1).values                            # the last item's
     resp = x.gather(1, cols)
-    keep = (sides == 0) | ((idx == last_at[:, None]) & shown)
-    x = x.scatter(1, cols, torch.where(keep, resp, torch.full_like(resp, model.config.mask_token_id)))
-    with torch.no_grad():
-        logits = model(x, cols.gather(1, first_end[:, None]), position_ids=pos, key_valid=valid)
     target = resp.gather(1, last_at[:, None])
-    return logits.float().softmax(-1).gather(2, target[..., None]).mean().item()
+    out = []
+    for keep in ((sides == 0) | (idx == last_at[:, None]), sides == 0):
+        canvas = x.scatter(1, cols, torch.where(keep, resp, torch.full_like(resp, model.config.mask_token_id)))
+        with torch.no_grad():
+            logits = model(canvas, cols.gather(1, first_end[:, None]), position_ids=pos, key_valid=valid)
+        out.append(logits.float().softmax(-1).gather(2, target[..., None]).mean().item())
+    return out[0], out[1]
 
 
 def probe_model(path: str, n: int) -> None:
@@ -107,8 +109,9 @@ def probe_model(path: str, n: int) -> None:
         items, _ = encode_records(tokenizer, {task: generators.generate(task, split="test", num_samples=n)})
         print(f"{task}: binding accuracy {binding_accuracy(model, cfg.mask_token_id, cfg.pad_token_id, items):.3f}")
     records = generators.generate("waiting_line/shuffle", split="test", num_samples=n)
-    print(f"waiting_line/shuffle: repeat probability {repeat_probability(model, tokenizer, records):.3f} "
-          f"(with that name still masked: {repeat_probability(model, tokenizer, records, shown=False):.3f})", flush=True)
+    shown, masked = repeat_probability(model, tokenizer, records)
+    print(f"waiting_line/shuffle: repeat probability {shown:.3f} (with that name still masked: {masked:.3f})",
+          flush=True)
 
 
 def main(argv=None) -> int:

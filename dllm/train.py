@@ -80,17 +80,17 @@ gives the first item's last name the same name with probability 0.314, and 0.315
 masked too (`probe_binding.py --model`); the shipped model gives 0.003 and 0.374. Read off the
 attention, the shipped model's prompt names find their committed copies in the answer through
 same-token matches in layer 0 (0.23 and 0.47 of two heads' attention), and the model with the head
-has none (at most 0.006 in any head of any layer). On one hand-made canvas it put 0.74 on "Bradley" for the second item's last name with the third
-item's "Bradley" shown and its first name masked, 0.009 with that first name shown too. In short
-runs (`probe_binding.py --model` on checkpoints, committed name shown / masked), the shipped recipe
-rules out written names by 1000 steps (0.120 / 0.301); with the head (its shared component at half
-each embedding's norm in these three runs) it had not at 1000 steps
-without the pair curriculum (0.553 / 0.529), nor with 8 heads per layer (0.411 / 0.413), nor at
-3000 steps with it (0.120 / 0.120). The other way round, building the head into the shipped
-recipe's 1000-step checkpoint and training on (a one-off run), keeps the ruling-out (0.019 / 0.458
-after 1000 more steps) but the lookup does not form (shuffle binding 0.31, 0.33 and 0.27 after 1000,
-2000 and 4500 more steps, 0.30 with 500 pair warm-up steps first). Lookup and ruling-out have not yet been had
-together.
+has none (at most 0.006 in any head of any layer). On one hand-made canvas it put 0.74 on "Bradley"
+for the second item's last name with the third item's "Bradley" shown and its first name masked,
+0.009 with that first name shown too. In short runs (`probe_binding.py --model` on checkpoints,
+committed name shown / masked), the shipped recipe rules out written names by 1000 steps (0.120 /
+0.301); with the head (its shared component at half each embedding's norm in these three runs) it
+had not at 1000 steps without the pair curriculum (0.553 / 0.529), nor with 8 heads per layer
+(0.411 / 0.413), nor at 3000 steps with it (0.120 / 0.120). The other way round, building the head
+into the shipped recipe's 1000-step checkpoint and training on (a one-off run), keeps the
+ruling-out (0.019 / 0.458 after 1000 more steps) but the lookup does not form (shuffle binding
+0.31, 0.33 and 0.27 after 1000, 2000 and 4500 more steps, 0.30 with 500 pair warm-up steps first).
+Lookup and ruling-out have not yet been had together.
 
 Speed (`precision`, `compile`): by default the step runs under bf16 autocast, compiled with
 `torch.compile`, with plain-math attention (the `eager` backend, which the compiler fuses); the
