@@ -46,8 +46,10 @@ def test_default_train_config_is_the_shipped_recipe():
     assert {k: default[k] for k in shipped} == shipped
     added = set(default) - set(shipped)
     # the pair options only act when pair batches are drawn, which the first two being 0 rules out
-    assert added == {"prev_token_head", "pair_warmup_steps", "pair_share", "pair_lr", "pair_global", "pair_max"}
+    assert added == {"prev_token_head", "pair_warmup_steps", "pair_share", "pair_lr", "pair_global", "pair_max",
+                     "whole_names", "embed_update"}
     assert (default["prev_token_head"], default["pair_warmup_steps"], default["pair_share"]) == (False, 0, 0.0)
+    assert (default["whole_names"], default["embed_update"]) == (False, "dense")
 
 
 def test_shipped_model_copies_held_out_lists(shipped):

@@ -247,9 +247,9 @@ def test_mimetic_init_ties_query_key_and_value_output():
     assert not torch.equal(normal.layers[0].attn.k.weight, normal.layers[0].attn.q.weight)
 
 
-def test_compiled_and_bf16_losses_equal_the_eager_fp32_loss(trained, tmp_path):
-    """torch.compile and bf16 autocast change how a step is computed, not what it computes: on a
-    real batch the compiled loss equals the eager one, and the bf16 loss and gradients are close."""
+def _copy_batch(trained, n):
+    """A freshly initialised tiny model and a batch of `n` copy examples from the trained fixture's
+    tokenizer: (model, x, valid, pos, cols, example_cols, example_ok)."""
     from transformers import PreTrainedTokenizerFast
 
     from dllm.models.llada import LLaDAModel
@@ -258,12 +258,19 @@ def test_compiled_and_bf16_losses_equal_the_eager_fp32_loss(trained, tmp_path):
     tok = PreTrainedTokenizerFast.from_pretrained(str(out / "a" / "tokenizer"))
     cfg = T.TrainConfig(**TINY)
     data, _ = T.encode_records(tok, T.training_records(cfg))
-    items = [e for e in data if e.task == "waiting_line/copy"][:6]
+    items = [e for e in data if e.task == "waiting_line/copy"][:n]
     x, valid, pos, cols = T.make_batch(items, tok.convert_tokens_to_ids(T.EOS))
     ex_cols, ex_ok = T.example_columns(items, x.shape[1])
     torch.manual_seed(0)
     model = LLaDAModel(T.model_config(cfg, tok), attention="eager")
     T.init_weights(model, cfg)
+    return model, x, valid, pos, cols, ex_cols, ex_ok
+
+
+def test_compiled_and_bf16_losses_equal_the_eager_fp32_loss(trained, tmp_path):
+    """torch.compile and bf16 autocast change how a step is computed, not what it computes: on a
+    real batch the compiled loss equals the eager one, and the bf16 loss and gradients are close."""
+    model, x, valid, pos, cols, ex_cols, ex_ok = _copy_batch(trained, 6)
 
     def loss_and_grad(fwd, bf16):
         model.zero_grad()
@@ -284,6 +291,95 @@ def test_compiled_and_bf16_losses_equal_the_eager_fp32_loss(trained, tmp_path):
     folder = T.train(T.TrainConfig(out=str(tmp_path / "c"), **{**TINY, "steps": 3, "copy_warmup_steps": 0,
                                                                   "compile": True}), progress=False)
     assert (folder / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("loss", ["masked-mean", "llada"])
+def test_lm_head_on_the_masked_columns_only_gives_the_full_loss_and_gradients(trained, loss):
+    """diffusion_loss(head=...) runs the LM head on the masked columns alone; the loss and every
+    gradient equal those of the full (B, G', V) logits."""
+    model, x, valid, pos, cols, ex_cols, ex_ok = _copy_batch(trained, 5)
+
+    def loss_and_grad(fwd, head):
+        model.zero_grad()
+        value = T.diffusion_loss(fwd, x, valid, pos, cols, model.config.mask_token_id, 1e-3,
+                                 torch.Generator().manual_seed(3), loss, 1.0, ex_cols, ex_ok, head=head)
+        value.backward()
+        return value.item(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    ref, g_ref = loss_and_grad(model, None)
+    got, g = loss_and_grad(model.hidden_at, model.head_logits)
+    assert got == pytest.approx(ref, rel=1e-6) and torch.allclose(g, g_ref, atol=1e-6)
+    assert model.head_logits(model.hidden_at(x, cols, position_ids=pos, key_valid=valid)).shape == \
+        model(x, cols, position_ids=pos, key_valid=valid).shape
+
+
+def test_whole_names_tokenizer_gives_each_full_name_one_token():
+    recs = T.training_records(T.TrainConfig(tasks="waiting_line/insert_index,puzzle/latin_square_n4",
+                                            samples_per_task=300))
+    texts = [T.render_prompt(t, r) + T.answer_text(r) for t, rs in recs.items() for r in rs]
+    tok = T.build_tokenizer(texts, 8192, whole_names=True)
+    plain = T.build_tokenizer(texts, 8192)
+
+    def pieces(t, text):
+        return [t.decode([i]) for i in t(text, add_special_tokens=False)["input_ids"]]
+
+    for r in recs["waiting_line/insert_index"][:20]:
+        answer = r["answer"]
+        names = json.loads(answer)
+        toks = pieces(tok, answer)
+        assert [p for p in toks if " " in p.strip()] == names                 # one token per person
+        assert len(pieces(plain, answer)) > len(toks)
+        word = r["input"]["word"]                                              # "... person \"Ann Lee\" is ..."
+        prompt_ids = tok(T.render_prompt("waiting_line/insert_index", r), add_special_tokens=False)["input_ids"]
+        assert tok.convert_tokens_to_ids(word.replace(" ", "Ġ")) in prompt_ids
+    # digits stay one per token, other text splits as before, and unseen names fall back to pieces
+    assert pieces(tok, "1342\n4213") == ["1", "3", "4", "2", "\n", "4", "2", "1", "3"]
+    for text in ('["Zyx Qwv", "Ann Lee"]', "Generate a Latin square of size 4 with the symbols [A, K, 7, B].",
+                 "Hello World, 12 apples"):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+    assert "Zyx Qwv" not in pieces(tok, '["Zyx Qwv"]')
+
+
+def _init_model(cfg, tok):
+    from dllm.models.llada import LLaDAModel
+
+    torch.manual_seed(cfg.seed)                 # as train() builds it
+    model = LLaDAModel(T.model_config(cfg, tok), attention="eager")
+    T.init_weights(model, cfg)
+    return model
+
+
+def test_frozen_and_lazy_embedding_updates(tmp_path):
+    """embed_update="frozen" keeps the embedding at its init; "lazy" changes only the rows of
+    tokens that occur in some batch (a name never seen in training keeps its init row), and resumes
+    to the same weights; "dense" (the default) moves every row."""
+    from transformers import PreTrainedTokenizerFast
+
+    opts = {**TINY, "copy_warmup_steps": 0, "pair_warmup_steps": 0, "whole_names": True, "vocab_size": 4096}
+    rows = {}
+    for mode in ("frozen", "lazy", "dense"):
+        cfg = T.TrainConfig(out=str(tmp_path / mode), **{**opts, "embed_update": mode})
+        folder = T.train(cfg, progress=False)
+        tok = PreTrainedTokenizerFast.from_pretrained(str(tmp_path / mode / "tokenizer"))
+        init = _init_model(cfg, tok).embed.weight
+        saved = load_file(str(folder / "model.safetensors"))["model.transformer.wte.weight"]
+        rows[mode] = (saved != init).any(1)
+        assert not torch.equal(load_file(str(folder / "model.safetensors"))["model.transformer.blocks.0.ff_proj.weight"],
+                               _init_model(cfg, tok).state_dict()["layers.0.mlp.gate.weight"])
+    assert not rows["frozen"].any()
+    assert rows["dense"].all()
+    # 7 batches of 4 rows touch a few hundred of the ~1500 tokens; the mask token is always among them
+    assert 0 < rows["lazy"].sum() < 0.5 * len(rows["lazy"]) and rows["lazy"][tok.convert_tokens_to_ids(T.MASK)]
+    cfg = T.TrainConfig(out=str(tmp_path / "resumed"), **{**opts, "embed_update": "lazy"})
+    assert T.train(cfg, progress=False, stop_after=4) is None
+    again = load_file(str(T.train(cfg, progress=False) / "model.safetensors"))
+    first = load_file(str(tmp_path / "lazy" / "model" / "model.safetensors"))
+    assert all(torch.equal(again[k], first[k]) for k in first)
+    with pytest.raises(ValueError, match="embed_update 'sparse' is not one of dense, lazy, frozen"):
+        T.TrainConfig(**{**TINY, "embed_update": "sparse"})
+    with pytest.raises(ValueError, match="whole_names must be true or false"):
+        T.TrainConfig(**{**TINY, "whole_names": 1})
 
 
 def test_task_weights_parse_globs_and_reject_bad_entries():
@@ -326,6 +422,16 @@ def test_name_sides_mark_first_and_last_name_tokens_of_list_items():
     assert T.name_sides(toks) == (0, 1, 2, 0, 0, 1, 1, 2, 2, 0, 0)
     assert T.name_sides(['"', 'Ann', 'ĠLee', '"']) == (0, 1, 2, 0)          # bare quotes open and close
     assert T.name_sides(['1', '4', 'Ċ', '3', ',', 'A']) == (0,) * 6             # grids have no items
+
+
+def test_bind_rows_mask_the_names_when_they_are_single_tokens():
+    """With one token per full name every name is side 1: a bind row masks all of them, never nothing."""
+    sides = torch.tensor([[0, 1, 0, 0, 1, 0, 0], [0, 1, 2, 0, 1, 2, 0], [0] * 7])
+    for seed in range(20):
+        fixed, rows = T.bind_rows(sides, 1.0, torch.Generator().manual_seed(seed))
+        assert rows[:, 0].tolist() == [True, True, False]
+        assert torch.equal(fixed[0], sides[0] == 1)
+        assert torch.equal(fixed[1], sides[1] == 1) or torch.equal(fixed[1], sides[1] == 2)
 
 
 def test_bind_rows_mask_exactly_one_name_side(trained):

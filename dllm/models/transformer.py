@@ -222,6 +222,21 @@ class DiffusionTransformer(nn.Module):
             hidden = torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
         return self._logits(hidden)
 
+    def hidden_at(self, x: torch.Tensor, at: torch.Tensor, *, position_ids: torch.Tensor | None = None,
+                  key_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """A full forward's final hidden states, after the norm, at the columns `at` (B, Q): (B, Q, d).
+        `head_logits` of a row gives that column's logits, so a caller that needs logits at only
+        some of them (training: the masked ones) runs the LM head on those alone."""
+        B, L = x.shape
+        positions = torch.arange(L, device=x.device).expand(B, L)
+        hidden = self._run(x, positions, position_ids, key_valid, None, None)
+        src = self._hidden_source(at)
+        return self.norm(hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1])))
+
+    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Logits of hidden states returned by `hidden_at` (any leading shape)."""
+        return self.head(normed) if self.head is not None else F.linear(normed, self.embed.weight)
+
     def _hidden_source(self, logits_at):
         """Column whose hidden state predicts each requested column (Dream: the left neighbour)."""
         if self.config.logit_shift:
@@ -242,5 +257,4 @@ class DiffusionTransformer(nn.Module):
         return h
 
     def _logits(self, hidden):
-        h = self.norm(hidden)
-        return self.head(h) if self.head is not None else F.linear(h, self.embed.weight)
+        return self.head_logits(self.norm(hidden))
