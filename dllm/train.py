@@ -367,12 +367,10 @@ def build_tokenizer(texts, vocab_size: int, whole_names: bool = False):
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
+    steps = [pre_tokenizers.Digits(individual_digits=True)]
     if whole_names:
-        words = pre_tokenizers.Split(Regex(WHOLE_NAME + "|" + GPT2_SPLIT), behavior="isolated")
-        steps = [pre_tokenizers.Digits(individual_digits=True), words,
-                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    else:
-        steps = [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        steps.append(pre_tokenizers.Split(Regex(WHOLE_NAME + "|" + GPT2_SPLIT), behavior="isolated"))
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not whole_names))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIAL_TOKENS), show_progress=False,
@@ -859,7 +857,6 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
         opt.zero_grad(set_to_none=True)
         emb.grad = None
         loss.backward()
-        present = None
         if emb_opt is not None:       # rows of tokens absent from the batch get no gradient at all
             present = torch.unique(torch.cat([x.flatten(), x.new_tensor([mcfg.mask_token_id])]))
             keep = torch.zeros(emb.shape[0], 1, dtype=emb.grad.dtype)

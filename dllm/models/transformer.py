@@ -194,7 +194,7 @@ class DiffusionTransformer(nn.Module):
             raise ValueError("recomputing a subset of positions needs a KVCache holding the other columns' K/V; "
                              "pass cache=... or positions=None")
         if positions is None and cache is None:
-            return self._forward_full(x, logits_at, position_ids, key_valid)
+            return self.head_logits(self.hidden_at(x, logits_at, position_ids=position_ids, key_valid=key_valid))
         if rows is None:
             rows = torch.arange(B, device=x.device)
         full = positions is None
@@ -209,29 +209,23 @@ class DiffusionTransformer(nn.Module):
             positions, at = _union(positions, src, L)
         hidden = self._run(x.gather(1, positions), positions, position_ids, key_valid, cache, rows)
         hidden = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
-        return self._logits(hidden)
+        return self.head_logits(self.norm(hidden))
 
-    def _forward_full(self, x, logits_at, position_ids, key_valid):
+    def hidden_at(self, x: torch.Tensor, at: torch.Tensor | None, *, position_ids: torch.Tensor | None = None,
+                  key_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """A full forward's final hidden states, after the norm, at the columns `at` (B, Q) (None:
+        every column): (B, Q, d). `head_logits` of a row gives that column's logits, so a caller
+        that needs logits at only some of them (training: the masked ones) runs the LM head on
+        those alone."""
         B, L = x.shape
         positions = torch.arange(L, device=x.device).expand(B, L)
         hidden = self._run(x, positions, position_ids, key_valid, None, None)  # (B, L, d)
-        if logits_at is not None:
-            src = self._hidden_source(logits_at)
+        if at is not None:
+            src = self._hidden_source(at)
             hidden = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
         elif self.config.logit_shift:
             hidden = torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
-        return self._logits(hidden)
-
-    def hidden_at(self, x: torch.Tensor, at: torch.Tensor, *, position_ids: torch.Tensor | None = None,
-                  key_valid: torch.Tensor | None = None) -> torch.Tensor:
-        """A full forward's final hidden states, after the norm, at the columns `at` (B, Q): (B, Q, d).
-        `head_logits` of a row gives that column's logits, so a caller that needs logits at only
-        some of them (training: the masked ones) runs the LM head on those alone."""
-        B, L = x.shape
-        positions = torch.arange(L, device=x.device).expand(B, L)
-        hidden = self._run(x, positions, position_ids, key_valid, None, None)
-        src = self._hidden_source(at)
-        return self.norm(hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1])))
+        return self.norm(hidden)
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Logits of hidden states returned by `hidden_at` (any leading shape)."""
@@ -255,6 +249,3 @@ class DiffusionTransformer(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, ctx, i)
         return h
-
-    def _logits(self, hidden):
-        return self.head_logits(self.norm(hidden))
