@@ -29,7 +29,7 @@ def test_dream_logits_are_shifted_inside_the_model():
     full = model(x)
     # Recompute the unshifted logits with the head applied to every hidden state directly.
     hidden = model._run(x, torch.arange(11).expand(2, 11), None, None, None, None)
-    raw = model._logits(hidden)
+    raw = model.head_logits(model.norm(hidden))
     torch.testing.assert_close(full[:, 1:], raw[:, :-1])
     torch.testing.assert_close(full[:, 0], raw[:, 0])
 
