@@ -2,6 +2,7 @@
 import pytest
 
 from dllm.eval import report
+from tests.fixtures.scripts import load_benchmark
 
 # LLaDA 1.5, confidence threshold, 17-task averages from the benchmark's project page.
 THRESHOLD = [(1.33, 86.4), (3.42, 83.8), (4.53, 77.5), (5.62, 68.3), (6.55, 57.9), (8.27, 47.2)]
@@ -72,3 +73,34 @@ def test_markdown_table_has_a_column_per_run():
     assert lines[0] == "| task | threshold | eb |"
     assert "| x/a | 50.0 | 100.0 |" in lines and "| x/b | 100.0 |  |" in lines
     assert lines[-2] == "| **average** | **75.0** | **100.0** |" and lines[-1] == "| tokens/forward | 2.00 | 3.00 |"
+
+
+def _summary(run_id, cache, scores, seconds, n=100, tpf=1.0):
+    s = report.RunSummary(run_id, "m", "threshold", {}, cache, "generated", "adaptive")
+    for task, score in scores.items():
+        s.tasks.append(report.TaskSummary(task, n if "sudoku" not in task else 108, score, None, tpf, 1.0, seconds))
+    return s
+
+
+def test_model_tables_cells_zero_dep_and_speedup_against_the_same_sampler():
+    mt = load_benchmark("model_tables")
+    scores = {f"waiting_line/{t}": 10.0 * i for i, t in enumerate(mt.TASK_ORDER[:10])}
+    scores["puzzle/latin_square_n4"], scores["puzzle/sudoku_n4_12"] = 48.0, 100.0
+    base = _summary("a", "none", scores, 10.0)
+    fast = _summary("b", "dual", scores, 2.5, tpf=19.5)
+    table = mt.sampler_table([("threshold", base)]).splitlines()
+    assert len(table) == 3 and table[0].count("|") == len(mt.TASK_ORDER) + 5
+    cells = [c.strip() for c in table[2].split("|")[1:-1]]
+    assert cells[1:4] == ["0", "10", "20"] and cells[12] == "100.0"              # n=108 keeps a decimal
+    assert cells[14] == "20.0"                                                     # zero-dep: mean of 0..40
+    assert float(cells[13]) == pytest.approx(sum(scores.values()) / 12, abs=0.05)
+    rows = mt.cache_table([("threshold", "none", base), ("threshold", "dual", fast),
+                           ("low_confidence", "dual", fast)]).splitlines()
+    assert rows[2].endswith("| 120.0 | 1.00 |") and rows[3].endswith("| 19.50 | 30.0 | 4.00 |")
+    assert rows[4].endswith("| n/a |")                                             # no baseline of its own sampler
+
+
+def test_model_tables_rejects_an_unknown_table(capsys):
+    mt = load_benchmark("model_tables")
+    assert mt.main(["--out", "unused.jsonl", "--only", "samplers,kv"]) == 2
+    assert "'samplers,kv'" in capsys.readouterr().err

@@ -2,7 +2,6 @@
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from safetensors.torch import load_file
 
 import dllm
 from dllm import train as T
+from tests.fixtures.scripts import load_benchmark
 
 TINY = dict(tasks="waiting_line/copy,puzzle/sudoku_n4_12", samples_per_task=40, vocab_size=700, d_model=32,
             n_layers=2, n_heads=2, mlp_hidden=64, steps=7, copy_warmup_steps=2, pair_warmup_steps=1, batch_size=4, warmup=2, save_every=3,
@@ -463,16 +463,6 @@ def test_bind_rows_mask_exactly_one_name_side(trained):
     assert not torch.equal(masked[~rows[:, 0]], fixed[~rows[:, 0]])
 
 
-def _probe_binding_module():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_binding.py"
-    spec = importlib.util.spec_from_file_location("probe_binding", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
     import random
 
@@ -480,7 +470,7 @@ def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
 
     from dllm.models.loading import default_model_path
 
-    pb = _probe_binding_module()
+    pb = load_benchmark("probe_binding")
     tok = PreTrainedTokenizerFast.from_pretrained(str(default_model_path()))
     vocab = T._copy_vocab(tok)
     rng = random.Random(3)
