@@ -45,16 +45,9 @@ CACHES = [
         ("dkv-decode (refresh 8, default)", "dkv-decode", {}))],
     *[("threshold", "threshold", {}, cache, cache, {}) for cache in ("none", "prefix", "dual", "dkv-decode", "dkv-greedy")],
 ]
-TWINS = [
-    *[(ONE[2], ONE[0], ONE[1], label, cache, args) for label, cache, args in (
-        ("none", "none", {}),
-        ("dkv-decode (refresh 2), twins", "dkv-decode", {"refresh": 2, "twins": True}),
-        ("dkv-decode (refresh 4), twins", "dkv-decode", {"refresh": 4, "twins": True}),
-        ("dkv-decode (refresh 8), twins", "dkv-decode", {"refresh": 8, "twins": True}))],
-    *[("threshold", "threshold", {}, label, cache, args) for label, cache, args in (
-        ("none", "none", {}),
-        *[(f"{c}, twins", c, {"twins": True}) for c in ("prefix", "dual", "dkv-decode", "dkv-greedy")])],
-]
+# the same rows with `twins` on every storing policy
+TWINS = [row if row[4] == "none" else (*row[:3], f"{row[3]}, twins", row[4], {**row[5], "twins": True})
+         for row in CACHES]
 TABLES = ("samplers", "caches", "twins")
 
 
@@ -73,17 +66,16 @@ def _zero_dep(s: report.RunSummary) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _num(v, spec=".1f") -> str:
-    return "n/a" if v is None else format(v, spec)
+_num = report._fmt
 
 
-def _run(args, sampler: str, settings: dict, cache: str = "none", cache_args: dict | None = None) -> report.RunSummary:
+def _run(args, loaded, sampler: str, settings: dict, cache: str = "none", cache_args: dict | None = None
+         ) -> report.RunSummary:
     cfg = runner.BenchConfig(model=args.model, tasks="pure", generated=True, limit=args.limit, out=args.out,
                              sampler=sampler, cache=cache, cache_args=dict(cache_args or {}),
                              batch_size=args.batch_size, dtype="float32", **settings)
-    rows = runner.run_bench(cfg, progress=not args.quiet)
-    run_id = rows[0]["run_id"]
-    return next(s for s in report.summarize(runner.ResultsFile(args.out).rows()) if s.run_id == run_id)
+    model, tokenizer = loaded
+    return report.summarize(runner.run_bench(cfg, model=model, tokenizer=tokenizer, progress=not args.quiet))[0]
 
 
 def sampler_table(runs: list[tuple[str, report.RunSummary]]) -> str:
@@ -126,12 +118,16 @@ def main(argv=None) -> int:
     if bad or not chosen:
         print(f"error: --only {args.only!r}: choose from {', '.join(TABLES)}", file=sys.stderr)
         return 2
+    import dllm
+
+    loaded = dllm.load(args.model, dtype="float32", device="cpu")      # once, for every run
     if "samplers" in chosen:
-        runs = [(label, _run(args, sampler, settings)) for label, sampler, settings in SAMPLERS]
+        runs = [(label, _run(args, loaded, sampler, settings)) for label, sampler, settings in SAMPLERS]
         print(sampler_table(runs) + "\n")
     for name, spec in (("caches", CACHES), ("twins", TWINS)):
         if name in chosen:
-            runs = [(sl, cl, _run(args, sampler, settings, cache, cargs)) for sl, sampler, settings, cl, cache, cargs in spec]
+            runs = [(sl, cl, _run(args, loaded, sampler, settings, cache, cargs))
+                    for sl, sampler, settings, cl, cache, cargs in spec]
             print(cache_table(runs) + "\n")
     return 0
 
