@@ -183,6 +183,26 @@ def test_interrupted_run_resumes_to_the_same_weights(trained, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):
+    out, folder = trained
+    start = load_file(str(folder / "model.safetensors"))
+    cfg = T.TrainConfig(out=str(tmp_path / "ft"), **{**TINY, "init_from": str(folder), "steps": 1,
+                                                     "copy_warmup_steps": 0, "pair_warmup_steps": 0,
+                                                     "lr": 1e-9, "min_lr": 0.0, "warmup": 1})
+    went_on = T.train(cfg, progress=False)
+    after = load_file(str(went_on / "model.safetensors"))
+    # one step at a negligible rate: the weights are the start model's, not a fresh init
+    assert all(torch.allclose(start[k], after[k], atol=1e-6) for k in start)
+    assert (went_on / "tokenizer.json").read_text() == (folder / "tokenizer.json").read_text()
+    info = json.loads((tmp_path / "ft" / "train_info.json").read_text())
+    assert re.fullmatch(r"[0-9a-f]{64}", info["init_from_sha256"]) and info["recipe"]["init_from"] == str(folder)
+    with pytest.raises(ValueError, match=r"another shape than the recipe: d_model 32 \(recipe 48\)"):
+        T.train(T.TrainConfig(out=str(tmp_path / "bad"), **{**TINY, "init_from": str(folder), "d_model": 48}),
+                progress=False)
+    with pytest.raises(FileNotFoundError, match="is not a model folder"):
+        T.train(T.TrainConfig(out=str(tmp_path / "bad2"), **{**TINY, "init_from": str(tmp_path)}), progress=False)
+
+
 def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
     cfg = T.TrainConfig(out=str(tmp_path / "c"), **TINY)
     T.train(cfg, progress=False, stop_after=1)
@@ -563,19 +583,19 @@ def test_binding_accuracy_hides_every_second_side_token_and_scores_it():
         T.pair_example(rng, vocab, 5, "sorted")
 
 
-def test_previous_token_head_attends_to_the_previous_position_at_init():
+@pytest.mark.parametrize("via", ["embedding", "bias"])
+def test_previous_token_head_attends_to_the_previous_position_at_init(via):
     from dllm.config import ModelConfig
     from dllm.models.llada import LLaDAModel
 
-    mc = ModelConfig(family="llada", vocab_size=300, d_model=64, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden=96,
-                     norm_eps=1e-5, rope_theta=1e4, max_seq_len=64, mask_token_id=299, eos_token_id=298,
-                     pad_token_id=298, bos_token_id=297, eot_token_id=296, qkv_bias=False, tie_embeddings=True,
-                     rope_fp32=True, logit_shift=False)
-
     def head0_attention(prev):
+        mc = ModelConfig(family="llada", vocab_size=300, d_model=64, n_layers=2, n_heads=2, n_kv_heads=2,
+                         mlp_hidden=96, norm_eps=1e-5, rope_theta=1e4, max_seq_len=64, mask_token_id=299,
+                         eos_token_id=298, pad_token_id=298, bos_token_id=297, eot_token_id=296,
+                         qkv_bias=via == "bias", tie_embeddings=True, rope_fp32=True, logit_shift=False)
         torch.manual_seed(0)
         model = LLaDAModel(mc)
-        T.init_weights(model, T.TrainConfig(prev_token_head=prev))
+        T.init_weights(model, T.TrainConfig(prev_token_head=prev, prev_head_input=via))
         x = torch.randint(0, 296, (3, 23), generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
             h = model.layers[0].attn_norm(model.embed(x))
@@ -588,12 +608,20 @@ def test_previous_token_head_attends_to_the_previous_position_at_init():
         def rot(v):
             a, b = v[..., :D // 2], v[..., D // 2:]
             return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
-        return (rot(q) @ rot(k).transpose(1, 2) / D ** 0.5).softmax(-1)
+        return (rot(q) @ rot(k).transpose(1, 2) / D ** 0.5).softmax(-1), model
 
-    att = head0_attention(True)
+    att, model = head0_attention(True)
     p = torch.arange(1, 23)
     assert att[:, p, p - 1].mean() > 0.6 and (att[:, 1:].argmax(-1) == p - 1).float().mean() > 0.95
-    plain = head0_attention(False)
+    plain, plain_model = head0_attention(False)
     assert plain[:, p, p - 1].mean() < 0.2
+    # built from biases, the head leaves the embedding (and every other head) as the plain init made it
+    same_embedding = torch.equal(model.embed.weight, plain_model.embed.weight)
+    assert same_embedding == (via == "bias")
+    if via == "bias":
+        assert all(lin.bias.abs().sum() == 0 for layer in model.layers[1:]
+                   for lin in (layer.attn.q, layer.attn.k, layer.attn.v))
     with pytest.raises(ValueError, match="prev_token_head must be true or false, got 1"):
         T.TrainConfig(prev_token_head=1)
+    with pytest.raises(ValueError, match="prev_head_input 'bia' is not one of embedding, bias"):
+        T.TrainConfig(prev_head_input="bia")
