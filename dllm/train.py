@@ -824,32 +824,35 @@ def _lr(cfg: TrainConfig, step: int) -> float:
 
 
 _NOT_RECIPE = ("out", "threads", "save_every", "name")
-_SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_hidden", "tie_embeddings", "rope_theta")
+_SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "tie_embeddings",
+                 "rope_theta", "qkv_bias")
 
 
 def _start_model(cfg: TrainConfig):
-    """(model, tokenizer, sha256 of its weights) of the LLaDA folder `cfg.init_from`, checked against
-    the recipe's shape: training goes on from those weights with that tokenizer."""
+    """(model, tokenizer, sha256 of its weights) of the LLaDA folder `cfg.init_from`: training goes on
+    from those weights with that tokenizer (`_check_start_shape` then compares it with the recipe)."""
     import hashlib
 
-    from .models.loading import load_model, load_tokenizer, read_config
+    from .models.loading import load_model, load_tokenizer
 
     folder = Path(cfg.init_from)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"init_from {cfg.init_from!r} is not a model folder (no config.json there)")
-    mcfg, _ = read_config(folder)
-    if mcfg.family != "llada":
-        raise ValueError(f"init_from {cfg.init_from!r} holds a {mcfg.family} model; training starts from LLaDA only")
-    bad = [f"{k} {getattr(mcfg, k)} (recipe {getattr(cfg, k)})" for k in _SHAPE_FIELDS
-           if getattr(mcfg, k) != getattr(cfg, k)]
-    if mcfg.n_kv_heads != mcfg.n_heads:
-        bad.append(f"n_kv_heads {mcfg.n_kv_heads} (recipe {cfg.n_heads})")
-    if bad:
-        raise ValueError(f"init_from {cfg.init_from!r} has another shape than the recipe: {', '.join(bad)}")
+    model = load_model(folder, dtype=torch.float32)
+    if model.config.family != "llada":
+        raise ValueError(f"init_from {cfg.init_from!r} holds a {model.config.family} model; "
+                         f"training starts from LLaDA only")
     weights = folder / "model.safetensors"
     digest = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None
-    return load_model(folder, dtype=torch.float32), load_tokenizer(folder, "llada"), digest
+    return model, load_tokenizer(folder, "llada"), digest
 
+
+def _check_start_shape(init_from: str, have, want) -> None:
+    """The start model's config `have` against the recipe's `model_config` `want`, field by field."""
+    bad = [f"{k} {getattr(have, k)} (recipe {getattr(want, k)})" for k in _SHAPE_FIELDS
+           if getattr(have, k) != getattr(want, k)]
+    if bad:
+        raise ValueError(f"init_from {init_from!r} has another shape than the recipe: {', '.join(bad)}")
 
 
 def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path | None:
@@ -894,6 +897,7 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
     model = LLaDAModel(mcfg, attention="eager" if cfg.precision == "bf16" or cfg.compile else "sdpa")
     init_weights(model, cfg)
     if start is not None:
+        _check_start_shape(cfg.init_from, start[0].config, mcfg)
         model.load_state_dict(start[0].state_dict())
     forward = torch.compile(model.hidden_at, dynamic=True) if cfg.compile else model.hidden_at
     emb = model.embed.weight
