@@ -47,10 +47,11 @@ def test_default_train_config_is_the_shipped_recipe():
     added = set(default) - set(shipped)
     # the pair options only act when pair batches are drawn, which the first two being 0 rules out
     assert added == {"prev_token_head", "pair_warmup_steps", "pair_share", "pair_lr", "pair_global", "pair_max",
-                     "whole_names", "embed_update", "prev_head_input", "init_from"}
+                     "whole_names", "embed_update", "prev_head_input", "init_from", "next_token_head", "hole_mask"}
     assert (default["prev_token_head"], default["pair_warmup_steps"], default["pair_share"]) == (False, 0, 0.0)
     assert (default["whole_names"], default["embed_update"]) == (False, "dense")
     assert default["init_from"] == ""        # prev_head_input acts only with prev_token_head
+    assert (default["next_token_head"], default["hole_mask"]) == (False, 0.0)
 
 
 def test_shipped_model_copies_held_out_lists(shipped):

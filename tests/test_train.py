@@ -435,6 +435,10 @@ def test_weighted_runs_draw_tasks_by_weight(trained, tmp_path):
     info = json.loads((tmp_path / "w" / "train_info.json").read_text())
     assert info["batches_per_task"] == {"puzzle/sudoku_n4_12": 0, "waiting_line/copy": 8}
     assert info["recipe"]["task_weights"] == "puzzle/*=0" and info["pair_batches"] == 0
+    opts.update(steps=3, task_weights="", bind_mask=0.3, hole_mask=0.7)       # hole rows in the loop
+    T.train(T.TrainConfig(out=str(tmp_path / "h"), **opts), progress=False)
+    info = json.loads((tmp_path / "h" / "train_info.json").read_text())
+    assert info["recipe"]["hole_mask"] == 0.7 and math.isfinite(info["loss_log"][-1]["loss"])
 
 
 def test_name_sides_mark_first_and_last_name_tokens_of_list_items():
@@ -481,6 +485,36 @@ def test_bind_rows_mask_exactly_one_name_side(trained):
     masked = fake.seen[:, cols[0]] == tok.convert_tokens_to_ids(T.MASK)
     assert torch.equal(masked[rows[:, 0]], fixed[rows[:, 0]])
     assert not torch.equal(masked[~rows[:, 0]], fixed[~rows[:, 0]])
+
+
+def test_hole_rows_mask_whole_names_and_nothing_else():
+    """A hole row masks every token of some names (both sides of each, at least one name) and no
+    other token; rows already taken or without names are never chosen; share 0 chooses none."""
+    sides = torch.tensor([[0, 1, 2, 2, 0, 0, 1, 1, 2, 0, 1, 2, 0, 0],
+                          [0] * 14,
+                          [0, 1, 2, 0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0],
+                          [0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0],       # one token per name
+                          [0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
+    items = [[(1, 4), (6, 9), (10, 12)], [], [(1, 3), (4, 6)], [(1, 2), (3, 4), (5, 6), (7, 8)], [(1, 3)]]
+    taken = torch.tensor([[False], [False], [False], [False], [True]])
+    seen = set()
+    for seed in range(40):
+        fixed, rows = T.hole_rows(sides, taken, 1.0, torch.Generator().manual_seed(seed))
+        assert rows[:, 0].tolist() == [True, False, True, True, False]
+        for b in (0, 2, 3):
+            want = torch.zeros(14, dtype=torch.bool)
+            hit = [all(fixed[b, i:j]) for i, j in items[b]]
+            assert any(hit)
+            for (i, j), h in zip(items[b], hit):
+                assert bool(fixed[b, i:j].any()) == h                     # a name is masked whole or not at all
+                want[i:j] = h
+            assert torch.equal(fixed[b], want)
+            seen.add((b, tuple(hit)))
+    assert len([k for k in seen if k[0] == 3]) > 5                          # the draws vary
+    _, rows = T.hole_rows(sides, torch.zeros(5, 1, dtype=torch.bool), 0.0, torch.Generator().manual_seed(0))
+    assert not rows.any()
+    with pytest.raises(ValueError, match="hole_mask must be in \\[0, 1 - bind_mask = 0.75\\], got 0.8"):
+        T.TrainConfig(hole_mask=0.8)
 
 
 def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
@@ -625,3 +659,47 @@ def test_previous_token_head_attends_to_the_previous_position_at_init(via):
         T.TrainConfig(prev_token_head=1)
     with pytest.raises(ValueError, match="prev_head_input 'bia' is not one of embedding, bias"):
         T.TrainConfig(prev_head_input="bia")
+
+
+def test_next_token_head_attends_to_the_next_position_at_init():
+    """Head 1 of layer 0, built from biases, attends to p + 1 beside the previous-token head 0."""
+    from dllm.config import ModelConfig
+    from dllm.models.llada import LLaDAModel
+
+    mc = ModelConfig(family="llada", vocab_size=300, d_model=64, n_layers=2, n_heads=2, n_kv_heads=2,
+                     mlp_hidden=96, norm_eps=1e-5, rope_theta=1e4, max_seq_len=64, mask_token_id=299,
+                     eos_token_id=298, pad_token_id=298, bos_token_id=297, eot_token_id=296,
+                     qkv_bias=True, tie_embeddings=True, rope_fp32=True, logit_shift=False)
+    torch.manual_seed(0)
+    model = LLaDAModel(mc)
+    T.init_weights(model, T.TrainConfig(prev_token_head=True, prev_head_input="bias", next_token_head=True))
+    x = torch.randint(0, 296, (3, 41), generator=torch.Generator().manual_seed(2))
+    D, n = mc.head_dim, x.shape[1]
+    with torch.no_grad():
+        h = model.layers[0].attn_norm(model.embed(x))
+        q, k = model.layers[0].attn.q(h).double(), model.layers[0].attn.k(h).double()
+    ang = torch.arange(float(n), dtype=torch.float64)[:, None] * mc.rope_theta ** (-torch.arange(0, D, 2) / D)
+    cos, sin = ang.cos(), ang.sin()
+
+    def rot(v):
+        a, b = v[..., :D // 2], v[..., D // 2:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+
+    att = [(rot(q[..., s]) @ rot(k[..., s]).transpose(1, 2) / D ** 0.5).softmax(-1)
+           for s in (slice(0, D), slice(D, 2 * D))]
+    p = torch.arange(1, n - 1)
+    assert att[0][:, p, p - 1].mean() > 0.6                                   # head 0: previous token
+    assert att[1][:, p, p + 1].mean() > 0.6 and (att[1][:, :-1].argmax(-1) == torch.arange(1, n)).all()
+    assert T.model_config(T.TrainConfig(next_token_head=True), _FakeTok()).qkv_bias
+    with pytest.raises(ValueError, match="next_token_head must be true or false, got 'x'"):
+        T.TrainConfig(next_token_head="x")
+    with pytest.raises(ValueError, match="needs n_heads >= 2, got 1"):
+        T.TrainConfig(next_token_head=True, n_heads=1, d_model=32)
+
+
+class _FakeTok:
+    def __len__(self):
+        return 100
+
+    def convert_tokens_to_ids(self, t):
+        return {T.MASK: 99, T.EOS: 98, T.BOS: 97, T.EOT: 96}[t]
