@@ -164,15 +164,16 @@ item's last name before its first name, so the first name needs the lookup the o
 the last name in the prompt, take the token before it). With the previous-token head alone that
 reverse lookup stays at chance: one forward with every first name of 40 held-out shuffle answers
 hidden and the last names shown gets 0.333 of them right (0.956 the other way round), on the
-4000-step checkpoint of a run with `--hole-mask 0.35`. Holes alone (the same run without the next-token
-head) brought the ruling-out (repeat probability 0.025 / 0.446 at 4000 steps) but not that lookup.
+4000-step checkpoint of a run with `--hole-mask 0.35`. Holes alone (the same run without the
+next-token head) brought the ruling-out (repeat probability 0.025 / 0.446 at 4000 steps) but not that lookup.
 `next_token_head` builds head 1 of layer 0 from q/k biases as the mirror of the bias-built
-previous-token head, attending to p + 1 (0.6 or more of its attention at init). `hole_mask`: in that share of the list-task rows (drawn among those `bind_mask` leaves),
-the mask covers whole names, both sides of each, each name with one probability p ~ U(0, 1) per
-row, at least one name, and nothing else (`hole_rows`). With a lookup built in, a masked token with
-the other side of its name shown is answered by the lookup, and the i.i.d. mask seldom asks which
-names are left to write; a hole asks exactly that. Measured on checkpoints of one run with both
-(`--prev-token-head true --prev-head-input bias --next-token-head true --hole-mask 0.35 --bind-mask
+previous-token head, attending to p + 1 (0.6 or more of its attention at init). `hole_mask`: in
+that share of the list-task rows (drawn among those `bind_mask` leaves), the mask covers whole
+names, both sides of each, each name with one probability p ~ U(0, 1) per row, at least one name,
+and nothing else (`hole_rows`). With a lookup built in, a masked token with the other side of its
+name shown is answered by the lookup, and the i.i.d. mask seldom asks which names are left to write;
+a hole asks exactly that. Measured on checkpoints of one run with both (`--prev-token-head true
+--prev-head-input bias --next-token-head true --hole-mask 0.35 --bind-mask
 0.15 --steps 8500 --precision fp32`): the reverse lookup binds 0.963 after 1000 steps (the forward
 one 0.933); the ruling-out forms by 2000 steps (repeat probability 0.050 with the committed name
 shown against 0.335 with it masked; 0.015 / 0.295 at 4000); on the first 16 held-out samples at
@@ -817,12 +818,7 @@ def previous_token_head(model, generator: torch.Generator, via: str = "embedding
         raise ValueError("a previous-token head built from biases needs a model with q/k/v biases (qkv_bias)")
     with torch.no_grad():
         if via == "bias":
-            # constant query and key for head 0: its score depends on positions only
-            cq, ck = _prev_head_codes(cfg)
-            attn.q.weight[:D] = 0
-            attn.k.weight[:D] = 0
-            attn.q.bias[:D] = PREV_HEAD_BIAS * cq
-            attn.k.bias[:D] = PREV_HEAD_BIAS * ck
+            _bias_head(attn, cfg, head=0, offset=1)
             return
         u = torch.randn(d, generator=generator)
         u /= u.norm()
@@ -849,12 +845,20 @@ def next_token_head(model) -> None:
                          f"{cfg.n_heads} heads of {D}")
     if attn.q.bias is None or attn.k.bias is None:
         raise ValueError("a next-token head is built from biases and needs a model with q/k/v biases (qkv_bias)")
-    cq, ck = _prev_head_codes(cfg, offset=-1)
     with torch.no_grad():
-        attn.q.weight[D:2 * D] = 0
-        attn.k.weight[D:2 * D] = 0
-        attn.q.bias[D:2 * D] = PREV_HEAD_BIAS * cq
-        attn.k.bias[D:2 * D] = PREV_HEAD_BIAS * ck
+        _bias_head(attn, cfg, head=1, offset=-1)
+
+
+def _bias_head(attn, cfg, head: int, offset: int) -> None:
+    """Give `head` of `attn` zero query and key weights and constant query and key biases
+    (`PREV_HEAD_BIAS` times `_prev_head_codes(cfg, offset)`): its scores depend on positions only."""
+    D = cfg.head_dim
+    rows = slice(head * D, (head + 1) * D)
+    cq, ck = _prev_head_codes(cfg, offset)
+    attn.q.weight[rows] = 0
+    attn.k.weight[rows] = 0
+    attn.q.bias[rows] = PREV_HEAD_BIAS * cq
+    attn.k.bias[rows] = PREV_HEAD_BIAS * ck
 
 
 def _prev_head_codes(cfg, offset: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1042,15 +1046,14 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
             extra_cols, extra_ok = example_columns(items, x.shape[1])
             extra_ok &= torch.rand(len(items), 1, generator=gen) < cfg.mask_example
         fixed = fixed_rows = None
-        if cfg.bind_mask > 0 or pair_batch:
-            fixed, fixed_rows = bind_rows(response_sides(items), PAIR_BIND_ROWS if pair_batch else cfg.bind_mask, gen)
-        if cfg.hole_mask > 0 and not pair_batch:
+        holes = cfg.hole_mask > 0 and not pair_batch
+        if cfg.bind_mask > 0 or pair_batch or holes:
             sides = response_sides(items)
-            if fixed is None:
-                fixed, fixed_rows = torch.zeros_like(sides, dtype=torch.bool), torch.zeros(len(items), 1, dtype=torch.bool)
-            holes, hole_rows_ = hole_rows(sides, fixed_rows, cfg.hole_mask / max(1e-9, 1 - cfg.bind_mask), gen)
-            fixed = torch.where(hole_rows_, holes, fixed)
-            fixed_rows = fixed_rows | hole_rows_
+            fixed, fixed_rows = bind_rows(sides, PAIR_BIND_ROWS if pair_batch else cfg.bind_mask, gen)
+        if holes:                     # hole_mask > 0 implies bind_mask < 1
+            hole, hole_in = hole_rows(sides, fixed_rows, cfg.hole_mask / (1 - cfg.bind_mask), gen)
+            fixed = torch.where(hole_in, hole, fixed)
+            fixed_rows = fixed_rows | hole_in
         for g in opt.param_groups + (emb_opt.param_groups if emb_opt is not None else []):
             g["lr"] = _lr(cfg, step)
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
