@@ -158,6 +158,13 @@ steps, on the first 40 held-out samples at one token per step: insert_random 40 
 42 on the same samples), replace_random 35 (68), shuffle 40, sort 8, Latin square 48. The run was
 stopped at step 3000 for the run above.
 
+A second phase in the same recipe (`then_steps`, 0 by default; `then_lr`, `then_min_lr`,
+`then_seed`, `then_task_weights`): the first phase trains in `out/first`, then a run going on from
+its model (as `init_from` does) trains in `out` with those settings, fresh training records from
+`then_seed`, no warm-up batches, everything else the same. One `dllm train` command so makes a
+model that needs a re-weighted stretch at the end (the grids, say, after the list tasks);
+`train_info.json` records the whole recipe and each phase's own record.
+
 Lookup both ways and ruling-out together (`next_token_head`, `hole_mask`, both off by default):
 read off the decoding trace (`generate(..., trace=True)`), the models above commit most of a list
 item's last name before its first name, so the first name needs the lookup the other way (find
@@ -295,6 +302,11 @@ class TrainConfig:
     bind_mask: float = 0.25
     hole_mask: float = 0.0
     task_weights: str = DEFAULT_TASK_WEIGHTS
+    then_steps: int = 0
+    then_lr: float = 5e-4
+    then_min_lr: float = 5e-5
+    then_seed: int = 1
+    then_task_weights: str = ""
     precision: str = "bf16"
     compile: bool = True
     save_every: int = 250
@@ -374,6 +386,26 @@ class TrainConfig:
             raise ValueError(f"cannot train on task(s) {', '.join(bad) or '(none)'}; generated tasks: "
                              f"{', '.join(generators.generator_tasks())}")
         self.sampling_weights()
+        t = self.then_steps
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"then_steps must be an integer >= 0 (0: no second phase), got {t!r}")
+        if t:
+            if not 0 < self.then_lr < 1 or not 0 <= self.then_min_lr <= self.then_lr:
+                raise ValueError(f"need 0 < then_lr < 1 and 0 <= then_min_lr <= then_lr, got "
+                                 f"then_lr={self.then_lr}, then_min_lr={self.then_min_lr}")
+            if isinstance(self.then_seed, bool) or not isinstance(self.then_seed, int):
+                raise ValueError(f"then_seed must be an integer, got {self.then_seed!r}")
+            self.then_phase("")
+
+    def then_phase(self, start: str) -> "TrainConfig":
+        """The second phase's recipe (`then_steps` > 0): a run going on from the first phase's model
+        folder `start`, with its own step count, learning rates, seed (so fresh training records)
+        and task weights (empty: the first phase's), no copy or pair warm-up; everything else as in
+        the first phase."""
+        return dataclasses.replace(
+            self, init_from=start, steps=self.then_steps, lr=self.then_lr, min_lr=self.then_min_lr,
+            copy_warmup_steps=0, pair_warmup_steps=0,
+            seed=self.then_seed, task_weights=self.then_task_weights or self.task_weights, then_steps=0)
 
     def sampling_weights(self) -> dict[str, float] | None:
         """How often each task's batches are drawn, from `task_weights` ("PATTERN=W,...", glob
@@ -944,6 +976,43 @@ def _check_start_shape(init_from: str, have, want) -> None:
 
 
 def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path | None:
+    """Train (or resume from the checkpoints under `out`) and export the model to `<out>/model`;
+    returns that folder, or None when `stop_after` optimizer steps (both phases counted) stopped
+    the run first, checkpointed as an interruption would leave it."""
+    if cfg.then_steps:
+        return _train_two_phases(cfg, progress, stop_after)
+    return _train_phase(cfg, progress, stop_after)
+
+
+def _train_two_phases(cfg: TrainConfig, progress: bool, stop_after: int | None) -> Path | None:
+    """The first phase runs in `out/first` (all of cfg but the then_ fields), the second in `out`
+    from the first's model (`TrainConfig.then_phase`); each resumes from its own checkpoint.
+    `out/train_info.json` then holds the whole recipe, the totals and both phases' records.
+    `stop_after` counts the steps of both phases together."""
+    out = Path(cfg.out)
+    first = dataclasses.replace(cfg, out=str(out / "first"), then_steps=0)
+    folder = _train_phase(first, progress, stop_after)
+    if folder is None or (stop_after is not None and stop_after <= cfg.steps):
+        return None
+    second = cfg.then_phase(str(folder))
+    folder = _train_phase(second, progress, None if stop_after is None else stop_after - cfg.steps)
+    if folder is None:
+        return None
+    phases = [json.loads((Path(c.out) / "train_info.json").read_text()) for c in (first, second)]
+    recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_RECIPE}
+    recipe["tasks"] = list(recipe["tasks"])
+    info = {"recipe": recipe, "steps": sum(p["steps"] for p in phases),
+            "train_seconds": round(sum(p["train_seconds"] for p in phases), 1),
+            "parameters": phases[1]["parameters"],
+            "batches_per_task": {t: sum(p["batches_per_task"].get(t, 0) for p in phases)
+                                 for t in phases[1]["batches_per_task"]},
+            "init_from_sha256": phases[0]["init_from_sha256"],
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "phases": phases}
+    (out / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return folder
+
+
+def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path | None:
     """Train (or resume from `<out>/checkpoint.pt`) and export the model to `<out>/model`;
     returns that folder. `stop_after` stops (checkpointed, not exported) after that many
     optimizer steps in total, as an interruption would."""

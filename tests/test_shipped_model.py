@@ -47,11 +47,13 @@ def test_default_train_config_is_the_shipped_recipe():
     added = set(default) - set(shipped)
     # the pair options only act when pair batches are drawn, which the first two being 0 rules out
     assert added == {"prev_token_head", "pair_warmup_steps", "pair_share", "pair_lr", "pair_global", "pair_max",
-                     "whole_names", "embed_update", "prev_head_input", "init_from", "next_token_head", "hole_mask"}
+                     "whole_names", "embed_update", "prev_head_input", "init_from", "next_token_head", "hole_mask",
+                     "then_steps", "then_lr", "then_min_lr", "then_seed", "then_task_weights"}
     assert (default["prev_token_head"], default["pair_warmup_steps"], default["pair_share"]) == (False, 0, 0.0)
     assert (default["whole_names"], default["embed_update"]) == (False, "dense")
     assert default["init_from"] == ""        # prev_head_input acts only with prev_token_head
     assert (default["next_token_head"], default["hole_mask"]) == (False, 0.0)
+    assert default["then_steps"] == 0           # the other then_ fields act only with then_steps
 
 
 def test_shipped_model_copies_held_out_lists(shipped):

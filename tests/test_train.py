@@ -2,6 +2,7 @@
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,6 +202,46 @@ def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):
                 progress=False)
     with pytest.raises(FileNotFoundError, match="is not a model folder"):
         T.train(T.TrainConfig(out=str(tmp_path / "bad2"), **{**TINY, "init_from": str(tmp_path)}), progress=False)
+
+
+def test_then_phase_goes_on_from_the_first_phase_model(trained, tmp_path):
+    """A recipe with then_steps is the plain recipe followed by an init_from run with the then_
+    settings: both phases' weights equal those two runs made by hand; an interrupted two-phase run
+    resumes to the same weights; train_info holds the whole recipe, totals and both phases."""
+    out, folder = trained
+    then = dict(then_steps=2, then_lr=2e-3, then_min_lr=1e-4, then_seed=5, then_task_weights="puzzle/*=3")
+    cfg = T.TrainConfig(out=str(tmp_path / "two"), **{**TINY, **then})
+    final = T.train(cfg, progress=False)
+    weights = lambda f: load_file(str(Path(f) / "model.safetensors"))   # noqa: E731
+    a, first = weights(folder), weights(tmp_path / "two" / "first" / "model")
+    assert all(torch.equal(a[k], first[k]) for k in a)               # the then_ fields leave phase 1 alone
+    by_hand = T.train(T.TrainConfig(out=str(tmp_path / "hand"), **{
+        **TINY, "init_from": str(tmp_path / "two" / "first" / "model"), "steps": 2, "lr": 2e-3, "min_lr": 1e-4,
+        "copy_warmup_steps": 0, "pair_warmup_steps": 0, "seed": 5, "task_weights": "puzzle/*=3"}), progress=False)
+    b, c = weights(by_hand), weights(final)
+    assert all(torch.equal(b[k], c[k]) for k in b) and not all(torch.equal(first[k], c[k]) for k in c)
+    info = json.loads((tmp_path / "two" / "train_info.json").read_text())
+    assert info["recipe"]["then_steps"] == 2 and info["steps"] == TINY["steps"] + 2
+    p1, p2 = info["phases"]
+    assert p1["recipe"]["then_steps"] == 0 and p1["recipe"]["init_from"] == ""
+    assert p2["recipe"]["init_from"] == str(tmp_path / "two" / "first" / "model")
+    assert (p2["recipe"]["seed"], p2["recipe"]["lr"], p2["recipe"]["task_weights"]) == (5, 2e-3, "puzzle/*=3")
+    assert p2["init_from_sha256"] and info["batches_per_task"] == {
+        t: p1["batches_per_task"].get(t, 0) + p2["batches_per_task"][t] for t in p2["batches_per_task"]}
+    cut = T.TrainConfig(out=str(tmp_path / "cut"), **{**TINY, **then})
+    assert T.train(cut, progress=False, stop_after=TINY["steps"]) is None     # phase 1 done, phase 2 not begun
+    assert (tmp_path / "cut" / "first" / "model").is_dir() and not (tmp_path / "cut" / "checkpoint.pt").exists()
+    assert T.train(cut, progress=False, stop_after=TINY["steps"] + 1) is None
+    d = weights(T.train(cut, progress=False))
+    assert all(torch.equal(c[k], d[k]) for k in c)
+    assert T.TrainConfig(then_lr=5.0).then_steps == 0                  # then_ values act only with then_steps
+    for bad, msg in [(dict(then_steps=-1), "then_steps must be an integer >= 0"),
+                     (dict(then_steps=2, then_lr=0.0), "need 0 < then_lr < 1"),
+                     (dict(then_steps=2, then_lr=1e-4, then_min_lr=1e-3), "then_min_lr <= then_lr"),
+                     (dict(then_steps=2, then_seed=1.5), "then_seed must be an integer"),
+                     (dict(then_steps=2, then_task_weights="puzzle/nope=2"), "matches none of the generated")]:
+        with pytest.raises(ValueError, match=msg):
+            T.TrainConfig(**bad)
 
 
 def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
