@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=TrainConfig.n_heads)
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--init", choices=INITS, default=TrainConfig.init)
-    ap.add_argument("--prev-token-head", action=argparse.BooleanOptionalAction, default=TrainConfig.prev_token_head,
+    ap.add_argument("--prev-token-head", action=argparse.BooleanOptionalAction, default=False,
                     help="build a previous-token head into layer 0 at init (dllm.train.previous_token_head)")
     ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     ap.add_argument("--bind-rows", type=float, default=0.5, help="share of rows masked on one side of every pair")
@@ -153,7 +153,8 @@ def main(argv=None) -> int:
         probe_model(args.model, args.probe_size)
         return 0
     cfg = TrainConfig(out="unused", d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, lr=args.lr,
-                      init=args.init, prev_token_head=args.prev_token_head, seed=args.seed)
+                      init=args.init, prev_token_head=args.prev_token_head, seed=args.seed,
+                      prev_head_input="embedding", next_token_head=False)   # the probe's own head options
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(default_model_path()))

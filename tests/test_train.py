@@ -14,7 +14,7 @@ from tests.fixtures.scripts import load_benchmark
 
 TINY = dict(tasks="waiting_line/copy,puzzle/sudoku_n4_12", samples_per_task=40, vocab_size=700, d_model=32,
             n_layers=2, n_heads=2, mlp_hidden=64, steps=7, copy_warmup_steps=2, pair_warmup_steps=1, batch_size=4, warmup=2, save_every=3,
-            threads=1, compile=False)
+            threads=1, compile=False, then_steps=0)
 
 
 class _Uniform(torch.nn.Module):
@@ -234,7 +234,7 @@ def test_then_phase_goes_on_from_the_first_phase_model(trained, tmp_path):
     assert T.train(cut, progress=False, stop_after=TINY["steps"] + 1) is None
     d = weights(T.train(cut, progress=False))
     assert all(torch.equal(c[k], d[k]) for k in c)
-    assert T.TrainConfig(then_lr=5.0).then_steps == 0                  # then_ values act only with then_steps
+    assert T.TrainConfig(then_steps=0, then_lr=5.0).then_lr == 5.0     # then_ values act only with then_steps
     for bad, msg in [(dict(then_steps=-1), "then_steps must be an integer >= 0"),
                      (dict(then_steps=2, then_lr=0.0), "need 0 < then_lr < 1"),
                      (dict(then_steps=2, then_lr=1e-4, then_min_lr=1e-3), "then_min_lr <= then_lr"),
@@ -287,7 +287,8 @@ def _tiny_model(init):
                      rope_fp32=True, logit_shift=False)
     torch.manual_seed(0)
     model = LLaDAModel(mc)
-    T.init_weights(model, T.TrainConfig(init=init, embed_std=0.3, qk_std=0.2, vo_std=0.1, prev_token_head=False))
+    T.init_weights(model, T.TrainConfig(init=init, embed_std=0.3, qk_std=0.2, vo_std=0.1, prev_token_head=False,
+                                        next_token_head=False))
     return model
 
 
@@ -555,7 +556,7 @@ def test_hole_rows_mask_whole_names_and_nothing_else():
     _, rows = T.hole_rows(sides, torch.zeros(5, 1, dtype=torch.bool), 0.0, torch.Generator().manual_seed(0))
     assert not rows.any()
     with pytest.raises(ValueError, match="hole_mask must be in \\[0, 1 - bind_mask = 0.75\\], got 0.8"):
-        T.TrainConfig(hole_mask=0.8)
+        T.TrainConfig(bind_mask=0.25, hole_mask=0.8)
 
 
 def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
@@ -670,7 +671,7 @@ def test_previous_token_head_attends_to_the_previous_position_at_init(via):
                          qkv_bias=via == "bias", tie_embeddings=True, rope_fp32=True, logit_shift=False)
         torch.manual_seed(0)
         model = LLaDAModel(mc)
-        T.init_weights(model, T.TrainConfig(prev_token_head=prev, prev_head_input=via))
+        T.init_weights(model, T.TrainConfig(prev_token_head=prev, prev_head_input=via, next_token_head=False))
         x = torch.randint(0, 296, (3, 23), generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
             h = model.layers[0].attn_norm(model.embed(x))
