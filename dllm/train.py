@@ -998,6 +998,13 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
     return _train_phase(cfg, progress, stop_after)
 
 
+def _recipe(cfg: TrainConfig) -> dict:
+    """The recipe fields of `cfg` as recorded in checkpoints and train_info.json."""
+    recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_RECIPE}
+    recipe["tasks"] = list(recipe["tasks"])
+    return recipe
+
+
 def _train_two_phases(cfg: TrainConfig, progress: bool, stop_after: int | None) -> Path | None:
     """The first phase runs in `out/first` (all of cfg but the then_ fields), the second in `out`
     from the first's model (`TrainConfig.then_phase`); each resumes from its own checkpoint.
@@ -1013,8 +1020,7 @@ def _train_two_phases(cfg: TrainConfig, progress: bool, stop_after: int | None) 
     if folder is None:
         return None
     phases = [json.loads((Path(c.out) / "train_info.json").read_text()) for c in (first, second)]
-    recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_RECIPE}
-    recipe["tasks"] = list(recipe["tasks"])
+    recipe = _recipe(cfg)
     info = {"recipe": recipe, "steps": sum(p["steps"] for p in phases),
             "train_seconds": round(sum(p["train_seconds"] for p in phases), 1),
             "parameters": phases[1]["parameters"],
@@ -1036,8 +1042,7 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_RECIPE}
-    recipe["tasks"] = list(recipe["tasks"])
+    recipe = _recipe(cfg)
     ckpt_path = out / "checkpoint.pt"
     tok_dir = out / "tokenizer"
     records = training_records(cfg)
