@@ -36,25 +36,28 @@ def test_shipped_model_has_the_llada_layout_and_fits_the_budget():
 
 def test_default_train_config_is_the_shipped_recipe():
     """`dllm train` with no recipe flag reproduces the shipped model: the recipe recorded in its
-    train_info.json is the default, and its two phases are what that recipe runs (the second
-    going on from the first's model)."""
+    train_info.json is the default, and its phases are what that recipe runs (each later one going
+    on from the model of the one before)."""
     import dataclasses
 
     from dllm import train as T
 
     info = json.loads((FOLDER / "train_info.json").read_text())
     default = T.TrainConfig()
-    as_recipe = lambda c: {k: (list(v) if k == "tasks" else v)    # noqa: E731
-                           for k, v in dataclasses.asdict(c).items() if k not in T._NOT_RECIPE}
-    assert info["recipe"] == as_recipe(default)
-    first, second = info["phases"]
-    # the phases were recorded before the then_ fields existed; every field they record matches
-    want = [as_recipe(dataclasses.replace(default, then_steps=0)),
-            as_recipe(default.then_phase(second["recipe"]["init_from"]))]
-    for phase, recipe in zip((first, second), want):
-        assert {k: recipe[k] for k in phase["recipe"]} == phase["recipe"]
-    assert info["steps"] == default.steps + default.then_steps == first["steps"] + second["steps"]
-    assert second["recipe"]["init_from"] and re.fullmatch(r"[0-9a-f]{64}", second["init_from_sha256"])
+    assert info["recipe"] == T._recipe(default)
+    runs = T.phase_configs(default)
+    assert len(info["phases"]) == len(runs) == len(default.then_steps) + 1
+    for k, (phase, run) in enumerate(zip(info["phases"], runs)):
+        recorded = phase["recipe"]
+        want = T._recipe(dataclasses.replace(run, init_from=recorded["init_from"]))
+        # the phases were recorded by single runs, some before the then_ fields or in their older
+        # one-value form; every other field they record matches, and none had later phases itself
+        assert {f: want[f] for f in recorded if f not in T.THEN_FIELDS} == {
+            f: v for f, v in recorded.items() if f not in T.THEN_FIELDS}
+        assert not recorded.get("then_steps")
+        assert bool(recorded["init_from"]) == (k > 0)
+        assert k == 0 or re.fullmatch(r"[0-9a-f]{64}", phase["init_from_sha256"])
+    assert info["steps"] == default.steps + sum(default.then_steps) == sum(p["steps"] for p in info["phases"])
 
 
 def test_shipped_model_copies_held_out_lists(shipped):

@@ -204,42 +204,63 @@ def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):
         T.train(T.TrainConfig(out=str(tmp_path / "bad2"), **{**TINY, "init_from": str(tmp_path)}), progress=False)
 
 
-def test_then_phase_goes_on_from_the_first_phase_model(trained, tmp_path):
-    """A recipe with then_steps is the plain recipe followed by an init_from run with the then_
-    settings: both phases' weights equal those two runs made by hand; an interrupted two-phase run
-    resumes to the same weights; train_info holds the whole recipe, totals and both phases."""
+def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
+    """A recipe with then_steps is the plain recipe followed by one init_from run per later phase with
+    that phase's then_ settings: every phase's weights equal those runs made by hand; an interrupted
+    three-phase run resumes to the same weights; train_info holds the whole recipe, totals and
+    every phase."""
     out, folder = trained
-    then = dict(then_steps=2, then_lr=2e-3, then_min_lr=1e-4, then_seed=5, then_task_weights="puzzle/*=3")
-    cfg = T.TrainConfig(out=str(tmp_path / "two"), **{**TINY, **then})
+    then = dict(then_steps=(2, 1), then_lr=(2e-3, 1e-3), then_min_lr=(1e-4, 1e-4), then_seed=(5, 6),
+                then_task_weights=("puzzle/*=3", ""))
+    cfg = T.TrainConfig(out=str(tmp_path / "three"), **{**TINY, **then})
     final = T.train(cfg, progress=False)
+    assert final == tmp_path / "three" / "model"
     weights = lambda f: load_file(str(Path(f) / "model.safetensors"))   # noqa: E731
-    a, first = weights(folder), weights(tmp_path / "two" / "first" / "model")
+    a, first = weights(folder), weights(tmp_path / "three" / "phase1" / "model")
     assert all(torch.equal(a[k], first[k]) for k in a)               # the then_ fields leave phase 1 alone
-    by_hand = T.train(T.TrainConfig(out=str(tmp_path / "hand"), **{
-        **TINY, "init_from": str(tmp_path / "two" / "first" / "model"), "steps": 2, "lr": 2e-3, "min_lr": 1e-4,
+    start = str(tmp_path / "three" / "phase1" / "model")
+    second = T.train(T.TrainConfig(out=str(tmp_path / "hand2"), **{
+        **TINY, "init_from": start, "steps": 2, "lr": 2e-3, "min_lr": 1e-4,
         "copy_warmup_steps": 0, "pair_warmup_steps": 0, "seed": 5, "task_weights": "puzzle/*=3"}), progress=False)
-    b, c = weights(by_hand), weights(final)
-    assert all(torch.equal(b[k], c[k]) for k in b) and not all(torch.equal(first[k], c[k]) for k in c)
-    info = json.loads((tmp_path / "two" / "train_info.json").read_text())
-    assert info["recipe"]["then_steps"] == 2 and info["steps"] == TINY["steps"] + 2
-    p1, p2 = info["phases"]
-    assert p1["recipe"]["then_steps"] == 0 and p1["recipe"]["init_from"] == ""
-    assert p2["recipe"]["init_from"] == str(tmp_path / "two" / "first" / "model")
+    b = weights(second)
+    assert all(torch.equal(b[k], weights(tmp_path / "three" / "phase2" / "model")[k]) for k in b)
+    third = T.train(T.TrainConfig(out=str(tmp_path / "hand3"), **{
+        **TINY, "init_from": str(second), "steps": 1, "lr": 1e-3, "min_lr": 1e-4,
+        "copy_warmup_steps": 0, "pair_warmup_steps": 0, "seed": 6}), progress=False)    # "": the first weights
+    c, d = weights(third), weights(final)
+    assert all(torch.equal(c[k], d[k]) for k in c) and not all(torch.equal(b[k], d[k]) for k in d)
+    info = json.loads((tmp_path / "three" / "train_info.json").read_text())
+    assert info["recipe"]["then_steps"] == [2, 1] and info["steps"] == TINY["steps"] + 3
+    assert info["recipe"]["then_task_weights"] == ["puzzle/*=3", ""]
+    p1, p2, p3 = info["phases"]
+    assert p1["recipe"]["then_steps"] == [] and p1["recipe"]["init_from"] == ""
+    assert p2["recipe"]["init_from"] == start and p3["recipe"]["init_from"] == str(tmp_path / "three" / "phase2" / "model")
     assert (p2["recipe"]["seed"], p2["recipe"]["lr"], p2["recipe"]["task_weights"]) == (5, 2e-3, "puzzle/*=3")
+    assert (p3["recipe"]["seed"], p3["recipe"]["steps"], p3["recipe"]["task_weights"]) == (6, 1, T.DEFAULT_TASK_WEIGHTS)
     assert p2["init_from_sha256"] and info["batches_per_task"] == {
-        t: p1["batches_per_task"].get(t, 0) + p2["batches_per_task"][t] for t in p2["batches_per_task"]}
+        t: sum(p["batches_per_task"].get(t, 0) for p in (p1, p2, p3)) for t in p3["batches_per_task"]}
     cut = T.TrainConfig(out=str(tmp_path / "cut"), **{**TINY, **then})
     assert T.train(cut, progress=False, stop_after=TINY["steps"]) is None     # phase 1 done, phase 2 not begun
-    assert (tmp_path / "cut" / "first" / "model").is_dir() and not (tmp_path / "cut" / "checkpoint.pt").exists()
-    assert T.train(cut, progress=False, stop_after=TINY["steps"] + 1) is None
-    d = weights(T.train(cut, progress=False))
-    assert all(torch.equal(c[k], d[k]) for k in c)
-    assert T.TrainConfig(then_steps=0, then_lr=5.0).then_lr == 5.0     # then_ values act only with then_steps
-    for bad, msg in [(dict(then_steps=-1), "then_steps must be an integer >= 0"),
-                     (dict(then_steps=2, then_lr=0.0), "need 0 < then_lr < 1"),
-                     (dict(then_steps=2, then_lr=1e-4, then_min_lr=1e-3), "then_min_lr <= then_lr"),
-                     (dict(then_steps=2, then_seed=1.5), "then_seed must be an integer"),
-                     (dict(then_steps=2, then_task_weights="puzzle/nope=2"), "matches none of the generated")]:
+    assert (tmp_path / "cut" / "phase1" / "model").is_dir() and not (tmp_path / "cut" / "phase2").exists()
+    assert T.train(cut, progress=False, stop_after=TINY["steps"] + 1) is None  # one step into phase 2
+    assert T.train(cut, progress=False, stop_after=TINY["steps"] + 2) is None  # phase 2 done, phase 3 not begun
+    assert not (tmp_path / "cut" / "checkpoint.pt").exists()
+    e = weights(T.train(cut, progress=False))
+    assert all(torch.equal(d[k], e[k]) for k in d)
+    # one value for all later phases; command-line text; then_steps 0 is no later phase
+    two = T.TrainConfig(then_steps="5,7", then_lr="1e-3", then_min_lr=1e-4, then_seed="3,4", then_task_weights="puzzle/*=2;")
+    assert (two.then_steps, two.then_lr, two.then_min_lr, two.then_seed, two.then_task_weights) == (
+        (5, 7), (1e-3, 1e-3), (1e-4, 1e-4), (3, 4), ("puzzle/*=2", ""))
+    assert T.TrainConfig(then_steps=0, then_lr=5.0).then_steps == ()   # then_ values act only with then_steps
+    one = dict(then_steps=2, then_lr=1e-3, then_min_lr=1e-4, then_seed=1, then_task_weights="")
+    for bad, msg in [(dict(then_steps=-1), r"then_steps must be integers >= 1.*got \[-1\]"),
+                     (dict(then_steps="4,x"), "then_steps must be int values.*'4,x'"),
+                     (dict(then_steps=2.5), "then_steps must be int values.*2.5"),
+                     (dict(then_steps=2), r"then_lr has 2 value\(s\) \[0.0008, 0.0005\] for 1 later"),
+                     (dict(one, then_lr=0.0, then_min_lr=0.0), "need 0 < then_lr < 1"),
+                     (dict(one, then_lr=1e-4, then_min_lr=1e-3), "then_min_lr <= then_lr"),
+                     (dict(one, then_seed=1.5), "then_seed must be int values"),
+                     (dict(one, then_task_weights="puzzle/nope=2"), "matches none of the generated")]:
         with pytest.raises(ValueError, match=msg):
             T.TrainConfig(**bad)
 
