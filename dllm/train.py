@@ -1282,8 +1282,9 @@ def add_train_arguments(parser) -> None:
             parser.add_argument(flag, default=None, help="task weights of each later phase, semicolon-separated "
                                 f"(default: {';'.join(default)})")
         elif f.name in THEN_FIELDS:
+            none = "; 0: no later phase" if f.name == "then_steps" else ""
             parser.add_argument(flag, default=None, help="one value per later phase, comma-separated (default: "
-                                f"{','.join(map(str, default))}; then_steps 0: no later phase)")
+                                f"{','.join(map(str, default))}{none})")
         elif isinstance(default, bool):
             parser.add_argument(flag, type=_parse_bool, default=None, help=f"true or false (default {default})")
         elif f.name == "threads":

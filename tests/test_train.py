@@ -252,6 +252,14 @@ def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
     assert (two.then_steps, two.then_lr, two.then_min_lr, two.then_seed, two.then_task_weights) == (
         (5, 7), (1e-3, 1e-3), (1e-4, 1e-4), (3, 4), ("puzzle/*=2", ""))
     assert T.TrainConfig(then_steps=0, then_lr=5.0).then_steps == ()   # then_ values act only with then_steps
+    import argparse
+    parser = argparse.ArgumentParser()
+    T.add_train_arguments(parser)
+    args = parser.parse_args(["--then-steps", "300,200", "--then-lr", "1e-3,5e-4", "--then-min-lr", "1e-4",
+                              "--then-seed", "7,8", "--then-task-weights", "puzzle/*=2,waiting_line/copy=0.5;puzzle/*=4"])
+    cli = T.config_from_args({k: v for k, v in vars(args).items() if v is not None})
+    assert [(c.steps, c.lr, c.min_lr, c.seed, c.task_weights) for c in T.phase_configs(cli)[1:]] == [
+        (300, 1e-3, 1e-4, 7, "puzzle/*=2,waiting_line/copy=0.5"), (200, 5e-4, 1e-4, 8, "puzzle/*=4")]
     one = dict(then_steps=2, then_lr=1e-3, then_min_lr=1e-4, then_seed=1, then_task_weights="")
     for bad, msg in [(dict(then_steps=-1), r"then_steps must be integers >= 1.*got \[-1\]"),
                      (dict(then_steps="4,x"), "then_steps must be int values.*'4,x'"),
