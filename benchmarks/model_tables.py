@@ -2,15 +2,15 @@
 
     python benchmarks/model_tables.py --out runs/tables.jsonl                    # the shipped model
     python benchmarks/model_tables.py --model runs/pb-tiny/model --out runs/t.jsonl --limit 8
-    python benchmarks/model_tables.py --out runs/tables.jsonl --only samplers    # or caches, twins
+    python benchmarks/model_tables.py --out runs/tables.jsonl --only samplers    # or caches, twins, guard
 
 Each row of a table is one `dllm bench --generated --tasks pure --dtype float32` run (greedy, one
 block over the answer; `learn2pd` at block length 32, the length its filter is trained for). All
 runs append to one results file, so a stopped script resumes where it was. Prints three Markdown
 tables: every sampler at its defaults, per task; the caches under one token per step and under
 `threshold`, with the summed per-sample decode seconds and the speedup against the same sampler
-without a cache; the same caches with `twins`. "zero-dep" is the mean over copy, reverse,
-insert_index, remove_index and replace_index.
+without a cache; the same caches with `twins`; the caches with a `guard`. "zero-dep" is the mean
+over copy, reverse, insert_index, remove_index and replace_index.
 """
 from __future__ import annotations
 
@@ -48,7 +48,20 @@ CACHES = [
 # the same rows with `twins` on every storing policy
 TWINS = [row if row[4] == "none" else (*row[:3], f"{row[3]}, twins", row[4], {**row[5], "twins": True})
          for row in CACHES]
-TABLES = ("samplers", "caches", "twins")
+# `guard` (a full refresh where the best candidate was less than 0.99 confident) on every storing
+# policy: one token per step with dkv-decode at its default refresh, alone and with twins, and
+# every cache under `threshold`
+GUARD = 0.99
+GUARDED = [
+    ONE[:3] + ("none", "none", {}),
+    ONE[:3] + (f"dkv-decode (refresh 8, default), guard {GUARD}", "dkv-decode", {"guard": GUARD}),
+    ONE[:3] + (f"dkv-decode (refresh 8, default), guard {GUARD}, twins", "dkv-decode",
+               {"guard": GUARD, "twins": True}),
+    ("threshold", "threshold", {}, "none", "none", {}),
+    *[("threshold", "threshold", {}, f"{cache}, guard {GUARD}", cache, {"guard": GUARD})
+      for cache in ("prefix", "dual", "dkv-decode", "dkv-greedy")],
+]
+TABLES = ("samplers", "caches", "twins", "guard")
 
 
 def _short(task: str) -> str:
@@ -124,7 +137,7 @@ def main(argv=None) -> int:
     if "samplers" in chosen:
         runs = [(label, _run(args, loaded, sampler, settings)) for label, sampler, settings in SAMPLERS]
         print(sampler_table(runs) + "\n")
-    for name, spec in (("caches", CACHES), ("twins", TWINS)):
+    for name, spec in (("caches", CACHES), ("twins", TWINS), ("guard", GUARDED)):
         if name in chosen:
             runs = [(sl, cl, _run(args, loaded, sampler, settings, cache, cargs))
                     for sl, sampler, settings, cl, cache, cargs in spec]

@@ -15,7 +15,9 @@ key is ever re-rotated. Every cache of the literature is a policy choosing the r
 | dkv-greedy | scored positions + last step's commits + a window    | every `refresh` steps of a block       |
 
 Every storing policy also takes `twins` (False by default): recompute as well the columns holding
-the same token as a column that changed since the row's last forward (see `StoringPolicy`).
+the same token as a column that changed since the row's last forward, and `guard` (None by
+default): run a step as a full refresh for a row whose best candidate is not confident enough
+(see `StoringPolicy`). Both are dllm's own; their defaults keep the published rules.
 
 A full refresh recomputes every column and writes K/V for all of them; it is also a decoding step
 (its logits are scored). Whatever a plan says, the forward also recomputes the columns whose
@@ -33,7 +35,12 @@ Policy lifecycle (the generation loop calls these and nothing else):
   whose logits the sampler asked for. The policy may update its per-row state here: the canvas
   `state.x[rows]` is exactly what the forward will see.
 
-Per-row bookkeeping needs no hook after the step: a storing policy keeps the canvas each row's
+* `observe(state, rows, positions, valid, prob)` once per step, after the scoring and before the
+  commits: the confidence `prob` (B', Q) of the candidate at each scored column. Only called
+  when `wants_confidence` (a storing policy with a `guard`); the loop then computes `prob` for
+  every sampler.
+
+Per-row bookkeeping needs no other hook: a storing policy keeps the canvas each row's
 last forward saw (`seen`), so the columns whose token changed since then (the commits, fills or
 re-masks of the previous step) are `state.x[rows] != seen[rows]`. Rows are ragged (different
 block starts, steps within the block, finished rows); plans are padded per row by repeating the
@@ -144,6 +151,7 @@ class CachePolicy:
 
     name = "base"
     needs_storage = False
+    wants_confidence = False
     kv: KVCache | None = None
 
     def __init__(self):
@@ -155,6 +163,10 @@ class CachePolicy:
 
     def plan(self, state: DecodeState, rows: torch.Tensor, scored: torch.Tensor | None = None):
         raise NotImplementedError
+
+    def observe(self, state: DecodeState, rows: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                prob: torch.Tensor) -> None:
+        """This step's candidate confidences (B', Q) at the scored `positions` (B', Q) of `rows`."""
 
     def arguments(self) -> dict:
         """The policy's arguments, model-dependent defaults resolved once `setup` ran."""
@@ -188,15 +200,31 @@ class StoringPolicy(CachePolicy):
     forward. A bidirectional model can mark a prompt token as used once its copy appears in the
     answer (the shipped model does, through same-token attention in its first layer); without this,
     those prompt columns keep their state from before the copy was written until the next refresh.
+
+    guard (every storing policy; None by default, the published rules): a probability in [0, 1].
+    A row whose step would be partial runs a full refresh instead when none of the masked columns
+    the sampler scores now had a candidate at least `guard` confident when last scored (a column
+    never scored counts as 0). Cached logits are approximate; a decision between near-equal
+    candidates is where that error changes a token, and a confident one is where it does not. The
+    confidences come from the previous forward of the row (`observe`), so the test costs nothing.
+    `guard=0` never triggers; the refreshes it adds are counted in `guarded` (B,).
     """
 
     needs_storage = True
 
-    def __init__(self, twins: bool = False):
+    def __init__(self, twins: bool = False, guard: float | None = None):
         super().__init__()
         if not isinstance(twins, bool):
             raise ValueError(f"cache {self.name!r}: twins must be true or false, got {twins!r}")
+        if guard is not None and (isinstance(guard, bool) or not isinstance(guard, (int, float))
+                                  or not 0 <= guard <= 1):
+            raise ValueError(f"cache {self.name!r}: guard must be a probability in [0, 1] or None, got {guard!r}")
         self.twins = twins
+        self.guard = None if guard is None else float(guard)
+
+    @property
+    def wants_confidence(self) -> bool:
+        return self.guard is not None
 
     def setup(self, state, model):
         B, L = state.batch_size, state.length
@@ -206,14 +234,25 @@ class StoringPolicy(CachePolicy):
             self.kv = KVCache.for_model(model, B, L)
         self.seen = state.x.clone()
         zeros = torch.zeros(B, dtype=torch.long, device=state.x.device)
-        self.refreshes, self.partial_steps = zeros, zeros.clone()
+        self.refreshes, self.partial_steps, self.guarded = zeros, zeros.clone(), zeros.clone()
+        self.confidence = torch.zeros(B, L, dtype=torch.float32, device=state.x.device)
         self.shift = bool(model.config.logit_shift)
+
+    def observe(self, state, rows, positions, valid, prob):
+        if self.guard is None or prob is None:
+            return
+        r = rows[:, None].expand_as(positions)
+        self.confidence[r[valid], positions[valid]] = prob[valid].float()
 
     def plan(self, state, rows, scored=None):
         x = state.x[rows]                                                   # (B', L)
         changed = x != self.seen[rows]
         self.seen[rows] = x
         full = self._full(state, rows)                                      # (B',)
+        if self.guard is not None:
+            unsure = self._unsure(state, rows, scored) & ~full
+            self.guarded[rows] += unsure.long()
+            full = full | unsure
         self.refreshes[rows] += full.long()
         self.partial_steps[rows] += (~full).long()
         if bool(full.all()):
@@ -222,6 +261,13 @@ class StoringPolicy(CachePolicy):
         if self.twins:
             need |= same_token_columns(x, changed)
         return plan_columns(need)
+
+    def _unsure(self, state, rows, scored) -> torch.Tensor:
+        """(B',) bool: no masked column the sampler scores now was `guard` confident when last scored."""
+        masked = state.is_mask[rows]
+        cand = masked & (scored if scored is not None else state.in_generation()[None, :])
+        best = self.confidence[rows].masked_fill(~cand, -1.0).amax(1)
+        return (best < self.guard) & cand.any(1)
 
     # -- helpers for subclasses -------------------------------------------------------------
     def _periodic(self, state, rows, refresh: int | None) -> torch.Tensor:
@@ -250,15 +296,15 @@ class PrefixCache(StoringPolicy):
         Fast-dLLM; 1 recomputes everything every step, which equals `none`).
     On Dream the column left of the block is recomputed too: its hidden state predicts the block's
     first position (Fast-dLLM's Dream code scores that position with a stale logit instead).
-    twins: see `StoringPolicy` (False: Fast-dLLM's rule).
+    twins, guard: see `StoringPolicy` (False, None: Fast-dLLM's rule).
     """
 
     name = "prefix"
 
-    def __init__(self, *, refresh: int | None = None, twins: bool = False):
-        super().__init__(twins)
+    def __init__(self, *, refresh: int | None = None, twins: bool = False, guard: float | None = None):
+        super().__init__(twins, guard)
         self.refresh = _check_int(self.name, "refresh", refresh, 1, allow_none=True)
-        self._args = dict(refresh=refresh, twins=twins)
+        self._args = dict(refresh=refresh, twins=twins, guard=guard)
 
     def _full(self, state, rows):
         return self._periodic(state, rows, self.refresh)
@@ -273,7 +319,7 @@ class DualCache(PrefixCache):
 
     refresh: as for `prefix`. The block is read at every step, so a block whose end a sampler moves
     is recomputed up to its new end. On Dream the column left of the block is recomputed too.
-    twins: see `StoringPolicy` (False: Fast-dLLM's rule).
+    twins, guard: see `StoringPolicy` (False, None: Fast-dLLM's rule).
     """
 
     name = "dual"
@@ -301,26 +347,27 @@ class DKVDecode(StoringPolicy):
     refresh: default by model family, 8 for LLaDA and 4 for Dream (dKV-Cache's paper settings).
     warmup:  full forwards at the start of each block; default by family, 2 for LLaDA and 1 for
              Dream (dKV-Cache's loops).
-    twins:   see `StoringPolicy` (False: dKV-Cache's rule).
+    twins, guard: see `StoringPolicy` (False, None: dKV-Cache's rule).
     On Dream the left neighbour of every masked position is recomputed too (dKV-Cache's default
     `shift_type="un"`: a column is cached once the token it predicts is decoded).
     """
 
     name = "dkv-decode"
 
-    def __init__(self, *, refresh: int | None = None, warmup: int | None = None, twins: bool = False):
-        super().__init__(twins)
+    def __init__(self, *, refresh: int | None = None, warmup: int | None = None, twins: bool = False,
+                 guard: float | None = None):
+        super().__init__(twins, guard)
         self._given = dict(refresh=_check_int(self.name, "refresh", refresh, 1, allow_none=True),
                            warmup=_check_int(self.name, "warmup", warmup, 0, allow_none=True))
         self.refresh, self.warmup = refresh, warmup
-        self._args = dict(self._given, twins=twins)
+        self._args = dict(self._given, twins=twins, guard=guard)
 
     def setup(self, state, model):
         super().setup(state, model)
         refresh, warmup = DKV_DECODE_DEFAULTS.get(model.config.family, DKV_DECODE_DEFAULTS["llada"])
         self.refresh = refresh if self._given["refresh"] is None else self._given["refresh"]
         self.warmup = warmup if self._given["warmup"] is None else self._given["warmup"]
-        self._args = dict(refresh=self.refresh, warmup=self.warmup, twins=self.twins)
+        self._args = dict(refresh=self.refresh, warmup=self.warmup, twins=self.twins, guard=self.guard)
 
     def _full(self, state, rows):
         i = state.step_in_block[rows]
@@ -348,16 +395,17 @@ class DKVGreedy(StoringPolicy):
     policy is dKV-Cache-Greedy. With a sampler that scores every masked position of its block
     (`low_confidence`, `threshold`, ...) the due set is the block's masked positions and the policy
     is a block cache with a one-step delay, a window and periodic refreshes. Paper settings:
-    refresh 2, window 4 (MBPP: window 2). twins: see `StoringPolicy` (False: dKV-Cache's rule).
+    refresh 2, window 4 (MBPP: window 2). twins, guard: see `StoringPolicy` (False, None:
+    dKV-Cache's rule).
     """
 
     name = "dkv-greedy"
 
-    def __init__(self, *, refresh: int = 2, window: int = 4, twins: bool = False):
-        super().__init__(twins)
+    def __init__(self, *, refresh: int = 2, window: int = 4, twins: bool = False, guard: float | None = None):
+        super().__init__(twins, guard)
         self.refresh = _check_int(self.name, "refresh", refresh, 1)
         self.window = _check_int(self.name, "window", window, 0)
-        self._args = dict(refresh=refresh, window=window, twins=twins)
+        self._args = dict(refresh=refresh, window=window, twins=twins, guard=guard)
 
     def _full(self, state, rows):
         return self._periodic(state, rows, self.refresh)

@@ -287,6 +287,7 @@ def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_poli
     sampler.begin_block(state, all_rows)
     policy.setup(state, model)
     kv = policy.kv if policy.needs_storage else None
+    observe = policy.wants_confidence
     cap = cfg.resolved_max_forwards
     padded = bool((state.pad_len > 0).any())  # without padding or truncation, attention needs no mask
     forwards = 0
@@ -319,10 +320,12 @@ def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_poli
         # it would leave the position masked (the references then end with a mask on the canvas).
         logits[..., state.ids.mask] = float("-inf")
         logits = sampler.process_logits(state, rows, logits)
-        fields = sampler.score_fields | ({"prob"} if not sampler.fixed_schedule else set())
+        fields = sampler.score_fields | ({"prob"} if not sampler.fixed_schedule or observe else set())
         scores = token_scores(logits, temperature=state.temperature if sampler.gumbel_candidates else 0.0,
                               generator=state.generator, score_dtype=state.score_dtype, fields=fields,
                               keep_logits=sampler.needs_logits)
+        if observe:
+            policy.observe(state, rows, positions, valid, scores.prob)
         dec = sampler.step(state, rows, positions, valid, scores)
         flushed = _apply(state, sampler, rows, positions, valid, scores, dec, flush)
         if flush:

@@ -112,6 +112,11 @@ def test_registry_lists_the_policies():
     (lambda: get_policy(get_policy("dual"), refresh=2), r"only used with a policy given by name"),
     (lambda: get_policy("dkv-greedy", twins=1), r"cache 'dkv-greedy': twins must be true or false, got 1"),
     (lambda: get_policy("dual", twins="yes"), r"cache 'dual': twins must be true or false, got 'yes'"),
+    (lambda: get_policy("dkv-decode", guard=1.5), r"cache 'dkv-decode': guard must be a probability in \[0, 1\] "
+                                                   r"or None, got 1.5"),
+    (lambda: get_policy("dual", guard=True), r"cache 'dual': guard must be a probability .* got True"),
+    (lambda: get_policy("prefix", guard="0.9"), r"cache 'prefix': guard must be a probability .* got '0.9'"),
+    (lambda: get_policy("dkv-greedy", guard=-0.1), r"cache 'dkv-greedy': guard must be a probability .* got -0.1"),
 ])
 def test_bad_names_and_arguments_are_value_errors(call, match):
     with pytest.raises(ValueError, match=match):
@@ -141,9 +146,10 @@ def test_output_names_the_policy_with_resolved_defaults(llada, dream):
     for model, refresh, warmup in ((llada[0], 8, 2), (dream[0], 4, 1)):
         out = dllm.generate(model, None, PROMPTS, gen_length=8, block_length=4, steps=8, sampler="low_confidence",
                             cache="dkv-decode")
-        assert out.cache == "dkv-decode" and out.cache_args == {"refresh": refresh, "warmup": warmup, "twins": False}
+        assert out.cache == "dkv-decode" and out.cache_args == {"refresh": refresh, "warmup": warmup, "twins": False,
+                                                                "guard": None}
     out = dllm.generate(llada[0], None, PROMPTS, gen_length=8, cache="dkv-decode", cache_kwargs={"refresh": 3})
-    assert out.cache_args == {"refresh": 3, "warmup": 2, "twins": False}
+    assert out.cache_args == {"refresh": 3, "warmup": 2, "twins": False, "guard": None}
     assert dllm.generate(llada[0], None, PROMPTS, gen_length=4).cache == "none"
 
 
@@ -358,6 +364,85 @@ def test_twins_forced_to_refresh_every_step_equal_no_cache(family_model):
             out = _generate(model, tok, TWIN_PROMPTS, cache=policy, cache_kwargs={"refresh": 1, "twins": True},
                             **_kwargs(name, None))
             assert torch.equal(out.sequences, base.sequences), (policy, name)
+
+
+def _guard_run(model, policy_name, guard, sampler):
+    """Decode PROMPTS with `policy_name` (refresh 4) and `guard`; returns (output, policy, checked),
+    checking at every step that the plan is a full refresh exactly for the rows the policy's own
+    schedule refreshes or whose best candidate was unsure. The confidences are recorded here,
+    column by column, from what the loop passes to `observe`; a column never scored counts as 0."""
+    policy = get_policy(policy_name, refresh=4, guard=guard)
+    seen: dict[tuple[int, int], float] = {}
+    inner_observe, inner_plan = policy.observe, policy.plan
+    checked = {"guarded": 0, "partial": 0, "best": []}
+
+    def observe(state, rows, positions, valid, prob):
+        for k, r in enumerate(rows.tolist()):
+            for q in range(positions.shape[1]):
+                if valid[k, q]:
+                    seen[(r, int(positions[k, q]))] = float(prob[k, q])
+        inner_observe(state, rows, positions, valid, prob)
+
+    def plan(state, rows, scored=None):
+        periodic = policy._full(state, rows)
+        out = inner_plan(state, rows, scored)
+        L = state.length
+        for k, r in enumerate(rows.tolist()):
+            cand = [c for c in range(L) if scored[k, c] and state.x[r, c] == state.ids.mask]
+            best = max((seen.get((r, c), 0.0) for c in cand), default=None)
+            unsure = best is not None and best < guard
+            if best is not None and not bool(periodic[k]):
+                checked["best"].append(best)
+            full = out is None or set(out[k].tolist()) == set(range(L))
+            if bool(periodic[k]) or unsure:
+                assert full, (state.global_step, r)
+                checked["guarded"] += int(unsure and not bool(periodic[k]))
+            else:
+                assert out is not None and len(set(out[k].tolist())) < L, (state.global_step, r)
+                checked["partial"] += 1
+        return out
+
+    policy.observe, policy.plan = observe, plan
+    out = dllm.generate(model, None, PROMPTS, cache=policy, gen_length=16, block_length=8, steps=16,
+                        sampler=sampler, sampler_kwargs={"tau": 0.3} if sampler == "threshold" else {})
+    return out, policy, checked
+
+
+@pytest.mark.parametrize("sampler", ["low_confidence", "threshold"])
+def test_guard_refreshes_the_rows_whose_best_candidate_was_unsure(family_model, sampler):
+    """With a guard, a row's step is a full refresh when its own schedule says so or when none of
+    the masked columns scored now was `guard` confident at its last scoring; every storing policy,
+    ragged batch. The guard sits at the median of the best confidences a run without it sees at
+    its partial steps, so both branches are taken."""
+    model, _ = family_model
+    for name in STORING:
+        _, probe, seen = _guard_run(model, name, 0.0, sampler)
+        guard = float(torch.tensor(seen["best"]).median())
+        _, policy, checked = _guard_run(model, name, guard, sampler)
+        assert checked["guarded"] > 0 and checked["partial"] > 0, (name, checked)
+        assert int(policy.guarded.sum()) == checked["guarded"], name
+        assert int(probe.guarded.sum()) == 0, name
+
+
+def test_guard_zero_changes_nothing_and_guard_one_equals_no_cache(family_model):
+    """guard=0 never refreshes (same tokens and refresh counts as no guard); on a random model no
+    candidate is certain, so guard=1 refreshes every step and the tokens equal `none`."""
+    model, tok = family_model
+    for name in ("low_confidence", "threshold"):
+        base = _generate(model, tok, PROMPTS, **_kwargs(name, None))
+        for policy in STORING:
+            plain, zero, one = (get_policy(policy) if g == "plain" else get_policy(policy, guard=g)
+                                for g in ("plain", 0.0, 1.0))
+            outs = [_generate(model, tok, PROMPTS, cache=p, **_kwargs(name, None)) for p in (plain, zero, one)]
+            assert torch.equal(outs[0].sequences, outs[1].sequences), (policy, name)
+            assert torch.equal(plain.refreshes, zero.refreshes) and int(zero.guarded.sum()) == 0
+            assert int(one.partial_steps.sum()) == 0 and int(one.guarded.sum()) > 0, (policy, name)
+            assert torch.equal(outs[2].sequences, base.sequences), (policy, name)
+    for name, cls, base in _each_sampler(model, tok):  # every sampler feeds the guard its confidences
+        policy = get_policy("dkv-decode", guard=1.0)
+        out = _generate(model, tok, PROMPTS, cache=policy, **_kwargs(name, cls))
+        assert torch.equal(out.sequences, base.sequences), name
+        assert int(policy.partial_steps.sum()) == 0, name
 
 
 def test_prefix_and_dual_recompute_the_block_and_follow_moved_ends(family_model):
