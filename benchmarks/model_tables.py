@@ -48,17 +48,19 @@ CACHES = [
 # the same rows with `twins` on every storing policy
 TWINS = [row if row[4] == "none" else (*row[:3], f"{row[3]}, twins", row[4], {**row[5], "twins": True})
          for row in CACHES]
-# `guard` (a full refresh where the best candidate was less than 0.99 confident) on every storing
-# policy: one token per step with dkv-decode at its default refresh, alone and with twins, and
-# every cache under `threshold`
-GUARD = 0.99
+# `guard` (a full refresh where the best candidate was less confident than the guard) on every
+# storing policy: one token per step with dkv-decode at its default refresh and guard 0.99, alone
+# and with twins; every cache under `threshold` (tau 0.9) with guard 0.9, so that a step refreshes
+# where the sampler would fall back to its single best candidate (a guard above tau would refresh
+# every step).
+GUARD, THRESHOLD_GUARD = 0.99, 0.9
 GUARDED = [
-    ONE[:3] + ("none", "none", {}),
-    ONE[:3] + (f"dkv-decode (refresh 8, default), guard {GUARD}", "dkv-decode", {"guard": GUARD}),
-    ONE[:3] + (f"dkv-decode (refresh 8, default), guard {GUARD}, twins", "dkv-decode",
-               {"guard": GUARD, "twins": True}),
+    (ONE[2], ONE[0], ONE[1], "none", "none", {}),
+    (ONE[2], ONE[0], ONE[1], f"dkv-decode (refresh 8, default), guard {GUARD}", "dkv-decode", {"guard": GUARD}),
+    (ONE[2], ONE[0], ONE[1], f"dkv-decode (refresh 8, default), guard {GUARD}, twins", "dkv-decode",
+     {"guard": GUARD, "twins": True}),
     ("threshold", "threshold", {}, "none", "none", {}),
-    *[("threshold", "threshold", {}, f"{cache}, guard {GUARD}", cache, {"guard": GUARD})
+    *[("threshold", "threshold", {}, f"{cache}, guard {THRESHOLD_GUARD}", cache, {"guard": THRESHOLD_GUARD})
       for cache in ("prefix", "dual", "dkv-decode", "dkv-greedy")],
 ]
 TABLES = ("samplers", "caches", "twins", "guard")

@@ -104,10 +104,15 @@ class KVCache:
 
     def update(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         kb, vb = self.k[layer], self.v[layer]
-        if positions.shape[1] == self.length and rows.shape[0] == kb.shape[0] and bool(
+        if positions.shape[1] == self.length and bool(
                 (positions == torch.arange(self.length, device=positions.device)).all()):
-            kb.copy_(k)
-            vb.copy_(v)
+            # every column is fresh: store whole rows and attend over the fresh K/V as they are
+            if rows.shape[0] == kb.shape[0] and bool((rows == torch.arange(kb.shape[0], device=rows.device)).all()):
+                kb.copy_(k)
+                vb.copy_(v)
+            else:
+                kb.index_copy_(0, rows, k)
+                vb.index_copy_(0, rows, v)
             return k, v
         r = rows[:, None]                               # (B', 1) broadcasts against (B', P)
         kb[r, :, positions] = k.transpose(1, 2)         # indexed view: (B', P, H_kv, D)

@@ -104,3 +104,22 @@ def test_model_tables_rejects_an_unknown_table(capsys):
     mt = load_benchmark("model_tables")
     assert mt.main(["--out", "unused.jsonl", "--only", "samplers,kv"]) == 2
     assert "'samplers,kv'" in capsys.readouterr().err
+
+
+def test_model_tables_rows_are_well_formed_and_each_table_has_its_baselines():
+    """Every cache row is (sampler label, sampler, settings, cache label, cache, cache args), the
+    names are registered and the arguments accepted, and each sampler label of a table has a `none`
+    row before its cached ones (the speedup column's baseline)."""
+    from dllm import samplers
+    from dllm.cache import get_policy
+    mt = load_benchmark("model_tables")
+    for table in (mt.CACHES, mt.TWINS, mt.GUARDED):
+        seen_none = set()
+        for label, sampler, settings, cache_label, cache, cache_args in table:
+            assert isinstance(label, str) and isinstance(cache_label, str)
+            assert isinstance(settings, dict) and isinstance(cache_args, dict)
+            samplers.get(sampler)
+            get_policy(cache, **cache_args)
+            if cache == "none":
+                seen_none.add(label)
+            assert label in seen_none, (label, cache_label)
