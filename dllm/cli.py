@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cache", default="none",
                    help="KV cache policy: none | prefix | dual | dkv-decode | dkv-greedy (default none)")
     g.add_argument("--cache-arg", action="append", metavar="KEY=VALUE",
-                   help="cache policy argument, e.g. refresh=4 (repeatable)")
+                   help="cache policy argument, e.g. refresh=4, twins=true, guard=0.99 (repeatable)")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="run ParallelBench tasks and print per-task scores and PB@X")
