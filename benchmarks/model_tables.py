@@ -55,10 +55,10 @@ TWINS = [row if row[4] == "none" else (*row[:3], f"{row[3]}, twins", row[4], {**
 # every step).
 GUARD, THRESHOLD_GUARD = 0.99, 0.9
 GUARDED = [
-    (ONE[2], ONE[0], ONE[1], "none", "none", {}),
-    (ONE[2], ONE[0], ONE[1], f"dkv-decode (refresh 8, default), guard {GUARD}", "dkv-decode", {"guard": GUARD}),
-    (ONE[2], ONE[0], ONE[1], f"dkv-decode (refresh 8, default), guard {GUARD}, twins", "dkv-decode",
-     {"guard": GUARD, "twins": True}),
+    *[(ONE[2], ONE[0], ONE[1], label, cache, args) for label, cache, args in (
+        ("none", "none", {}),
+        (f"dkv-decode (refresh 8, default), guard {GUARD}", "dkv-decode", {"guard": GUARD}),
+        (f"dkv-decode (refresh 8, default), guard {GUARD}, twins", "dkv-decode", {"guard": GUARD, "twins": True}))],
     ("threshold", "threshold", {}, "none", "none", {}),
     *[("threshold", "threshold", {}, f"{cache}, guard {THRESHOLD_GUARD}", cache, {"guard": THRESHOLD_GUARD})
       for cache in ("prefix", "dual", "dkv-decode", "dkv-greedy")],

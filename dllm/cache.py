@@ -244,8 +244,6 @@ class StoringPolicy(CachePolicy):
         self.shift = bool(model.config.logit_shift)
 
     def observe(self, state, rows, positions, valid, prob):
-        if self.guard is None or prob is None:
-            return
         r = rows[:, None].expand_as(positions)
         self.confidence[r[valid], positions[valid]] = prob[valid].float()
 

@@ -279,6 +279,7 @@ LAST_TASK_WEIGHTS = "waiting_line/*=0.3,puzzle/latin_square_n4=6,puzzle/sudoku_n
 # The then_ fields: one value per later phase; on the command line numbers are comma-separated and
 # task weights (which hold commas) semicolon-separated.
 THEN_FIELDS = {"then_steps": int, "then_lr": float, "then_min_lr": float, "then_seed": int, "then_task_weights": str}
+NO_LATER_PHASES = {name: () for name in THEN_FIELDS}   # the then_ fields of a single-phase run
 
 
 def _then_values(name: str, value, kind: type) -> tuple:
@@ -466,7 +467,7 @@ class TrainConfig:
         return dataclasses.replace(
             self, init_from=start, steps=self.then_steps[i], lr=self.then_lr[i], min_lr=self.then_min_lr[i],
             copy_warmup_steps=0, pair_warmup_steps=0, seed=self.then_seed[i],
-            task_weights=self.then_task_weights[i] or self.task_weights, **{k: () for k in THEN_FIELDS})
+            task_weights=self.then_task_weights[i] or self.task_weights, **NO_LATER_PHASES)
 
     def sampling_weights(self) -> dict[str, float] | None:
         """How often each task's batches are drawn, from `task_weights` ("PATTERN=W,...", glob
@@ -1059,7 +1060,7 @@ def phase_configs(cfg: TrainConfig) -> list[TrainConfig]:
     but the last run in `out/phase<k>` (k from 1); the last in `out`."""
     n = len(cfg.then_steps) + 1
     outs = [str(Path(cfg.out) / f"phase{k}") for k in range(1, n)] + [cfg.out]
-    runs = [dataclasses.replace(cfg, out=outs[0], **{k: () for k in THEN_FIELDS})]
+    runs = [dataclasses.replace(cfg, out=outs[0], **NO_LATER_PHASES)]
     for i in range(n - 1):
         runs.append(dataclasses.replace(cfg.then_phase(i, str(Path(outs[i]) / "model")), out=outs[i + 1]))
     return runs
