@@ -15,6 +15,9 @@ from dllm.kernels import token_scores, token_scores_ref, token_scores_triton, tr
 from dllm.kernels.scoring import token_scores_fwd  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+if DEVICE == "cuda":  # the interpreter computes bf16 wrongly; a GPU checks it
+    DTYPES["bf16"] = torch.bfloat16
 pytestmark = [
     pytest.mark.triton,
     pytest.mark.skipif(not triton_runs_on(DEVICE), reason="the Triton kernels need CUDA, or TRITON_INTERPRET=1 set "
@@ -41,7 +44,7 @@ CASES = [  # (B, Q, V, num_splits, block_v): V not a power of two, several lanes
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-Q{}-V{}-S{}-BV{}".format(*c))
 def test_matches_reference(case, dtype):
     B, Q, V, splits, block_v = case
