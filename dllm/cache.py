@@ -61,7 +61,8 @@ class KVCache:
     """Per-layer key/value buffers of shape (B, H_kv, L, D).
 
     `update(layer, rows, positions, k, v)` writes the fresh K/V of `positions` (B', P) for the
-    batch rows `rows` (B',) and returns the full K/V of those rows (B', H_kv, L, D) for attention.
+    batch rows `rows` (B',) and returns the full K/V of those rows (B', H_kv, L, D) for attention;
+    `layout(rows, positions)` is what it tests about them, asked once per forward.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, length: int, head_dim: int,
@@ -102,12 +103,26 @@ class KVCache:
         for t in self.k + self.v:
             t.zero_()
 
-    def update(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def layout(self, rows: torch.Tensor, positions: torch.Tensor, *, every_column: bool | None = None,
+               every_row: bool | None = None) -> tuple[bool, bool]:
+        """(every column is fresh, `rows` are all the buffers' rows in order) for a forward that
+        writes `positions` (B', P) of `rows` (B',). A forward asks once and hands the answer to each
+        layer's `update`: each test it does not already know is a host-device sync on a GPU."""
+        if every_column is None:
+            every_column = positions.shape[1] == self.length and bool(
+                (positions == torch.arange(self.length, device=positions.device)).all())
+        if every_row is None:
+            B = self.k[0].shape[0]
+            every_row = rows.shape[0] == B and bool((rows == torch.arange(B, device=rows.device)).all())
+        return every_column, every_row
+
+    def update(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               layout: tuple[bool, bool] | None = None):
         kb, vb = self.k[layer], self.v[layer]
-        if positions.shape[1] == self.length and bool(
-                (positions == torch.arange(self.length, device=positions.device)).all()):
+        every_column, every_row = layout if layout is not None else self.layout(rows, positions)
+        if every_column:
             # every column is fresh: store whole rows and attend over the fresh K/V as they are
-            if rows.shape[0] == kb.shape[0] and bool((rows == torch.arange(kb.shape[0], device=rows.device)).all()):
+            if every_row:
                 kb.copy_(k)
                 vb.copy_(v)
             else:
@@ -117,7 +132,7 @@ class KVCache:
         r = rows[:, None]                               # (B', 1) broadcasts against (B', P)
         kb[r, :, positions] = k.transpose(1, 2)         # indexed view: (B', P, H_kv, D)
         vb[r, :, positions] = v.transpose(1, 2)
-        if rows.shape[0] == kb.shape[0] and bool((rows == torch.arange(kb.shape[0], device=rows.device)).all()):
+        if every_row:
             return kb, vb
         return kb[rows], vb[rows]                       # (B', H_kv, L, D)
 

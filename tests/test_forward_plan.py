@@ -88,6 +88,27 @@ def test_cache_update_scatters_at_absolute_columns():
     assert cache.k[0][0].abs().sum() == 0          # the other row is untouched
 
 
+def test_cache_layout_is_what_update_tests():
+    """`layout` says whether a forward refreshes every column and covers every buffer row in order;
+    `update` given that answer stores exactly what it stores when it works it out itself."""
+    cache = KVCache(1, 3, 1, 5, 2, torch.float32)
+    every = torch.arange(5).expand(2, 5)
+    assert cache.layout(torch.tensor([0, 1, 2]), torch.arange(5).expand(3, 5)) == (True, True)
+    assert cache.layout(torch.tensor([0, 2]), every) == (True, False)
+    assert cache.layout(torch.tensor([2, 1, 0]), torch.tensor([[0, 1, 2, 3, 4]] * 3)) == (True, False)
+    assert cache.layout(torch.tensor([0, 1, 2]), torch.tensor([[0, 1, 2, 4, 3]] * 3)) == (False, True)
+    assert cache.layout(torch.tensor([0, 1, 2]), torch.tensor([[1, 3]] * 3)) == (False, True)
+    assert cache.layout(torch.tensor([0, 1]), every, every_column=False, every_row=True) == (False, True)
+    g = torch.Generator().manual_seed(0)
+    for rows, pos in ((torch.tensor([0, 2]), every), (torch.tensor([2, 1, 0]), torch.tensor([[4, 0, 2]] * 3)),
+                      (torch.tensor([0, 1, 2]), torch.arange(5).expand(3, 5))):
+        k, v = (torch.randn(len(rows), 1, pos.shape[1], 2, generator=g) for _ in range(2))
+        told, alone = KVCache(1, 3, 1, 5, 2, torch.float32), KVCache(1, 3, 1, 5, 2, torch.float32)
+        got = told.update(0, rows, pos, k, v, told.layout(rows, pos))
+        want = alone.update(0, rows, pos, k, v)
+        assert all(torch.equal(a, b) for a, b in zip(got + (told.k[0], told.v[0]), want + (alone.k[0], alone.v[0])))
+
+
 def test_unknown_cache_policy():
     with pytest.raises(ValueError, match=r"unknown cache policy 'dual2'.*none"):
         get_policy("dual2")

@@ -82,7 +82,7 @@ class Attention(nn.Module):
         q = apply_rope(q, ctx.cos, ctx.sin, cfg.rope_fp32)
         k = apply_rope(k, ctx.cos, ctx.sin, cfg.rope_fp32)
         if ctx.cache is not None:
-            k, v = ctx.cache.update(layer, ctx.rows, ctx.positions, k, v)      # (B, H_kv, L, D)
+            k, v = ctx.cache.update(layer, ctx.rows, ctx.positions, k, v, ctx.layout)  # (B, H_kv, L, D)
         out = ctx.attn(q, k, v, ctx.key_valid, 1.0 / math.sqrt(cfg.head_dim))  # (B, H, P, D)
         return self.o(out.transpose(1, 2).reshape(B, P, cfg.d_model))
 
@@ -116,9 +116,10 @@ class Block(nn.Module):
 class _ForwardContext:
     """What every layer of one forward shares."""
 
-    def __init__(self, attn, cos, sin, key_valid, cache, rows, positions):
+    def __init__(self, attn, cos, sin, key_valid, cache, rows, positions, layout):
         self.attn, self.cos, self.sin = attn, cos, sin
         self.key_valid, self.cache, self.rows, self.positions = key_valid, cache, rows, positions
+        self.layout = layout                    # KVCache.layout of (rows, positions), or None
 
 
 def _union(positions: torch.Tensor, src: torch.Tensor, L: int):
@@ -195,8 +196,10 @@ class DiffusionTransformer(nn.Module):
                              "pass cache=... or positions=None")
         if positions is None and cache is None:
             return self.head_logits(self.hidden_at(x, logits_at, position_ids=position_ids, key_valid=key_valid))
+        every_row = None
         if rows is None:
             rows = torch.arange(B, device=x.device)
+            every_row = B == cache.shape[0]
         full = positions is None
         if full:
             positions = torch.arange(L, device=x.device).expand(B, L)
@@ -207,7 +210,10 @@ class DiffusionTransformer(nn.Module):
             at = src
         else:  # recompute the plan and the logit sources once each
             positions, at = _union(positions, src, L)
-        hidden = self._run(x.gather(1, positions), positions, position_ids, key_valid, cache, rows)
+        layout = cache.layout(rows, positions, every_column=True if full and L == cache.length else None,
+                              every_row=every_row)
+        hidden = self._run(x if full else x.gather(1, positions), positions, position_ids, key_valid, cache, rows,
+                           layout)
         hidden = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
         return self.head_logits(self.norm(hidden))
 
@@ -237,14 +243,14 @@ class DiffusionTransformer(nn.Module):
             return (logits_at - 1).clamp_(min=0)
         return logits_at
 
-    def _run(self, tokens, positions, position_ids, key_valid, cache, rows):
+    def _run(self, tokens, positions, position_ids, key_valid, cache, rows, layout=None):
         # tokens: (B, P) ids at `positions`; returns final hidden states (B, P, d) before the norm.
         if position_ids is None:
             pos = positions
         else:
             pos = position_ids.gather(1, positions)
         cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
-        ctx = _ForwardContext(self._attn, cos, sin, key_valid, cache, rows, positions)
+        ctx = _ForwardContext(self._attn, cos, sin, key_valid, cache, rows, positions, layout)
         h = self.embed(tokens)  # (B, P, d)
         for i, layer in enumerate(self.layers):
             h = layer(h, ctx, i)
