@@ -213,9 +213,21 @@ def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None,
 
 def build_model(cfg: ModelConfig, attention: str = "auto", *, dtype=torch.float32, device="cpu",
                 seed: int | None = None, init_std: float = 0.02) -> DiffusionTransformer:
-    """A randomly initialised model of `cfg` (tests, benchmarks, training from scratch)."""
-    model = FAMILY_CLASSES[cfg.family](cfg, attention=attention)
-    gen = torch.Generator().manual_seed(0 if seed is None else seed)
+    """A randomly initialised model of `cfg` (tests, benchmarks, training from scratch).
+
+    On the CPU the weights are drawn in fp32 from a CPU generator and then cast. On an accelerator
+    they are drawn there, in `dtype`, from a generator of that device, so that a model of the
+    published size builds in seconds: the same distribution, a different stream from the CPU's."""
+    device = torch.device(device)
+    seed = 0 if seed is None else seed
+    if device.type == "cpu":
+        model = FAMILY_CLASSES[cfg.family](cfg, attention=attention)
+        gen = torch.Generator().manual_seed(seed)
+    else:
+        with torch.device("meta"):
+            model = FAMILY_CLASSES[cfg.family](cfg, attention=attention)
+        model = model.to(dtype=dtype).to_empty(device=device)
+        gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
