@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--score-dtype", default="logits", choices=("logits", "float32", "float64"),
                    help="precision of confidences (logits = the model dtype, as LLaDA)")
     g.add_argument("--attention", default="auto",
-                   help="attention backend: auto (triton on CUDA when installed, else sdpa) | sdpa | eager | triton")
+                   help="attention backend: auto (the fastest measured: sdpa) | sdpa | eager | triton")
     g.add_argument("--show", action="store_true", help="redraw the canvas in the terminal as tokens are unmasked")
     g.add_argument("--cache", default="none",
                    help="KV cache policy: none | prefix | dual | dkv-decode | dkv-greedy (default none)")
