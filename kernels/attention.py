@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import HAS_TRITON, INTERPRET, require_triton, triton_runs_on
+from . import HAS_TRITON, INTERPRET, require_triton
 
 if HAS_TRITON:
     import triton
@@ -365,9 +365,3 @@ def bidir_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: tor
     _validate(q, k, v, key_valid, scale, out)
     require_triton(q.device, "the triton attention backend")
     return bidir_attn_fwd(q, k, v, key_valid, scale, out=out)
-
-
-def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether `bidir_attn` accepts these inputs here (the `auto` backend falls back otherwise)."""
-    return (triton_runs_on(q.device) and q.dtype in DTYPES and k.dtype == q.dtype and q.dim() == 4
-            and 1 <= q.shape[-1] <= MAX_HEAD_DIM)
