@@ -245,6 +245,26 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     return rows[forced]
 
 
+def _width_groups(plan: torch.Tensor) -> list[tuple[torch.Tensor, int]] | None:
+    """Split the rows of a cache plan (B', P) into a wide and a narrow group, each with the width
+    its own forward needs, when one forward would make the narrow rows compute at most half of
+    the width they are padded to; None to run the rows together.
+
+    A plan lists each row's columns in increasing order and pads a shorter row by repeating its
+    first column, so a row needs 1 + (entries after the first that differ from it) columns. In a
+    ragged batch the rows reach their block starts (full refreshes) at different steps; without
+    the split every such step costs every row the whole canvas."""
+    B, P = plan.shape
+    if B < 2:
+        return None
+    counts = 1 + (plan[:, 1:] != plan[:, :1]).sum(1)                  # (B',) columns each row needs
+    narrow = counts <= P // 2
+    n_narrow, narrow_width = torch.stack([narrow.sum(), counts.masked_fill(~narrow, 0).max()]).tolist()
+    if n_narrow in (0, B):
+        return None
+    return [(narrow.logical_not().nonzero(as_tuple=True)[0], P), (narrow.nonzero(as_tuple=True)[0], narrow_width)]
+
+
 def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv, cfg_scale: float,
              width: int | None = None):
     """Logits (B', Q, V) at `positions` for the rows `rows`, on the canvas columns [0, width)
@@ -257,8 +277,18 @@ def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv,
     if kv is not None and width < kv.length:
         kv = kv.narrow(width)
     if cfg_scale <= 0:
-        return model(x, positions, positions=plan, position_ids=pos_ids, key_valid=key_valid, cache=kv,
-                     rows=rows if kv is not None else None)
+        groups = _width_groups(plan) if kv is not None and plan is not None else None
+        if groups is None:
+            return model(x, positions, positions=plan, position_ids=pos_ids, key_valid=key_valid, cache=kv,
+                         rows=rows if kv is not None else None)
+        logits = None
+        for g, w in groups:  # rows refreshing every column apart from rows recomputing a few
+            part = model(x[g], positions[g], positions=plan[g, :w], position_ids=pos_ids[g],
+                         key_valid=None if key_valid is None else key_valid[g], cache=kv, rows=rows[g])
+            if logits is None:
+                logits = part.new_empty(len(rows), *part.shape[1:])
+            logits[g] = part
+        return logits
     if kv is not None:  # decode refuses this before the first step; kept for direct callers
         raise ValueError("cfg_scale > 0 is not supported together with a cache that stores K/V")
     uncond = x.clone()

@@ -356,6 +356,34 @@ def test_same_token_columns_brute_force():
     assert not got[2].any() and got.any()
 
 
+def test_width_groups_split_wide_from_narrow_rows():
+    """Brute force over random plans: the rows whose plan needs at most half the padded width run
+    in their own forward, at the width they need; a plan of one kind of row stays one forward."""
+    from dllm.cache import plan_columns
+    from dllm.generate import _width_groups
+    g = torch.Generator().manual_seed(0)
+    L = 23
+    for trial in range(200):
+        B = int(torch.randint(1, 7, (1,), generator=g))
+        share = torch.rand(B, 1, generator=g) * torch.rand(1, generator=g)
+        need = torch.rand(B, L, generator=g) < share
+        need[torch.rand(B, generator=g) < 0.3] = True                    # some rows refresh everything
+        plan = plan_columns(need)
+        P = plan.shape[1]
+        counts = [max(int(r.sum()), 1) for r in need]
+        narrow = [c <= P // 2 for c in counts]
+        groups = _width_groups(plan)
+        if B < 2 or all(narrow) or not any(narrow):
+            assert groups is None, (trial, counts)
+            continue
+        (wide_rows, wide_w), (narrow_rows, narrow_w) = groups
+        assert wide_rows.tolist() == [b for b in range(B) if not narrow[b]] and wide_w == P
+        assert narrow_rows.tolist() == [b for b in range(B) if narrow[b]]
+        assert narrow_w == max(c for c, n in zip(counts, narrow) if n)
+        for b in narrow_rows.tolist():                                    # the trimmed plan keeps every column
+            assert set(plan[b, :narrow_w].tolist()) == set(need[b].nonzero().flatten().tolist() or [0])
+
+
 def test_twins_forced_to_refresh_every_step_equal_no_cache(family_model):
     model, tok = family_model
     for name in ("low_confidence", "threshold"):
