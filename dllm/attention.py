@@ -50,14 +50,13 @@ def sdpa_attention(q, k, v, key_valid, scale):
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def auto_attention(q, k, v, key_valid, scale):
-    """The backend measured fastest for the tensors' device: sdpa, on CPU and on CUDA alike.
-
-    On an H200 (bf16, batch 1, a 32-query block against 512-4096 keys) torch's sdpa beat the Triton
-    kernel in 14 of the 16 shapes of `benchmarks/bench_kernels.py`; a generation step of the
-    llada-compute preset took 8.1 ms with sdpa and 15.9 ms with the kernel, and a cached step of
-    the LLaDA-8B shape 25 ms and 35 ms (README, Kernels). `attention="triton"` still selects it."""
-    return sdpa_attention(q, k, v, key_valid, scale)
+# `auto`: the backend measured fastest for the device, sdpa on CPU and on CUDA alike. On an H200
+# (bf16, batch 1, a 32-query block against 512-4096 keys) torch's sdpa beat the Triton kernel in 14
+# of the 16 shapes of `benchmarks/bench_kernels.py`; a generation step of the llada-compute preset
+# took 8.1 ms with sdpa and 15.9 ms with the kernel, and a cached step of the LLaDA-8B shape 25 ms
+# and 35 ms (README, Kernels). `attention="triton"` still selects the kernel. An alias, not a
+# wrapper: it runs once per layer.
+auto_attention = sdpa_attention
 
 
 def default_backend(device: torch.device | str) -> str:
