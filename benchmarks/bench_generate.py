@@ -141,6 +141,7 @@ class BenchRow(Provenance):
     steps: int
     dtype: str
     attention: str
+    cuda_graphs: bool
     sampler: str
     cache: str
     score_dtype: str
@@ -350,6 +351,7 @@ def bench_preset(name: str, p: BenchPreset, batch: int, args, env: dict, device:
     cfg = ModelConfig.from_name(p.model)
     (model, build_s) = timed(lambda: dllm.build_model(cfg, args.attention, dtype=dtype, device=device,
                                                       seed=args.seed, init_std=args.init_std), device)
+    model.set_cuda_graphs(args.cuda_graphs)
     prompt = prompt_batch(cfg, batch, p.prompt_length, args.seed, device)         # (B, Lp)
     ref_softmax = None if args.ref_softmax_dtype == "logits" else torch.float64
     n_blocks = p.gen_length // p.block_length
@@ -410,7 +412,8 @@ def bench_preset(name: str, p: BenchPreset, batch: int, args, env: dict, device:
     return BenchRow(
         **env, preset=name, model=p.model, family=cfg.family, n_params=cfg.n_params, vocab_size=cfg.vocab_size,
         batch=batch, prompt_length=p.prompt_length, gen_length=p.gen_length, block_length=p.block_length,
-        steps=p.steps, dtype=args.dtype, attention=args.attention, sampler=SAMPLER, cache="none",
+        steps=p.steps, dtype=args.dtype, attention=args.attention, cuda_graphs=args.cuda_graphs, sampler=SAMPLER,
+        cache="none",
         score_dtype=args.score_dtype, ref_softmax_dtype=args.ref_softmax_dtype, temperature=0.0,
         init_std=args.init_std, seed=args.seed, interpreted=os.environ.get("TRITON_INTERPRET") == "1",
         repeats=args.repeats, forwards=forwards, ref_forwards=p.steps, nfe=sum(out.nfe) / len(out.nfe),
@@ -450,6 +453,7 @@ class CacheBenchRow(Provenance):
     block_length: int
     dtype: str
     attention: str
+    cuda_graphs: bool
     init_std: float
     seed: int
     sampler: str
@@ -503,6 +507,7 @@ def bench_caches(name: str, p: BenchPreset, batch: int, args, env: dict, device:
     stall0, wall0 = psi_cpu_stall_us(), time.perf_counter()
     cfg = ModelConfig.from_name(p.model)
     model = dllm.build_model(cfg, args.attention, dtype=dtype, device=device, seed=args.seed, init_std=args.init_std)
+    model.set_cuda_graphs(args.cuda_graphs)
     prompt_rows = prompt_batch(cfg, batch, p.prompt_length, args.seed, device).tolist()
     n_blocks = p.gen_length // p.block_length
     # Warm-up at the same canvas length: one full and one partial forward per kind of step.
@@ -516,7 +521,8 @@ def bench_caches(name: str, p: BenchPreset, batch: int, args, env: dict, device:
     base_env = dict(env, load_avg_1m=None, cpu_busy=None)
     common = dict(preset=name, model=p.model, family=cfg.family, n_params=cfg.n_params, batch=batch,
                   prompt_length=p.prompt_length, gen_length=p.gen_length, block_length=p.block_length,
-                  dtype=args.dtype, attention=args.attention, init_std=args.init_std, seed=args.seed)
+                  dtype=args.dtype, attention=args.attention, cuda_graphs=args.cuda_graphs, init_std=args.init_std,
+                  seed=args.seed)
 
     def row(comparison, out, secs, full, sampler, sampler_args, steps, baseline_name, base_out, base_secs, goal):
         fwd, base_fwd = out.forwards, base_out.forwards
@@ -589,8 +595,8 @@ def main_caches(args, device) -> int:
     done = set()
     if args.resume and Path(args.out).is_file():
         lines = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
-        done = {(r.get("preset"), r.get("batch"), r.get("dtype"), r.get("device")) for r in lines
-                if r.get("comparison") == "policies"}
+        done = {(r.get("preset"), r.get("batch"), r.get("dtype"), r.get("device"), r.get("cuda_graphs", False))
+                for r in lines if r.get("comparison") == "policies"}
     print(f"dllm {env['dllm_version']} | torch {env['torch_version']} | git {(env['git_commit'] or '?')[:10]}"
           f"{' (dirty)' if env['git_dirty'] else ''} | {env['device_name']} | {env['cpu_cores']} cores, "
           f"{env['torch_threads']} torch threads | {args.dtype}, attention {args.attention}, init_std "
@@ -603,7 +609,7 @@ def main_caches(args, device) -> int:
     headline_preset = next((n for n, _ in presets if n in HEADLINE_PRESETS), None) if args.headline else None
     for name, p in presets:
         for batch in args.batches:
-            if (name, batch, args.dtype, device.type) in done:
+            if (name, batch, args.dtype, device.type, args.cuda_graphs) in done:
                 print(f"{name:<14}{batch:>3} (already in {args.out}, skipped)", flush=True)
                 continue
             new = bench_caches(name, p, batch, args, env, device, headline=name == headline_preset)
@@ -663,6 +669,8 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                     help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--attention", default="sdpa", help="attention backend (dllm.attention.available_backends())")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="replay dllm's forwards as CUDA graphs (model.set_cuda_graphs; CUDA only)")
     ap.add_argument("--score-dtype", choices=("logits", "float32", "float64"), default="logits",
                     help="dllm's confidence softmax precision (GenerationConfig.score_dtype)")
     ap.add_argument("--ref-softmax-dtype", choices=("float64", "logits"), default="float64",
@@ -715,6 +723,8 @@ def parse_args(argv=None):
     device = torch.device(args.device)
     if device.type == "cuda" and not cuda:
         ap.error("--device cuda but torch.cuda.is_available() is False")
+    if args.cuda_graphs and device.type != "cuda":
+        ap.error(f"--cuda-graphs needs --device cuda, got --device {args.device}")
     if args.dtype is None:
         args.dtype = "bfloat16" if device.type == "cuda" else "float32"
     try:

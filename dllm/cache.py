@@ -74,8 +74,21 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model, batch: int, length: int) -> "KVCache":
+        """Zeroed buffers for `batch` rows of `length` columns of `model`. With CUDA graphs on
+        (`model.set_cuda_graphs`), requests of one layout get the same buffers, reset: a graph
+        replays the addresses it captured, so only then does a request replay the graphs an earlier
+        one captured. Two decodes interleaved on one such model would then share a cache."""
         cfg = model.config
-        return cls(cfg.n_layers, batch, cfg.n_kv_heads, length, cfg.head_dim, model.dtype, model.device)
+
+        def make():
+            return cls(cfg.n_layers, batch, cfg.n_kv_heads, length, cfg.head_dim, model.dtype, model.device)
+
+        graphs = getattr(model, "cuda_graphs", None)
+        if graphs is None:
+            return make()
+        kv = graphs.persistent((cls, batch, length, model.dtype, model.device), make)
+        kv.reset()
+        return kv
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -68,7 +68,8 @@ def cmd_generate(args) -> int:
         if get_policy(args.cache, **cache_kwargs).needs_storage and args.cfg_scale > 0:  # before the model load
             raise ValueError(f"--cfg-scale {args.cfg_scale} > 0 is not supported with --cache {args.cache}; use "
                              f"--cache none or --cfg-scale 0")
-        model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=device, attention=args.attention)
+        model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=device, attention=args.attention,
+                                     cuda_graphs=args.cuda_graphs)
         prompts = args.prompt
         on_step = _show(tokenizer, sys.stdout) if args.show else None
         out = dllm.generate(model, tokenizer, prompts, cfg, on_step=on_step, cache=args.cache,
@@ -136,7 +137,7 @@ def cmd_bench(args) -> int:
             block_length=args.block_length, steps=args.steps, tokens_per_step=args.tokens_per_step,
             temperature=args.temperature, seed=args.seed, max_forwards=args.max_forwards,
             batch_size=args.batch_size, dtype=args.dtype, device=args.device, attention=args.attention,
-            grammar_url=args.grammar_server, bertscore_model=args.bertscore_model, sort_key=args.sort_key,
+            cuda_graphs=args.cuda_graphs, grammar_url=args.grammar_server, bertscore_model=args.bertscore_model, sort_key=args.sort_key,
             index_base=args.index_base)
         rows = runner.run_bench(cfg, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, FloatingPointError, RuntimeError) as err:
@@ -248,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="precision of confidences (logits = the model dtype, as LLaDA)")
     g.add_argument("--attention", default="auto",
                    help="attention backend: auto (the fastest measured: sdpa) | sdpa | eager | triton")
+    g.add_argument("--cuda-graphs", action="store_true",
+                   help="replay the model's forwards as CUDA graphs, one per input layout (CUDA only)")
     g.add_argument("--show", action="store_true", help="redraw the canvas in the terminal as tokens are unmasked")
     g.add_argument("--cache", default="none",
                    help="KV cache policy: none | prefix | dual | dkv-decode | dkv-greedy (default none)")
@@ -284,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", default="auto")
     b.add_argument("--device", default="auto")
     b.add_argument("--attention", default="auto", help="auto | sdpa | eager | triton")
+    b.add_argument("--cuda-graphs", action="store_true",
+                   help="replay the model's forwards as CUDA graphs, one per input layout (CUDA only)")
     b.add_argument("--grammar-server", default=None,
                    help="LanguageTool server URL for the Text Writing grammar score (or DLLM_LANGUAGETOOL_URL)")
     b.add_argument("--bertscore-model", default=None, help="local roberta-large folder for BERTScore (optional)")

@@ -28,7 +28,8 @@ def test_dream_logits_are_shifted_inside_the_model():
     x = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(1))
     full = model(x)
     # Recompute the unshifted logits with the head applied to every hidden state directly.
-    hidden = model._run(x, torch.arange(11).expand(2, 11), None, None, None, None)
+    cols = torch.arange(11).expand(2, 11)
+    hidden = model._run(x, cols, cols, None, None, None)
     raw = model.head_logits(model.norm(hidden))
     torch.testing.assert_close(full[:, 1:], raw[:, :-1])
     torch.testing.assert_close(full[:, 0], raw[:, 0])

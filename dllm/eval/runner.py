@@ -67,6 +67,7 @@ class BenchConfig:
     dtype: str = "auto"
     device: str = "auto"
     attention: str = "auto"
+    cuda_graphs: bool = False
     grammar_url: str | None = None
     bertscore_model: str | None = None
     sort_key: str = "full_name"
@@ -323,7 +324,8 @@ def run_bench(cfg: BenchConfig, *, model=None, tokenizer=None, progress: bool = 
         device = cfg.device
         if device == "auto":
             device = str(dist.device) if dist.device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
-        model, tokenizer = dllm.load(cfg.model, dtype=cfg.dtype, device=device, attention=cfg.attention)
+        model, tokenizer = dllm.load(cfg.model, dtype=cfg.dtype, device=device, attention=cfg.attention,
+                                     cuda_graphs=cfg.cuda_graphs)
     model_name = getattr(model, "name_or_path", None) or cfg.model
     from dllm.config import GenerationConfig
     from dllm.generate import resolve_sampler

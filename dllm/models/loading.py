@@ -291,7 +291,8 @@ def _token_id(tokenizer, token: str) -> int | None:
     return int(tid)
 
 
-def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu", attention: str = "auto"):
+def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu", attention: str = "auto",
+         cuda_graphs: bool = False):
     """Load a LLaDA or Dream checkpoint: returns (model, tokenizer).
 
     path_or_id: a folder in the Hugging Face layout, the name of a shipped model
@@ -299,8 +300,10 @@ def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu"
         "GSAI-ML/LLaDA-8B-Instruct" (fetched with huggingface_hub when the hub is reachable).
     dtype: "auto" (as stored), "float32", "float16", "bfloat16" or a torch.dtype.
     device: where the weights go ("cpu", "cuda", "cuda:1", ...).
-    attention: attention backend name (`dllm.attention.available_backends()`); "auto" = the Triton kernel on
-        CUDA when triton is installed, sdpa otherwise (the kernel is forward-only: use "sdpa" to train).
+    attention: attention backend name (`dllm.attention.available_backends()`); "auto" = the backend measured
+        fastest, sdpa on CPU and CUDA; "triton" = the Triton kernel (forward-only: use "sdpa" to train).
+    cuda_graphs: replay inference forwards as CUDA graphs (`DiffusionTransformer.set_cuda_graphs`);
+        needs a CUDA device.
 
     Example::
 
@@ -311,6 +314,10 @@ def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu"
     resolve_dtype(dtype)
     device = resolve_device(device)
     get_backend(attention)
+    if not isinstance(cuda_graphs, bool):
+        raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
+    if cuda_graphs and torch.device(device).type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device, got device {str(device)!r}")
     folder = resolve_checkpoint(path_or_id)
     model = load_model(folder, dtype=dtype, device=device, attention=attention)
     tokenizer = load_tokenizer(folder, model.config.family)
@@ -330,4 +337,6 @@ def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu"
     model.generation_defaults = gen_defaults
     model.name_or_path = str(path_or_id) if path_or_id is not None else DEFAULT_MODEL
     model.checkpoint_dir = str(folder)   # the local folder (shipped files such as a Learn2PD filter)
+    if cuda_graphs:
+        model.set_cuda_graphs(True)
     return model, tokenizer

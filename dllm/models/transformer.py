@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..attention import get_backend
 from ..config import ModelConfig
+from .graphs import ForwardGraphs
 
 
 class RMSNorm(nn.Module):
@@ -149,6 +150,7 @@ class DiffusionTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig, attention: str = "auto"):
         super().__init__()
         self.config = cfg
+        self._graphs: ForwardGraphs | None = None
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -160,6 +162,30 @@ class DiffusionTransformer(nn.Module):
         """Select the attention backend by registered name (see `dllm.attention`)."""
         self._attn = get_backend(name)
         self.attention = name
+        if self._graphs is not None:
+            self._graphs.clear()
+
+    def set_cuda_graphs(self, enabled: bool = True, max_graphs: int = 64) -> None:
+        """Replay inference forwards (no autograd, logits at given columns) as CUDA graphs, one per
+        input layout, keeping the `max_graphs` most recently used (see `dllm.models.graphs`). The
+        first forward of a layout runs twice eagerly and is captured; later ones replay it.
+        Off by default; the model must be on a CUDA device."""
+        if not isinstance(enabled, bool):
+            raise ValueError(f"enabled must be True or False, got {enabled!r}")
+        if enabled and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the model on a CUDA device; it is on {self.device}")
+        self._graphs = ForwardGraphs(max_graphs) if enabled else None
+
+    @property
+    def cuda_graphs(self) -> ForwardGraphs | None:
+        """The captured graphs (count, `captures`, `replays`), or None when graphs are off."""
+        return self._graphs
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to(), .cuda(), .half() ... give the parameters new storage: captured graphs point at the old one.
+        if getattr(self, "_graphs", None) is not None:
+            self._graphs.clear()
+        return super()._apply(fn, *args, **kwargs)
 
     @property
     def device(self) -> torch.device:
@@ -194,26 +220,48 @@ class DiffusionTransformer(nn.Module):
         if positions is not None and cache is None:
             raise ValueError("recomputing a subset of positions needs a KVCache holding the other columns' K/V; "
                              "pass cache=... or positions=None")
-        if positions is None and cache is None:
-            return self.head_logits(self.hidden_at(x, logits_at, position_ids=position_ids, key_valid=key_valid))
-        every_row = None
-        if rows is None:
-            rows = torch.arange(B, device=x.device)
-            every_row = B == cache.shape[0]
-        full = positions is None
-        if full:
+        graphs = self._graphs if self._graphs is not None and not torch.is_grad_enabled() else None
+        if graphs is not None and x.device.type != "cuda":
+            raise ValueError(f"CUDA graphs are on but the input is on {x.device}; move the model and its inputs to "
+                             f"a CUDA device or call set_cuda_graphs(False)")
+        rows_given = rows is not None
+        layout = None
+        if cache is None:
+            if graphs is None or logits_at is None:
+                return self.head_logits(self.hidden_at(x, logits_at, position_ids=position_ids, key_valid=key_valid))
             positions = torch.arange(L, device=x.device).expand(B, L)
-        if logits_at is None:
-            logits_at = torch.arange(L, device=x.device).expand(B, L)
-        src = self._hidden_source(logits_at)
-        if full:
-            at = src
-        else:  # recompute the plan and the logit sources once each
-            positions, at = _union(positions, src, L)
-        layout = cache.layout(rows, positions, every_column=True if full and L == cache.length else None,
-                              every_row=every_row)
-        hidden = self._run(x if full else x.gather(1, positions), positions, position_ids, key_valid, cache, rows,
-                           layout)
+            at = self._hidden_source(logits_at)
+            tokens = x
+        else:
+            every_row = None
+            if rows is None:
+                rows = torch.arange(B, device=x.device)
+                every_row = B == cache.shape[0]
+            full = positions is None
+            if full:
+                positions = torch.arange(L, device=x.device).expand(B, L)
+            if logits_at is None:
+                logits_at = torch.arange(L, device=x.device).expand(B, L)
+            src = self._hidden_source(logits_at)
+            if full:
+                at = src
+            else:  # recompute the plan and the logit sources once each
+                positions, at = _union(positions, src, L)
+            layout = cache.layout(rows, positions, every_column=True if full and L == cache.length else None,
+                                  every_row=every_row)
+            tokens = x if full else x.gather(1, positions)
+        pos = positions if position_ids is None else position_ids.gather(1, positions)
+        inputs = dict(tokens=tokens, positions=positions, pos=pos, key_valid=key_valid, rows=rows, at=at)
+        if graphs is None:
+            return self._logits(**inputs, cache=cache, layout=layout)
+        buffers = None if cache is None else (cache.length, tuple(cache.k[0].stride()),
+                                              tuple(t.data_ptr() for t in cache.k + cache.v))
+        key = (x.device, tuple(tokens.shape), at.shape[1], L, key_valid is not None, rows_given, layout, buffers)
+        return graphs.run(self._logits, key, inputs, cache=cache, layout=layout)
+
+    def _logits(self, tokens, positions, pos, key_valid, rows, at, cache, layout):
+        """Logits (B, Q, V) at the hidden columns `at`, an index into the recomputed `positions`."""
+        hidden = self._run(tokens, positions, pos, key_valid, cache, rows, layout)
         hidden = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
         return self.head_logits(self.norm(hidden))
 
@@ -225,7 +273,8 @@ class DiffusionTransformer(nn.Module):
         those alone."""
         B, L = x.shape
         positions = torch.arange(L, device=x.device).expand(B, L)
-        hidden = self._run(x, positions, position_ids, key_valid, None, None)  # (B, L, d)
+        pos = positions if position_ids is None else position_ids
+        hidden = self._run(x, positions, pos, key_valid, None, None)  # (B, L, d)
         if at is not None:
             src = self._hidden_source(at)
             hidden = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
@@ -243,12 +292,9 @@ class DiffusionTransformer(nn.Module):
             return (logits_at - 1).clamp_(min=0)
         return logits_at
 
-    def _run(self, tokens, positions, position_ids, key_valid, cache, rows, layout=None):
-        # tokens: (B, P) ids at `positions`; returns final hidden states (B, P, d) before the norm.
-        if position_ids is None:
-            pos = positions
-        else:
-            pos = position_ids.gather(1, positions)
+    def _run(self, tokens, positions, pos, key_valid, cache, rows, layout=None):
+        # tokens: (B, P) ids at `positions`, `pos` their rotary positions; returns final hidden
+        # states (B, P, d) before the norm.
         cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
         ctx = _ForwardContext(self._attn, cos, sin, key_valid, cache, rows, positions, layout)
         h = self.embed(tokens)  # (B, P, d)

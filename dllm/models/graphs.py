@@ -1,0 +1,106 @@
+"""CUDA graphs of the inference forward: one graph per input layout, replayed step after step.
+
+At batch 1 on a GPU a decoding step is paced by the host. A 32-column cached step of the LLaDA-8B
+shape launches about 1700 kernels at 16-24 us of host time each, more than the kernels take
+(README, KV caches). A CUDA graph records those launches once and replays them in one call.
+
+A graph replays fixed addresses, so everything it touches must stay where it was captured: the
+weights (`DiffusionTransformer._apply` drops the graphs when the model moves or changes dtype), the
+cache buffers (their addresses are part of the key) and the input tensors (static copies, filled
+before each replay). Shapes are fixed too, so a layout is everything that changes the kernels:
+batch rows, recomputed columns, logit columns, canvas width, padding mask present or not, the
+cache's buffers and which of `KVCache.update`'s branches runs. Nothing is padded to a shared
+shape: a replay runs the kernels an eager call would, so graphs leave the tokens as they are.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class _Graph:
+    graph: "torch.cuda.CUDAGraph"
+    inputs: dict[str, torch.Tensor | None]
+    output: torch.Tensor
+
+
+class ForwardGraphs:
+    """Captured forwards keyed by layout, least recently used dropped beyond `max_graphs`.
+
+    `run(fn, key, inputs, **fixed)` returns `fn(**inputs, **fixed)`: the first call with a `key`
+    runs `fn` once eagerly (library plans and lazy allocations happen outside the capture), then
+    captures it; every call replays the graph after copying `inputs` into the captured ones. `fn`
+    must be a pure function of its tensor inputs and of state at fixed addresses; its in-place
+    writes (the cache's K/V) happen again at each replay, as they would eagerly. The output is a
+    fresh tensor each call.
+    """
+
+    max_kept = 4      # buffers kept by `persistent`, least recently used dropped beyond
+
+    def __init__(self, max_graphs: int = 64):
+        if not isinstance(max_graphs, int) or isinstance(max_graphs, bool) or max_graphs < 1:
+            raise ValueError(f"max_graphs must be an integer >= 1, got {max_graphs!r}")
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self._kept: OrderedDict[tuple, object] = OrderedDict()
+        self._pool = None
+        self.captures = 0
+        self.replays = 0
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def clear(self) -> None:
+        """Drop every graph and kept buffer (the weights they point at moved)."""
+        self._graphs.clear()
+        self._kept.clear()
+        self._pool = None
+
+    def persistent(self, key: tuple, make: Callable[[], object]):
+        """The object kept under `key`, made by `make()` the first time. Buffers a graph writes (the
+        KV cache) must keep their addresses from one request to the next for the next request to
+        replay the graphs this one captured; `KVCache.for_model` takes its buffers from here."""
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            return self._kept[key]
+        obj = self._kept[key] = make()
+        if len(self._kept) > self.max_kept:
+            self._kept.popitem(last=False)
+        return obj
+
+    def run(self, fn: Callable[..., torch.Tensor], key: tuple, inputs: dict[str, torch.Tensor | None],
+            **fixed) -> torch.Tensor:
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._capture(fn, inputs, fixed)
+            self._graphs[key] = entry
+            if len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+            for name, t in inputs.items():
+                if t is not None:
+                    entry.inputs[name].copy_(t)
+        entry.graph.replay()
+        self.replays += 1
+        return entry.output.clone()
+
+    def _capture(self, fn, inputs, fixed) -> _Graph:
+        static = {n: None if t is None else t.clone(memory_format=torch.contiguous_format) for n, t in inputs.items()}
+        device = next(t.device for t in static.values() if t is not None)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            fn(**static, **fixed)                    # warm-up, outside the capture
+        torch.cuda.current_stream(device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            output = fn(**static, **fixed)
+        self.captures += 1
+        return _Graph(graph, static, output)

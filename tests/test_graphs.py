@@ -1,0 +1,147 @@
+"""CUDA graphs of the inference forward (`dllm.models.graphs`): a replay gives the eager forward's
+logits and cache writes bit for bit, generation keeps its tokens under every cache policy on a
+ragged batch, graphs are reused across steps and dropped when the weights move. The GPU tests carry
+the `gpu` mark; the errors are checked everywhere."""
+import warnings
+
+import pytest
+import torch
+
+import dllm
+from dllm.cache import KVCache, available_policies
+from dllm.config import ModelConfig
+from dllm.models.graphs import ForwardGraphs
+
+CUDA = torch.cuda.is_available()
+PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [64, 3, 12], [250, 11, 11, 19, 100]]   # ragged: left padding 0, 4, 2
+
+
+# -- everywhere -----------------------------------------------------------------------------------
+def test_graphs_need_a_cuda_model(llada_dir):
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), seed=0)
+    with pytest.raises(ValueError, match=r"need the model on a CUDA device; it is on cpu"):
+        model.set_cuda_graphs(True)
+    with pytest.raises(ValueError, match=r"enabled must be True or False, got 'yes'"):
+        model.set_cuda_graphs("yes")
+    model.set_cuda_graphs(False)                          # off is always allowed
+    assert model.cuda_graphs is None
+    with pytest.raises(ValueError, match=r"cuda_graphs=True needs a CUDA device, got device 'cpu'"):
+        dllm.load(llada_dir, device="cpu", cuda_graphs=True)
+    with pytest.raises(ValueError, match=r"cuda_graphs must be True or False, got 1"):
+        dllm.load(llada_dir, device="cpu", cuda_graphs=1)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match=r"max_graphs must be an integer >= 1"):
+            ForwardGraphs(bad)
+
+
+def test_cli_refuses_graphs_without_cuda(capsys):
+    from dllm.cli import main
+    if CUDA:
+        pytest.skip("CUDA is present")
+    assert main(["generate", "hi", "--device", "cpu", "--cuda-graphs"]) == 2
+    assert "cuda_graphs=True needs a CUDA device" in capsys.readouterr().err
+
+
+# -- on a GPU -------------------------------------------------------------------------------------
+def _model(name, dtype):
+    return dllm.build_model(ModelConfig.from_name(name), "sdpa", dtype=dtype, device="cuda", seed=0, init_std=0.3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_replays_equal_eager_forwards_bit_for_bit(name, dtype):
+    """The same sequence of forwards (full refreshes, ragged partial plans, logits at fewer columns,
+    a padding mask, a subset of the cache rows) eagerly and as graphs: equal logits and equal K/V
+    buffers after every call; a layout met again replays instead of capturing."""
+    model = _model(name, dtype)
+    B, L = 3, 29
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    caches = [KVCache.for_model(model, B, L) for _ in range(2)]
+    key_valid = torch.ones(B, L, dtype=torch.bool, device="cuda")
+    key_valid[1, :4] = False
+    calls = []
+    for step in range(6):
+        x = torch.randint(0, 300, (B, L), generator=gen, device="cuda")
+        calls.append(dict(x=x, logits_at=torch.arange(20, 28, device="cuda").expand(B, 8), positions=None,
+                          key_valid=key_valid, rows=None))
+        plan = torch.stack([torch.randperm(L, generator=gen, device="cuda")[:6].sort().values for _ in range(B)])
+        at = plan[:, :3] if step % 2 else plan[:, :5]
+        calls.append(dict(x=x, logits_at=at, positions=plan, key_valid=key_valid, rows=None))
+        sub = torch.tensor([0, 2], device="cuda")
+        calls.append(dict(x=x[sub], logits_at=at[sub], positions=plan[sub], key_valid=None, rows=sub))
+    with torch.no_grad():
+        outs = []
+        for graphs, cache in zip((False, True), caches):
+            model.set_cuda_graphs(graphs)
+            got = []
+            for c in calls:
+                got.append(model(c["x"], c["logits_at"], positions=c["positions"], key_valid=c["key_valid"],
+                                 cache=cache, rows=c["rows"]))
+                got.append([t.clone() for t in cache.k + cache.v])
+            outs.append(got)
+        for i, (eager, graphed) in enumerate(zip(*outs)):
+            if isinstance(eager, list):
+                assert all(torch.equal(a, b) for a, b in zip(eager, graphed)), f"cache after call {i // 2}"
+            else:
+                assert torch.equal(eager, graphed), f"logits of call {i // 2}"
+        stats = model.cuda_graphs
+        assert stats.replays == len(calls) and stats.captures < len(calls) and len(stats) == stats.captures
+        # no cache: full forwards with logits at some columns are graphed too
+        x = calls[0]["x"]
+        model.set_cuda_graphs(False)
+        eager = model(x, calls[0]["logits_at"], key_valid=key_valid)
+        model.set_cuda_graphs(True)
+        assert torch.equal(model(x, calls[0]["logits_at"], key_valid=key_valid), eager)
+        assert torch.equal(model(x, calls[0]["logits_at"], key_valid=key_valid), eager)
+        assert model.cuda_graphs.captures == 1 and model.cuda_graphs.replays == 2
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_generation_keeps_its_tokens_under_every_policy(family, request):
+    model, tok = dllm.load(request.getfixturevalue(f"{family}_dir"), dtype="float32", device="cuda")
+    cases = [("low_confidence", {}), ("threshold", {"tau": 0.15})]
+    if family == "dream":
+        cases.append(("entropy", {}))
+    for policy in available_policies():
+        for sampler, args in cases:
+            kw = dict(gen_length=16, block_length=8, steps=16, seed=3, sampler=sampler, sampler_kwargs=args,
+                      cache=policy)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model.set_cuda_graphs(False)
+                eager = dllm.generate(model, tok, PROMPTS, **kw)
+                model.set_cuda_graphs(True)
+                graphed = dllm.generate(model, tok, PROMPTS, **kw)
+                again = dllm.generate(model, tok, PROMPTS, **kw)       # replays only
+            assert torch.equal(graphed.sequences, eager.sequences), (policy, sampler)
+            assert torch.equal(again.sequences, eager.sequences), (policy, sampler)
+            assert graphed.nfe == eager.nfe, (policy, sampler)
+            assert model.cuda_graphs.replays > model.cuda_graphs.captures, (policy, sampler)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_least_recently_used_graphs_go_and_moving_the_model_drops_them():
+    model = _model("llada-tiny", torch.float32)
+    model.set_cuda_graphs(True, max_graphs=2)
+    x = torch.randint(0, 300, (1, 20), device="cuda")
+    cache = KVCache.for_model(model, 1, 20)
+    cache.k[0].fill_(1.0)
+    again = KVCache.for_model(model, 1, 20)     # one layout, one set of buffers: a later request replays
+    assert again is cache and not again.k[0].any() and KVCache.for_model(model, 2, 20) is not cache
+    with torch.no_grad():
+        model(x)                                                      # no cache, logits everywhere: eager
+        assert model.cuda_graphs.captures == 0
+        for q in (1, 2, 3, 1):
+            model(x, torch.arange(q, device="cuda")[None], positions=torch.arange(4, device="cuda")[None],
+                  cache=cache)
+        assert len(model.cuda_graphs) == 2 and model.cuda_graphs.captures == 4   # q=1 was dropped, captured again
+        model.to(torch.float16)
+        assert len(model.cuda_graphs) == 0
+        model.cpu()
+        with pytest.raises(ValueError, match=r"CUDA graphs are on but the input is on cpu"):
+            model(x.cpu(), torch.arange(2)[None], cache=KVCache.for_model(model, 1, 20))
