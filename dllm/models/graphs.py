@@ -31,9 +31,11 @@ class _Graph:
 class ForwardGraphs:
     """Captured forwards keyed by layout, least recently used dropped beyond `max_graphs`.
 
-    `run(fn, key, inputs, **fixed)` returns `fn(**inputs, **fixed)`: the first call with a `key`
-    runs `fn` once eagerly (library plans and lazy allocations happen outside the capture), then
-    captures it; every call replays the graph after copying `inputs` into the captured ones. `fn`
+    `run(fn, key, inputs, **fixed)` returns `fn(**inputs, **fixed)`. The first `capture_after - 1`
+    calls with a `key` run `fn` eagerly: a capture costs about two forwards, which a layout met
+    once (a batch of its own prompt length) never pays back. The next call runs `fn` once more
+    eagerly (library plans and lazy allocations happen outside the capture), then captures it;
+    from then on each call replays the graph after copying `inputs` into the captured ones. `fn`
     must be a pure function of its tensor inputs and of state at fixed addresses; its in-place
     writes (the cache's K/V) happen again at each replay, as they would eagerly. The output is a
     fresh tensor each call.
@@ -41,11 +43,14 @@ class ForwardGraphs:
 
     max_kept = 4      # buffers kept by `persistent`, least recently used dropped beyond
 
-    def __init__(self, max_graphs: int = 64):
-        if not isinstance(max_graphs, int) or isinstance(max_graphs, bool) or max_graphs < 1:
-            raise ValueError(f"max_graphs must be an integer >= 1, got {max_graphs!r}")
-        self.max_graphs = max_graphs
+    def __init__(self, max_graphs: int = 64, capture_after: int = 2):
+        for name, v in (("max_graphs", max_graphs), ("capture_after", capture_after)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        self.max_graphs, self.capture_after = max_graphs, capture_after
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self._seen: OrderedDict[tuple, int] = OrderedDict()     # eager calls of layouts not captured yet
+        self.eager = 0
         self._kept: OrderedDict[tuple, object] = OrderedDict()
         self._pool = None
         self.captures = 0
@@ -57,6 +62,7 @@ class ForwardGraphs:
     def clear(self) -> None:
         """Drop every graph and kept buffer (the weights they point at moved)."""
         self._graphs.clear()
+        self._seen.clear()
         self._kept.clear()
         self._pool = None
 
@@ -76,6 +82,13 @@ class ForwardGraphs:
             **fixed) -> torch.Tensor:
         entry = self._graphs.get(key)
         if entry is None:
+            seen = self._seen.pop(key, 0) + 1
+            if seen < self.capture_after:
+                self._seen[key] = seen
+                if len(self._seen) > 4 * self.max_graphs:
+                    self._seen.popitem(last=False)
+                self.eager += 1
+                return fn(**inputs, **fixed)
             entry = self._capture(fn, inputs, fixed)
             self._graphs[key] = entry
             if len(self._graphs) > self.max_graphs:

@@ -165,16 +165,16 @@ class DiffusionTransformer(nn.Module):
         if self._graphs is not None:
             self._graphs.clear()
 
-    def set_cuda_graphs(self, enabled: bool = True, max_graphs: int = 64) -> None:
+    def set_cuda_graphs(self, enabled: bool = True, max_graphs: int = 64, capture_after: int = 2) -> None:
         """Replay inference forwards (no autograd, logits at given columns) as CUDA graphs, one per
-        input layout, keeping the `max_graphs` most recently used (see `dllm.models.graphs`). The
-        first forward of a layout runs twice eagerly and is captured; later ones replay it.
-        Off by default; the model must be on a CUDA device."""
+        input layout, keeping the `max_graphs` most recently used (see `dllm.models.graphs`). A
+        layout runs eagerly until its `capture_after`-th forward, which is captured; later ones
+        replay it. Off by default; the model must be on a CUDA device."""
         if not isinstance(enabled, bool):
             raise ValueError(f"enabled must be True or False, got {enabled!r}")
         if enabled and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device; it is on {self.device}")
-        self._graphs = ForwardGraphs(max_graphs) if enabled else None
+        self._graphs = ForwardGraphs(max_graphs, capture_after) if enabled else None
 
     @property
     def cuda_graphs(self) -> ForwardGraphs | None:
