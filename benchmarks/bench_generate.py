@@ -46,9 +46,10 @@ default (prompt 256, gen 256, block 32):
 On CUDA every configuration runs once untimed before it is timed (`--warmup-runs`): a new shape
 compiles Triton kernels and picks cuBLAS plans there. `--cuda-graphs` replays dllm's forwards as
 CUDA graphs; the benchmark captures a layout at its first forward (`capture_after=1`), so the
-untimed run captures every layout the timed runs meet (the reference loop stays eager). `llada-8b` and `dream-7b` are the published
-shapes with random weights drawn on the device (16 and 15 GB in bf16); the headline runs on the
-first of `llada-8b`, `llada-compute`, `tiny` in the run.
+untimed run captures every layout the timed runs meet (the reference loop stays eager).
+`llada-8b` and `dream-7b` are the published shapes with random weights drawn on the device (16
+and 15 GB in bf16); the headline runs on the first of `llada-8b`, `llada-compute`, `tiny` in
+the run.
 """
 from __future__ import annotations
 
