@@ -106,7 +106,11 @@ class DecodeState:
         return self.x == self.ids.mask
 
     def columns(self) -> torch.Tensor:
-        return torch.arange(self.length, device=self.x.device)
+        """(L,) the canvas column indices; one tensor per state (read-only: do not modify it)."""
+        cols = self.__dict__.get("_columns")
+        if cols is None or cols.shape[0] != self.length or cols.device != self.x.device:
+            cols = self.__dict__["_columns"] = torch.arange(self.length, device=self.x.device)
+        return cols
 
     def in_block(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(B', L) bool: the columns of each row's active block."""
@@ -115,8 +119,13 @@ class DecodeState:
         return (cols >= self.block_start[rows, None]) & (cols < self.block_end[rows, None])
 
     def in_generation(self) -> torch.Tensor:
-        cols = self.columns()
-        return (cols >= self.gen_start) & (cols < self.gen_end)
+        """(L,) bool: the generation region's columns; one tensor per state (read-only)."""
+        key = (self.length, self.gen_start, self.gen_end, self.x.device)
+        cached = self.__dict__.get("_in_generation")
+        if cached is None or cached[0] != key:
+            cols = self.columns()
+            cached = self.__dict__["_in_generation"] = (key, (cols >= self.gen_start) & (cols < self.gen_end))
+        return cached[1]
 
     def masked_in_block(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         rows = self._rows(rows)
