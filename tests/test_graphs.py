@@ -10,7 +10,7 @@ import torch
 import dllm
 from dllm.cache import KVCache, available_policies
 from dllm.config import ModelConfig
-from dllm.models.graphs import ForwardGraphs
+from dllm.models.graphs import ForwardGraphs, _Graph
 
 CUDA = torch.cuda.is_available()
 PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [64, 3, 12], [250, 11, 11, 19, 100]]   # ragged: left padding 0, 4, 2
@@ -42,6 +42,66 @@ def test_cli_refuses_graphs_without_cuda(capsys):
         pytest.skip("CUDA is present")
     assert main(["generate", "hi", "--device", "cpu", "--cuda-graphs"]) == 2
     assert "cuda_graphs=True needs a CUDA device" in capsys.readouterr().err
+
+
+class _ReplayOnHost:
+    """Stands in for a CUDA graph on machines without one: replaying reruns the captured function
+    on the captured (static) inputs and writes its result into the captured output, which is what
+    a replay does to memory."""
+
+    def __init__(self, fn, static, fixed):
+        self.fn, self.static, self.fixed, self.output = fn, static, fixed, None
+
+    def replay(self):
+        self.output.copy_(self.fn(**self.static, **self.fixed))
+
+
+class _HostGraphs(ForwardGraphs):
+    def _capture(self, fn, inputs, fixed):
+        static = {n: None if t is None else t.clone() for n, t in inputs.items()}
+        graph = _ReplayOnHost(fn, static, fixed)
+        graph.output = fn(**static, **fixed)
+        self.captures += 1
+        return _Graph(graph, static, graph.output)
+
+
+def test_layouts_run_eagerly_until_captured_and_replays_read_fresh_inputs():
+    calls = []
+
+    def fn(a, b, scale):
+        calls.append(1)
+        return a * scale + (0 if b is None else b)
+
+    g = _HostGraphs(max_graphs=2, capture_after=2)
+    x = torch.arange(4.0)
+    earlier = []
+    for step, key in enumerate(["p", "p", "p", "q", "r", "q", "r", "p"]):
+        a = x + step
+        out = g.run(fn, (key,), {"a": a, "b": None}, scale=3.0)
+        assert torch.equal(out, a * 3.0), (step, key)              # the inputs of this call, not the captured ones
+        earlier.append((out, out.clone()))
+        assert all(torch.equal(o, kept) for o, kept in earlier), step   # a later replay leaves earlier results alone
+    # p: eager, captured, replayed; q, r: eager, then captured (r's capture drops p); p again: eager
+    assert (g.eager, g.captures, g.replays, len(g)) == (4, 3, 4, 2)
+    assert list(g._graphs) == [("q",), ("r",)]
+    g.clear()
+    assert len(g) == 0 and g.run(fn, ("q",), {"a": x, "b": x}, scale=1.0).equal(2 * x) and g.eager == 5
+
+
+def test_kept_buffers_are_shared_per_key_and_the_oldest_go():
+    g = ForwardGraphs()
+    made = []
+
+    def make(i):
+        return lambda: made.append(i) or torch.full((2,), float(i))
+
+    first = g.persistent(("kv", 0), make(0))
+    assert g.persistent(("kv", 0), make(99)) is first and made == [0]
+    for i in range(1, g.max_kept + 1):
+        g.persistent(("kv", i), make(i))
+    assert ("kv", 0) not in g._kept and len(g._kept) == g.max_kept       # the least recently used went
+    g.clear()
+    assert not g._kept
 
 
 # -- on a GPU -------------------------------------------------------------------------------------
