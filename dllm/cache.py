@@ -81,7 +81,8 @@ class KVCache:
         cfg = model.config
 
         def make():
-            return cls(cfg.n_layers, batch, cfg.n_kv_heads, length, cfg.head_dim, model.dtype, model.device)
+            with torch.inference_mode(False):   # kept buffers must stay writable by a later request outside it
+                return cls(cfg.n_layers, batch, cfg.n_kv_heads, length, cfg.head_dim, model.dtype, model.device)
 
         graphs = getattr(model, "cuda_graphs", None)
         if graphs is None:

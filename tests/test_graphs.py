@@ -84,8 +84,44 @@ def test_layouts_run_eagerly_until_captured_and_replays_read_fresh_inputs():
     # p: eager, captured, replayed; q, r: eager, then captured (r's capture drops p); p again: eager
     assert (g.eager, g.captures, g.replays, len(g)) == (4, 3, 4, 2)
     assert list(g._graphs) == [("q",), ("r",)]
+    assert len(calls) == g.eager + g.captures + g.replays           # this stand-in runs fn at each of them
     g.clear()
     assert len(g) == 0 and g.run(fn, ("q",), {"a": x, "b": x}, scale=1.0).equal(2 * x) and g.eager == 5
+
+
+def test_a_layout_whose_capture_fails_runs_eagerly_for_good():
+    class Refusing(_HostGraphs):
+        def _capture(self, fn, inputs, fixed):
+            if fn.__name__ == "refused":
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return super()._capture(fn, inputs, fixed)
+
+    def refused(a):
+        return a + 1
+
+    g = Refusing(capture_after=1)
+    x = torch.zeros(3)
+    with pytest.warns(RuntimeWarning, match=r"CUDA graph capture failed \(RuntimeError: operation not permitted"):
+        assert g.run(refused, ("k",), {"a": x}).equal(x + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                # no second attempt, no second warning
+        for _ in range(3):
+            assert g.run(refused, ("k",), {"a": x + 1}).equal(x + 2)
+    assert (g.eager, g.captures, g.replays, len(g)) == (4, 0, 0, 0)
+
+
+def test_loading_weights_drops_graphs_and_odd_shaped_inputs_are_refused():
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), seed=0)
+    model._graphs = ForwardGraphs()                                   # as set_cuda_graphs would on a GPU
+    model._graphs.persistent(("kv",), lambda: torch.zeros(2))
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+    assert not model._graphs._kept                                    # new storage: graphs and buffers dropped
+    model._graphs = None
+    x = torch.zeros(2, 9, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"position_ids must have the canvas shape \(2, 9\) of x, got \(1, 9\)"):
+        model(x, position_ids=torch.arange(9)[None])
+    with pytest.raises(ValueError, match=r"key_valid must have the canvas shape \(2, 9\) of x, got \(2, 10\)"):
+        model(x, key_valid=torch.ones(2, 10, dtype=torch.bool))
 
 
 def test_kept_buffers_are_shared_per_key_and_the_oldest_go():
@@ -179,11 +215,12 @@ def test_generation_keeps_its_tokens_under_every_policy(family, request):
                 eager = dllm.generate(model, tok, PROMPTS, **kw)
                 model.set_cuda_graphs(True, capture_after=1)
                 graphed = dllm.generate(model, tok, PROMPTS, **kw)
-                again = dllm.generate(model, tok, PROMPTS, **kw)       # replays only
+                captured = model.cuda_graphs.captures
+                again = dllm.generate(model, tok, PROMPTS, **kw)       # replays only: same layouts, same buffers
+            assert model.cuda_graphs.captures == captured, (policy, sampler)
             assert torch.equal(graphed.sequences, eager.sequences), (policy, sampler)
             assert torch.equal(again.sequences, eager.sequences), (policy, sampler)
             assert graphed.nfe == eager.nfe, (policy, sampler)
-            assert model.cuda_graphs.replays > model.cuda_graphs.captures, (policy, sampler)
 
 
 @pytest.mark.gpu

@@ -14,6 +14,8 @@ shape: a replay runs the kernels an eager call would, so graphs leave the tokens
 """
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -50,6 +52,7 @@ class ForwardGraphs:
         self.max_graphs, self.capture_after = max_graphs, capture_after
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._seen: OrderedDict[tuple, int] = OrderedDict()     # eager calls of layouts not captured yet
+        self._failed: set[tuple] = set()                         # layouts whose capture raised: eager for good
         self.eager = 0
         self._kept: OrderedDict[tuple, object] = OrderedDict()
         self._pool = None
@@ -63,6 +66,7 @@ class ForwardGraphs:
         """Drop every graph and kept buffer (the weights they point at moved)."""
         self._graphs.clear()
         self._seen.clear()
+        self._failed.clear()
         self._kept.clear()
         self._pool = None
 
@@ -80,27 +84,38 @@ class ForwardGraphs:
 
     def run(self, fn: Callable[..., torch.Tensor], key: tuple, inputs: dict[str, torch.Tensor | None],
             **fixed) -> torch.Tensor:
-        entry = self._graphs.get(key)
-        if entry is None:
-            seen = self._seen.pop(key, 0) + 1
-            if seen < self.capture_after:
-                self._seen[key] = seen
-                if len(self._seen) > 4 * self.max_graphs:
-                    self._seen.popitem(last=False)
-                self.eager += 1
-                return fn(**inputs, **fixed)
-            entry = self._capture(fn, inputs, fixed)
-            self._graphs[key] = entry
-            if len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
-        else:
-            self._graphs.move_to_end(key)
-            for name, t in inputs.items():
-                if t is not None:
-                    entry.inputs[name].copy_(t)
-        entry.graph.replay()
-        self.replays += 1
-        return entry.output.clone()
+        device = next(t.device for t in inputs.values() if t is not None)
+        # Captures and replays run with the inputs' device current (a model on cuda:1 while cuda:0 is current).
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            entry = self._graphs.get(key)
+            if entry is None:
+                seen = self._seen.pop(key, 0) + 1
+                if seen < self.capture_after or key in self._failed:
+                    if key not in self._failed:
+                        self._seen[key] = seen
+                        if len(self._seen) > 4 * self.max_graphs:
+                            self._seen.popitem(last=False)
+                    self.eager += 1
+                    return fn(**inputs, **fixed)
+                try:
+                    entry = self._capture(fn, inputs, fixed)
+                except RuntimeError as err:   # an operation the capture refuses: this layout stays eager
+                    self._failed.add(key)
+                    warnings.warn(f"CUDA graph capture failed ({type(err).__name__}: {err}); this input layout "
+                                  f"runs eagerly from now on", RuntimeWarning, stacklevel=3)
+                    self.eager += 1
+                    return fn(**inputs, **fixed)
+                self._graphs[key] = entry
+                if len(self._graphs) > self.max_graphs:
+                    self._graphs.popitem(last=False)
+            else:
+                self._graphs.move_to_end(key)
+                for name, t in inputs.items():
+                    if t is not None:
+                        entry.inputs[name].copy_(t)
+            entry.graph.replay()
+            self.replays += 1
+            return entry.output.clone()
 
     def _capture(self, fn, inputs, fixed) -> _Graph:
         static = {n: None if t is None else t.clone(memory_format=torch.contiguous_format) for n, t in inputs.items()}
@@ -113,7 +128,7 @@ class ForwardGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.Stream(device)):
             output = fn(**static, **fixed)
         self.captures += 1
         return _Graph(graph, static, output)

@@ -139,6 +139,11 @@ def _union(positions: torch.Tensor, src: torch.Tensor, L: int):
     return torch.where(valid, order, order[:, :1]), at
 
 
+def _drop_graphs(model, incompatible_keys) -> None:
+    if model._graphs is not None:
+        model._graphs.clear()
+
+
 class DiffusionTransformer(nn.Module):
     """A masked-diffusion LM: `forward(x, logits_at, ...)` -> logits (B, Q, V).
 
@@ -151,6 +156,7 @@ class DiffusionTransformer(nn.Module):
         super().__init__()
         self.config = cfg
         self._graphs: ForwardGraphs | None = None
+        self.register_load_state_dict_post_hook(_drop_graphs)   # assign=True gives the weights new storage
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -220,6 +226,9 @@ class DiffusionTransformer(nn.Module):
         if positions is not None and cache is None:
             raise ValueError("recomputing a subset of positions needs a KVCache holding the other columns' K/V; "
                              "pass cache=... or positions=None")
+        for name, t in (("position_ids", position_ids), ("key_valid", key_valid)):
+            if t is not None and tuple(t.shape) != (B, L):
+                raise ValueError(f"{name} must have the canvas shape {(B, L)} of x, got {tuple(t.shape)}")
         graphs = self._graphs if self._graphs is not None and not torch.is_grad_enabled() else None
         if graphs is not None and x.device.type != "cuda":
             raise ValueError(f"CUDA graphs are on but the input is on {x.device}; move the model and its inputs to "
@@ -254,9 +263,12 @@ class DiffusionTransformer(nn.Module):
         inputs = dict(tokens=tokens, positions=positions, pos=pos, key_valid=key_valid, rows=rows, at=at)
         if graphs is None:
             return self._logits(**inputs, cache=cache, layout=layout)
-        buffers = None if cache is None else (cache.length, tuple(cache.k[0].stride()),
+        buffers = None if cache is None else (tuple(cache.k[0].shape), tuple(cache.k[0].stride()), cache.k[0].dtype,
                                               tuple(t.data_ptr() for t in cache.k + cache.v))
-        key = (x.device, tuple(tokens.shape), at.shape[1], L, key_valid is not None, rows_given, layout, buffers)
+        key = (x.device, at.shape[1], L, rows_given, layout, buffers,
+               tuple(None if t is None else (tuple(t.shape), t.dtype) for t in inputs.values()),
+               torch.is_autocast_enabled(x.device.type),
+               torch.is_inference_mode_enabled())    # inference tensors cannot be written outside inference mode
         return graphs.run(self._logits, key, inputs, cache=cache, layout=layout)
 
     def _logits(self, tokens, positions, pos, key_valid, rows, at, cache, layout):
