@@ -15,7 +15,9 @@ step32) come from the same run, and each graphed call's logits are compared with
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -23,12 +25,8 @@ import dllm
 from dllm.cache import KVCache
 from dllm.config import PRESETS, ModelConfig
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_generate import DTYPES, sync  # noqa: E402
 
 
 def bench(name: str, device: torch.device, dtype: torch.dtype, calls_timed: int) -> None:
@@ -50,11 +48,11 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, calls_timed: int)
             for what, fn in calls.items():
                 for _ in range(3):
                     fn()
-                _sync(device)
+                sync(device)
                 start = time.perf_counter()
                 for _ in range(calls_timed):
                     out = fn()
-                _sync(device)
+                sync(device)
                 res[graphs, what] = ((time.perf_counter() - start) / calls_timed, out.float())
                 mode = "graphs" if graphs else "eager"
                 print(f"{name:<14}{mode:<8}{what:<8} {res[graphs, what][0] * 1e3:9.2f} ms/call", flush=True)

@@ -57,7 +57,7 @@ class _ReplayOnHost:
 
 
 class _HostGraphs(ForwardGraphs):
-    def _capture(self, fn, inputs, fixed):
+    def _capture(self, fn, inputs, fixed, device):
         static = {n: None if t is None else t.clone() for n, t in inputs.items()}
         graph = _ReplayOnHost(fn, static, fixed)
         graph.output = fn(**static, **fixed)
@@ -91,10 +91,10 @@ def test_layouts_run_eagerly_until_captured_and_replays_read_fresh_inputs():
 
 def test_a_layout_whose_capture_fails_runs_eagerly_for_good():
     class Refusing(_HostGraphs):
-        def _capture(self, fn, inputs, fixed):
+        def _capture(self, fn, inputs, fixed, device):
             if fn.__name__ == "refused":
                 raise RuntimeError("operation not permitted when stream is capturing")
-            return super()._capture(fn, inputs, fixed)
+            return super()._capture(fn, inputs, fixed, device)
 
     def refused(a):
         return a + 1

@@ -89,16 +89,18 @@ class ForwardGraphs:
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             entry = self._graphs.get(key)
             if entry is None:
+                if key in self._failed:
+                    self.eager += 1
+                    return fn(**inputs, **fixed)
                 seen = self._seen.pop(key, 0) + 1
-                if seen < self.capture_after or key in self._failed:
-                    if key not in self._failed:
-                        self._seen[key] = seen
-                        if len(self._seen) > 4 * self.max_graphs:
-                            self._seen.popitem(last=False)
+                if seen < self.capture_after:
+                    self._seen[key] = seen
+                    if len(self._seen) > 4 * self.max_graphs:
+                        self._seen.popitem(last=False)
                     self.eager += 1
                     return fn(**inputs, **fixed)
                 try:
-                    entry = self._capture(fn, inputs, fixed)
+                    entry = self._capture(fn, inputs, fixed, device)
                 except RuntimeError as err:   # an operation the capture refuses: this layout stays eager
                     self._failed.add(key)
                     warnings.warn(f"CUDA graph capture failed ({type(err).__name__}: {err}); this input layout "
@@ -117,9 +119,8 @@ class ForwardGraphs:
             self.replays += 1
             return entry.output.clone()
 
-    def _capture(self, fn, inputs, fixed) -> _Graph:
+    def _capture(self, fn, inputs, fixed, device: torch.device) -> _Graph:
         static = {n: None if t is None else t.clone(memory_format=torch.contiguous_format) for n, t in inputs.items()}
-        device = next(t.device for t in static.values() if t is not None)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):

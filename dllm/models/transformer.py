@@ -265,7 +265,7 @@ class DiffusionTransformer(nn.Module):
             return self._logits(**inputs, cache=cache, layout=layout)
         buffers = None if cache is None else (tuple(cache.k[0].shape), tuple(cache.k[0].stride()), cache.k[0].dtype,
                                               tuple(t.data_ptr() for t in cache.k + cache.v))
-        key = (x.device, at.shape[1], L, rows_given, layout, buffers,
+        key = (x.device, L, rows_given, layout, buffers,
                tuple(None if t is None else (tuple(t.shape), t.dtype) for t in inputs.values()),
                torch.is_autocast_enabled(x.device.type),
                torch.is_inference_mode_enabled())    # inference tensors cannot be written outside inference mode
