@@ -43,6 +43,11 @@ default (prompt 256, gen 256, block 32):
     python benchmarks/bench_generate.py --caches --quick          # tiny + dream-tiny, every policy (~10 s)
     python benchmarks/bench_generate.py --caches --presets llada-8b,dream-7b   # the published shapes, on a GPU
 
+`--count-flops` runs each configuration once more, untimed, under torch's FlopCounterMode and
+adds its matrix-product and attention FLOPs: the FLOP ratio against the baseline is the speedup
+an implementation would reach if it ran every forward's products at one rate, so it separates
+what the policy saves in arithmetic from how efficiently the hardware runs the smaller products.
+
 On CUDA every configuration runs once untimed before it is timed (`--warmup-runs`): a new shape
 compiles Triton kernels and picks cuBLAS plans there. `--cuda-graphs` replays dllm's forwards as
 CUDA graphs; the benchmark captures a layout at its first forward (`capture_after=1`), so the
@@ -70,6 +75,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import dllm
 import dllm.cache
@@ -243,6 +249,21 @@ def timed(fn, device: torch.device):
     out = fn()
     sync(device)
     return out, time.perf_counter() - start
+
+
+def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def count_flops(fn):
+    """(fn(), the FLOPs of the matrix products and attention it ran), by torch's FlopCounterMode,
+    which also counts CPU attention (`aten._scaled_dot_product_flash_attention_for_cpu`) here as
+    it counts the GPU kernels. Elementwise work (norms, rotary, softmax of the sampler) is not
+    counted. Ops the counter cannot see are missed: Triton kernels and CUDA graph replays."""
+    mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
+    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        out = fn()
+    return out, counter.get_total_flops()
 
 
 def git_info() -> tuple[str | None, bool | None]:
@@ -439,6 +460,7 @@ CACHE_PRESETS = "llada-compute,dream-compute"
 CACHE_QUICK_PRESETS = "tiny,dream-tiny"
 HEADLINE_PRESETS = ("llada-8b", "llada-compute", "tiny")    # the headline runs on the first of these in the run
 HEADLINE_GOAL = 10.0
+FLOP_COUNTED_ATTENTION = ("sdpa", "eager")   # backends made of torch ops FlopCounterMode counts
 HEADLINE_TAU = 0.9
 
 
@@ -482,6 +504,14 @@ class CacheBenchRow(Provenance):
     tokens_same_as_baseline: float  # share of generated tokens equal to the baseline's
     goal: float | None
     all_seconds: list[float]
+    # --count-flops (else None): matrix-product and attention FLOPs of one run, counted in an extra
+    # untimed run; flop_speedup = baseline FLOPs / FLOPs, the end-to-end speedup of an
+    # implementation that ran every forward's products at one rate.
+    flops: float | None = None
+    baseline_flops: float | None = None
+    flop_speedup: float | None = None
+    gflop_per_s: float | None = None
+    baseline_gflop_per_s: float | None = None
 
 
 def _run_policy(model, prompt_rows, p: BenchPreset, args, device, *, sampler, sampler_args, steps, cache):
@@ -500,7 +530,12 @@ def _measure(model, prompt_rows, p, args, device, repeats, **kw):
         _run_policy(model, prompt_rows, p, args, device, **kw)
     runs = [_run_policy(model, prompt_rows, p, args, device, **kw) for _ in range(repeats)]
     out, _, full = runs[-1]
-    return out, [sec for _, sec, _ in runs], full
+    flops = None
+    if args.count_flops:   # untimed: the counter intercepts every op
+        (counted, _, _), flops = count_flops(lambda: _run_policy(model, prompt_rows, p, args, device, **kw))
+        if not torch.equal(counted.generated, out.generated):
+            raise RuntimeError(f"the FLOP-counting run of {kw} generated other tokens than the timed runs")
+    return out, [sec for _, sec, _ in runs], full, flops
 
 
 def bench_caches(name: str, p: BenchPreset, batch: int, args, env: dict, device: torch.device,
@@ -527,9 +562,14 @@ def bench_caches(name: str, p: BenchPreset, batch: int, args, env: dict, device:
                   dtype=args.dtype, attention=args.attention, cuda_graphs=args.cuda_graphs, init_std=args.init_std,
                   seed=args.seed)
 
-    def row(comparison, out, secs, full, sampler, sampler_args, steps, baseline_name, base_out, base_secs, goal):
+    def row(comparison, out, secs, full, flops, sampler, sampler_args, steps, baseline_name, base_out, base_secs,
+            base_flops, goal):
         fwd, base_fwd = out.forwards, base_out.forwards
         sec, base_sec = quantile(secs, 0.5), quantile(base_secs, 0.5)
+        counted = {}
+        if flops is not None:
+            counted = dict(flops=flops, baseline_flops=base_flops, flop_speedup=base_flops / flops,
+                           gflop_per_s=flops / sec / 1e9, baseline_gflop_per_s=base_flops / base_sec / 1e9)
         same = float((out.generated == base_out.generated).float().mean())
         return CacheBenchRow(
             **base_env, comparison=comparison, **common, sampler=sampler, sampler_args=sampler_args, steps=steps,
@@ -538,31 +578,32 @@ def bench_caches(name: str, p: BenchPreset, batch: int, args, env: dict, device:
             seconds_p20=quantile(secs, 0.2), seconds_p80=quantile(secs, 0.8), s_per_forward=sec / fwd,
             baseline_forwards=base_fwd, baseline_seconds=base_sec, baseline_s_per_forward=base_sec / base_fwd,
             speedup=base_sec / sec, forward_speedup=(base_sec / base_fwd) / (sec / fwd), tokens_same_as_baseline=same,
-            goal=goal, all_seconds=[round(x, 6) for x in secs])
+            goal=goal, all_seconds=[round(x, 6) for x in secs], **counted)
 
     steps = n_blocks * min(args.cache_steps_per_block, p.block_length)
     kw = dict(sampler=SAMPLER, sampler_args={}, steps=steps)
-    base_out, base_secs, base_full = _measure(model, prompt_rows, p, args, device, args.repeats, cache="none", **kw)
+    base = _measure(model, prompt_rows, p, args, device, args.repeats, cache="none", **kw)
+    base_out, base_secs, _, base_flops = base
     baseline = f"none + {SAMPLER}, steps={steps}"
     for cache in args.policies:
-        if cache == "none":
-            out, secs, full = base_out, base_secs, base_full
-        else:
-            out, secs, full = _measure(model, prompt_rows, p, args, device, args.repeats, cache=cache, **kw)
-        rows.append(row("policies", out, secs, full, SAMPLER, {}, steps, baseline, base_out, base_secs, None))
+        out, secs, full, flops = (base if cache == "none" else
+                                  _measure(model, prompt_rows, p, args, device, args.repeats, cache=cache, **kw))
+        rows.append(row("policies", out, secs, full, flops, SAMPLER, {}, steps, baseline, base_out, base_secs,
+                        base_flops, None))
         print(format_cache_row(rows[-1]), flush=True)
 
     if headline:
-        slow_out, slow_secs, _ = _measure(model, prompt_rows, p, args, device, args.headline_repeats, cache="none",
-                                          sampler=SAMPLER, sampler_args={}, steps=p.gen_length)
+        slow_out, slow_secs, _, slow_flops = _measure(model, prompt_rows, p, args, device, args.headline_repeats,
+                                                      cache="none", sampler=SAMPLER, sampler_args={},
+                                                      steps=p.gen_length)
         for tau in args.taus:
             fast_args = {"tau": tau}
-            fast_out, fast_secs, fast_full = _measure(model, prompt_rows, p, args, device, args.headline_repeats,
-                                                      cache="dual", sampler="threshold", sampler_args=fast_args,
-                                                      steps=None)
-            rows.append(row("headline", fast_out, fast_secs, fast_full, "threshold", fast_args, None,
+            fast_out, fast_secs, fast_full, fast_flops = _measure(
+                model, prompt_rows, p, args, device, args.headline_repeats, cache="dual", sampler="threshold",
+                sampler_args=fast_args, steps=None)
+            rows.append(row("headline", fast_out, fast_secs, fast_full, fast_flops, "threshold", fast_args, None,
                             f"none + {SAMPLER}, steps={p.gen_length} (1 token/step)", slow_out, slow_secs,
-                            HEADLINE_GOAL))
+                            slow_flops, HEADLINE_GOAL))
             print(format_cache_row(rows[-1]), flush=True)
 
     stall1, wall1 = psi_cpu_stall_us(), time.perf_counter()
@@ -585,7 +626,11 @@ def format_cache_row(r: CacheBenchRow) -> str:
     secs = f"{r.seconds:.2f} [{r.seconds_p20:.2f}, {r.seconds_p80:.2f}]"
     return (f"{r.preset:<14}{r.batch:>3} {r.comparison:<10} {r.cache:<11}{sampler:<24}{r.forwards:>5}"
             f"{r.full_forwards:>6.1f}{r.tokens_per_forward:>8.2f}  {r.s_per_forward:>7.3f} {secs:<26}"
-            f"{r.forward_speedup:>10.2f}{r.speedup:>13.2f}{r.tokens_same_as_baseline:>7.0%}")
+            f"{r.forward_speedup:>10.2f}{r.speedup:>13.2f}{r.tokens_same_as_baseline:>7.0%}"
+            + ("" if r.flops is None else
+               f"\n{'':<18}counted: {r.flops / 1e9:.1f} GFLOP at {r.gflop_per_s:.1f} GFLOP/s, baseline "
+               f"{r.baseline_flops / 1e9:.1f} GFLOP at {r.baseline_gflop_per_s:.1f} GFLOP/s; FLOP ratio "
+               f"{r.flop_speedup:.2f}x"))
 
 
 def main_caches(args, device) -> int:
@@ -629,6 +674,10 @@ def main_caches(args, device) -> int:
                   f"(B={r.batch}): {r.speedup:.2f}x end to end ({r.baseline_seconds:.1f} s -> {r.seconds:.1f} s, "
                   f"{r.baseline_forwards} -> {r.forwards} forwards, {r.forward_speedup:.2f}x per forward); "
                   f"goal >= {r.goal:g}x -> {verdict}")
+            if r.flop_speedup is not None:
+                print(f"  FLOP ratio {r.flop_speedup:.2f}x: the end-to-end speedup if both runs did their matrix "
+                      f"products and attention at one rate ({r.baseline_gflop_per_s:.1f} and {r.gflop_per_s:.1f} "
+                      f"GFLOP/s measured)")
     busy = [f"{r.preset} {r.cpu_busy:.0%}" for r in rows if r.cpu_busy is not None and r.cpu_busy > BUSY_WARN]
     if busy:
         print(f"warning: other processes competed for the CPU ({', '.join(sorted(set(busy)))} of the wall time some "
@@ -693,6 +742,9 @@ def parse_args(argv=None):
     ap.add_argument("--warmup-runs", type=int, default=None,
                     help="--caches: untimed runs of each configuration before its timed ones (default 1 on CUDA, "
                          "where a new shape compiles kernels and picks library plans; 0 on CPU)")
+    ap.add_argument("--count-flops", action="store_true",
+                    help="--caches: count each configuration's matrix-product and attention FLOPs in one extra "
+                         "untimed run (FlopCounterMode) and report the FLOP ratio against the baseline")
     ap.add_argument("--tau", default=str(HEADLINE_TAU),
                     help=f"--caches: threshold(s) of the headline sampler, comma-separated (default {HEADLINE_TAU}, "
                          f"Fast-dLLM's); the `none` baseline is shared")
@@ -728,6 +780,11 @@ def parse_args(argv=None):
         ap.error("--device cuda but torch.cuda.is_available() is False")
     if args.cuda_graphs and device.type != "cuda":
         ap.error(f"--cuda-graphs needs --device cuda, got --device {args.device}")
+    if args.count_flops and not args.caches:
+        ap.error("--count-flops needs --caches")
+    if args.count_flops and (args.cuda_graphs or args.attention not in FLOP_COUNTED_ATTENTION):
+        ap.error(f"--count-flops sees only eager torch ops: it needs --attention in "
+                 f"{', '.join(FLOP_COUNTED_ATTENTION)} (got {args.attention!r}) and no --cuda-graphs")
     if args.dtype is None:
         args.dtype = "bfloat16" if device.type == "cuda" else "float32"
     try:
