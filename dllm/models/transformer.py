@@ -23,6 +23,37 @@ from ..config import ModelConfig
 from .graphs import ForwardGraphs
 
 
+# On CPU, float32 products with a few rows (a cached step's block, a block's masked columns at the
+# LM head) ran 1.2-3x faster as W @ x^T than as x @ W^T for weights of a million entries and more:
+# the BLAS library takes a slow path when the output has few rows. Measured on a 2-core Intel Xeon
+# (AVX-512), torch 2.13: llada-compute's head at 13 rows 117 -> 42 ms, its 1024x2816 MLP weights at
+# 32 rows 1.25 -> 0.84 ms, the LLaDA-8B head at 13 rows 390 -> 149 ms; below 8 rows and from 64 on
+# the two orders tie or x @ W^T wins. The order of a dot product's additions can differ between the
+# two paths, so results agree to float32 rounding, not bit for bit (neither order is the same for
+# every row count to begin with). `benchmarks/bench_linear.py` measures both on the machine at hand.
+SMALL_ROWS = (8, 48)            # rows (all leading dimensions together) that take W @ x^T on CPU
+SMALL_ROWS_MIN_WEIGHT = 1 << 20  # entries of the smallest weight that does
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), computed as (weight @ x^T)^T for CPU float32 inputs of
+    SMALL_ROWS rows and weights of at least SMALL_ROWS_MIN_WEIGHT entries."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or not SMALL_ROWS[0] <= rows <= SMALL_ROWS[1] or weight.numel() < SMALL_ROWS_MIN_WEIGHT):
+        return F.linear(x, weight, bias)
+    flat = x.reshape(rows, x.shape[-1]).t()
+    out = torch.mm(weight, flat) if bias is None else torch.addmm(bias[:, None], weight, flat)
+    return out.t().contiguous().view(*x.shape[:-1], weight.shape[0])
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and checkpoint names) whose product is `linear`."""
+
+    def forward(self, x):
+        return linear(x, self.weight, self.bias)
+
+
 class RMSNorm(nn.Module):
     """y = weight * (x / sqrt(mean(x^2) + eps)), normalised in fp32 and cast back before the
     weight multiply, as both reference implementations do."""
@@ -69,10 +100,10 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
-        self.q = nn.Linear(d, d, bias=cfg.qkv_bias)
-        self.k = nn.Linear(d, kv, bias=cfg.qkv_bias)
-        self.v = nn.Linear(d, kv, bias=cfg.qkv_bias)
-        self.o = nn.Linear(d, d, bias=False)
+        self.q = Linear(d, d, bias=cfg.qkv_bias)
+        self.k = Linear(d, kv, bias=cfg.qkv_bias)
+        self.v = Linear(d, kv, bias=cfg.qkv_bias)
+        self.o = Linear(d, d, bias=False)
 
     def forward(self, h, ctx: "_ForwardContext", layer: int):
         cfg = self.cfg
@@ -93,9 +124,9 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
-        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
-        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+        self.gate = Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.up = Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.down = Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
 
     def forward(self, h):
         return self.down(F.silu(self.gate(h)) * self.up(h))
@@ -160,7 +191,7 @@ class DiffusionTransformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head = None if cfg.tie_embeddings else Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.set_attention(attention)
 
     # -- configuration -------------------------------------------------------------------
@@ -296,7 +327,7 @@ class DiffusionTransformer(nn.Module):
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Logits of hidden states returned by `hidden_at` (any leading shape)."""
-        return self.head(normed) if self.head is not None else F.linear(normed, self.embed.weight)
+        return self.head(normed) if self.head is not None else linear(normed, self.embed.weight)
 
     def _hidden_source(self, logits_at):
         """Column whose hidden state predicts each requested column (Dream: the left neighbour)."""
