@@ -6,7 +6,7 @@ For each weight shape of a preset (q/o, k/v, gate/up, down, the LM head) and eac
 median of `--repeats` calls of both, and their ratio (> 1: `linear` is faster). Row counts outside
 the band run F.linear in both columns, so their ratio shows the noise of the machine.
 `--generate` also times `dual` + `threshold` (tau 0.9) generation at batch 1 on the preset's
-random-weight model with the band on and off, alternating, and reports the share of equal tokens.
+random-weight model and shape with the band on and off, alternating, and reports the share of equal tokens.
 
     python benchmarks/bench_linear.py                               # llada-compute shapes (~1 min on 2 cores)
     python benchmarks/bench_linear.py --presets llada-8b --rows 8,13,32,64   # the 8B shapes (needs ~6 GB)
@@ -27,7 +27,7 @@ import dllm  # noqa: E402
 import dllm.cache  # noqa: E402
 from dllm.config import ModelConfig  # noqa: E402
 from dllm.models import transformer  # noqa: E402
-from bench_generate import environment, prompt_batch, quantile  # noqa: E402
+from bench_generate import BENCH_PRESETS, HEADLINE_TAU, environment, prompt_batch, quantile  # noqa: E402
 
 OFF = (1, 0)   # an empty band: every product is F.linear
 
@@ -63,20 +63,21 @@ def bench_products(cfg, rows: list[int], repeats: int) -> None:
             x = torch.randn(m, k, generator=g)
             base = median_seconds(lambda: F.linear(x, w), reps)
             ours = median_seconds(lambda: transformer.linear(x, w), reps)
-            lo, hi = transformer.SMALL_ROWS
-            path = "W @ x^T" if lo <= m <= hi and w.numel() >= transformer.SMALL_ROWS_MIN_WEIGHT else "F.linear"
+            path = "W @ x^T" if transformer.takes_transposed_product(x, w) else "F.linear"
             print(f"{name:<22}{f'{n} x {k}':>16}{m:>6}{base * 1e3:>13.2f}{ours * 1e3:>11.2f}{base / ours:>8.2f}  {path}",
                   flush=True)
         del w
 
 
-def bench_generate(name: str, cfg, repeats: int, seed: int) -> None:
+def bench_generation(name: str, repeats: int, seed: int) -> None:
+    p = BENCH_PRESETS[name]
+    cfg = ModelConfig.from_name(p.model)
     model = dllm.build_model(cfg, "sdpa", dtype=torch.float32, device=torch.device("cpu"), seed=seed, init_std=0.3)
-    prompt = prompt_batch(cfg, 1, 256, seed, torch.device("cpu")).tolist()
+    prompt = prompt_batch(cfg, 1, p.prompt_length, seed, torch.device("cpu")).tolist()
 
     def run():
-        return dllm.generate(model, None, prompt, gen_length=256, block_length=32, steps=None, sampler="threshold",
-                             sampler_kwargs={"tau": 0.9}, seed=seed, temperature=0.0,
+        return dllm.generate(model, None, prompt, gen_length=p.gen_length, block_length=p.block_length, steps=None,
+                             sampler="threshold", sampler_kwargs={"tau": HEADLINE_TAU}, seed=seed, temperature=0.0,
                              cache=dllm.cache.get_policy("dual"))
 
     band = transformer.SMALL_ROWS
@@ -94,14 +95,16 @@ def bench_generate(name: str, cfg, repeats: int, seed: int) -> None:
         transformer.SMALL_ROWS = band
     on, off = quantile(seconds["on"], 0.5), quantile(seconds["off"], 0.5)
     same = float((outs["on"].generated == outs["off"].generated).float().mean())
-    print(f"{name}: dual + threshold(tau=0.9), batch 1, prompt 256, gen 256, block 32, {repeats} repeat(s) each: "
+    print(f"{name}: dual + threshold(tau={HEADLINE_TAU}), batch 1, prompt {p.prompt_length}, gen {p.gen_length}, "
+          f"block {p.block_length}, {repeats} repeat(s) each: "
           f"band off {off:.2f} s, on {on:.2f} s -> {off / on:.2f}x; {outs['on'].forwards} and "
           f"{outs['off'].forwards} forwards; {same:.1%} of the tokens equal")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--presets", default="llada-compute", help="comma-separated ModelConfig presets")
+    ap.add_argument("--presets", default="llada-compute",
+                    help=f"comma-separated bench_generate presets ({', '.join(BENCH_PRESETS)})")
     ap.add_argument("--rows", default="1,4,8,13,16,24,32,48,64,128", help="comma-separated row counts")
     ap.add_argument("--repeats", type=int, default=20, help="timed calls per product (generation: runs per mode)")
     ap.add_argument("--generate", action="store_true", help="also time generation with the band on and off")
@@ -116,7 +119,10 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     names = [p.strip() for p in args.presets.split(",") if p.strip()]
-    configs = [(n, ModelConfig.from_name(n)) for n in names]    # unknown names fail here, listing the valid ones
+    unknown = [n for n in names if n not in BENCH_PRESETS]
+    if unknown or not names:
+        ap.error(f"--presets: unknown {', '.join(unknown) or '(none given)'}; available: {', '.join(BENCH_PRESETS)}")
+    configs = [(n, ModelConfig.from_name(BENCH_PRESETS[n].model)) for n in names]
     env = environment(torch.device("cpu"))
     print(f"dllm {env['dllm_version']} | torch {env['torch_version']} | git {(env['git_commit'] or '?')[:10]} | "
           f"{env['cpu_model']} | {env['cpu_cores']} cores, {env['torch_threads']} torch threads | float32 | band "
@@ -126,7 +132,7 @@ def main(argv=None) -> int:
         print(f"\n{name}")
         bench_products(cfg, rows, args.repeats)
         if args.generate:
-            bench_generate(name, cfg, args.repeats if args.repeats <= 5 else 3, args.seed)
+            bench_generation(name, args.repeats if args.repeats <= 5 else 3, args.seed)
     return 0
 
 

@@ -137,8 +137,8 @@ def cmd_bench(args) -> int:
             block_length=args.block_length, steps=args.steps, tokens_per_step=args.tokens_per_step,
             temperature=args.temperature, seed=args.seed, max_forwards=args.max_forwards,
             batch_size=args.batch_size, dtype=args.dtype, device=args.device, attention=args.attention,
-            cuda_graphs=args.cuda_graphs, grammar_url=args.grammar_server, bertscore_model=args.bertscore_model, sort_key=args.sort_key,
-            index_base=args.index_base)
+            cuda_graphs=args.cuda_graphs, grammar_url=args.grammar_server, bertscore_model=args.bertscore_model,
+            sort_key=args.sort_key, index_base=args.index_base)
         rows = runner.run_bench(cfg, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, FloatingPointError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -35,14 +35,19 @@ SMALL_ROWS = (8, 48)            # rows (all leading dimensions together) that ta
 SMALL_ROWS_MIN_WEIGHT = 1 << 20  # entries of the smallest weight that does
 
 
+def takes_transposed_product(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear(x, weight)` computes (weight @ x^T)^T: CPU float32 inputs of SMALL_ROWS
+    rows and weights of at least SMALL_ROWS_MIN_WEIGHT entries."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or not x.shape[-1]:
+        return False
+    return SMALL_ROWS[0] <= x.numel() // x.shape[-1] <= SMALL_ROWS[1] and weight.numel() >= SMALL_ROWS_MIN_WEIGHT
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias), computed as (weight @ x^T)^T for CPU float32 inputs of
-    SMALL_ROWS rows and weights of at least SMALL_ROWS_MIN_WEIGHT entries."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or not SMALL_ROWS[0] <= rows <= SMALL_ROWS[1] or weight.numel() < SMALL_ROWS_MIN_WEIGHT):
+    """F.linear(x, weight, bias); (weight @ x^T)^T where `takes_transposed_product` says so."""
+    if not takes_transposed_product(x, weight):
         return F.linear(x, weight, bias)
-    flat = x.reshape(rows, x.shape[-1]).t()
+    flat = x.reshape(-1, x.shape[-1]).t()
     out = torch.mm(weight, flat) if bias is None else torch.addmm(bias[:, None], weight, flat)
     return out.t().contiguous().view(*x.shape[:-1], weight.shape[0])
 
