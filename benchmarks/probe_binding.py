@@ -106,9 +106,9 @@ def probe_model(path: str, n: int) -> None:
     model.eval()
     cfg = model.config
     for task in ("waiting_line/copy", "waiting_line/shuffle", "waiting_line/insert_random"):
-        items, _ = encode_records(tokenizer, {task: generators.generate(task, split="test", num_samples=n)})
+        items, _ = encode_records(tokenizer, {task: generators.make_records(task, split="test", num_samples=n)})
         print(f"{task}: binding accuracy {binding_accuracy(model, cfg.mask_token_id, cfg.pad_token_id, items):.3f}")
-    records = generators.generate("waiting_line/shuffle", split="test", num_samples=n)
+    records = generators.make_records("waiting_line/shuffle", split="test", num_samples=n)
     shown, masked = repeat_probability(model, tokenizer, records)
     print(f"waiting_line/shuffle: repeat probability {shown:.3f} (with that name still masked: {masked:.3f})",
           flush=True)

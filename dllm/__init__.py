@@ -6,7 +6,7 @@
     print(out.texts[0], out.nfe, out.mean_tokens_per_forward)
 """
 from .config import GenerationConfig, ModelConfig
-from .generate import GenerationOutput, generate
+from .decode import GenerationOutput, generate
 from .models import build_model, load
 
 __version__ = "0.1.0"

@@ -121,7 +121,7 @@ def cmd_bench(args) -> int:
             chosen = select_tasks(args.tasks, can) if args.tasks else [t for t in can if t in GROUPS["pure"]]
             opts = {k: v for k, v in (("sort_key", args.sort_key), ("index_base", args.index_base))
                     if v != {"sort_key": "full_name", "index_base": 0}[k]}
-            recs = {t: generators.generate(t, split="test", **opts)[:args.limit] for t in chosen}
+            recs = {t: generators.make_records(t, split="test", **opts)[:args.limit] for t in chosen}
             folder = data.write_official_layout(args.write_data, recs)
             print(f"wrote {sum(map(len, recs.values()))} records of {len(recs)} task(s) to {folder}")
             return 0

@@ -141,7 +141,7 @@ def collect_labels(model, tokenizer, prompts: list[list[int]], gen_length: int |
     Prompts longer than the model allows with their gen_length are skipped and counted.
     Returns LabelRecords with (N, block_length) confidence / is_correct.
     """
-    from .generate import generate
+    from .decode import generate
 
     lengths = [gen_length] * len(prompts) if isinstance(gen_length, int) else list(gen_length)
     if len(lengths) != len(prompts):
@@ -284,7 +284,7 @@ def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = 1) -> tup
     ids, lengths = [], []
     for task in tasks:
         spec = get_task(task)
-        for record in generators.generate(task, split=generators.TRAIN_SPLIT, num_samples=samples_per_task,
+        for record in generators.make_records(task, split=generators.TRAIN_SPLIT, num_samples=samples_per_task,
                                           shard=shard):
             ids.append(encode_messages(tokenizer, messages(spec, record)))
             lengths.append(spec.max_tokens)

@@ -506,7 +506,7 @@ def training_records(cfg: TrainConfig) -> dict[str, list[dict]]:
     """Records of the generators' train split, `samples_per_task` per task (shard = seed)."""
     from .eval import generators
 
-    return {t: generators.generate(t, split="train", num_samples=cfg.samples_per_task, shard=cfg.seed % 1000)
+    return {t: generators.make_records(t, split="train", num_samples=cfg.samples_per_task, shard=cfg.seed % 1000)
             for t in cfg.tasks}
 
 

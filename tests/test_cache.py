@@ -360,7 +360,7 @@ def test_width_groups_split_wide_from_narrow_rows():
     """Brute force over random plans: the rows whose plan needs at most half the padded width run
     in their own forward, at the width they need; a plan of one kind of row stays one forward."""
     from dllm.cache import plan_columns
-    from dllm.generate import _width_groups
+    from dllm.decode import _width_groups
     g = torch.Generator().manual_seed(0)
     L = 23
     for trial in range(200):

@@ -144,7 +144,7 @@ def check_line_record(task, record, icl):
 
 @pytest.mark.parametrize("task", LINE_TASKS + N15_TASKS)
 def test_waiting_line_schema(task):
-    records = G.generate(task)
+    records = G.make_records(task)
     assert len(records) == 100
     for record in records:
         check_line_record(task, record, icl=False)
@@ -157,7 +157,7 @@ def test_waiting_line_schema(task):
 def test_waiting_line_labels(task):
     """Labels by an independent reading of each operation, for records and examples alike."""
     op = op_of(task)
-    for record in records_and_examples(G.generate(task)):
+    for record in records_and_examples(G.make_records(task)):
         names, label = json.loads(record["input"]["context"]), json.loads(label_of(record))
         word, index = record["input"].get("word"), record["input"].get("index")
         n = len(names)
@@ -192,7 +192,7 @@ def test_waiting_line_labels(task):
 def test_random_variants_vary_the_hidden_position():
     for op in ("insert_random", "remove_random", "replace_random"):
         positions = set()
-        for record in G.generate(f"waiting_line/{op}"):
+        for record in G.make_records(f"waiting_line/{op}"):
             names, label = json.loads(record["input"]["context"]), json.loads(label_of(record))
             positions.add(next((i for i in range(min(len(names), len(label))) if names[i] != label[i]),
                                min(len(names), len(label))))
@@ -201,7 +201,7 @@ def test_random_variants_vary_the_hidden_position():
 
 @pytest.mark.parametrize("task", LINE_TASKS + N15_TASKS)
 def test_bucketing_order(task):
-    records = G.generate(task)
+    records = G.make_records(task)
     lengths = [r["metadata"]["length"] for r in records]
     if task.startswith("waiting_line_n15/"):
         assert lengths == [15] * 100
@@ -212,7 +212,7 @@ def test_bucketing_order(task):
 
 
 def test_latin_square():
-    records = G.generate("puzzle/latin_square_n4")
+    records = G.make_records("puzzle/latin_square_n4")
     assert len(records) == 100
     for record in records_and_examples(records):
         assert set(record) == {"input", "answer", "metadata"} and record["metadata"] == {"length": 4}
@@ -246,7 +246,7 @@ def brute_force_solutions(puzzle):
 
 
 def test_sudoku():
-    records = G.generate("puzzle/sudoku_n4_12")
+    records = G.make_records("puzzle/sudoku_n4_12")
     assert len(records) == 108
     puzzles = [r["input"]["sudoku"] for r in records]
     assert len(set(puzzles)) == 108
@@ -273,7 +273,7 @@ def test_sudoku_grids_cover_all_valid_grids():
 @pytest.mark.parametrize("task", W2S_TASKS)
 def test_words_to_sentence(task):
     level = op_of(task)
-    records = G.generate(task)
+    records = G.make_records(task)
     assert len(records) == 100
     sets = set()
     for record in records:
@@ -297,7 +297,7 @@ def test_words_to_sentence(task):
 def test_labels_score_one(task, options):
     metrics = pytest.importorskip("dllm.eval.metrics")
     metric = getattr(metrics, METRIC_OF[op_of(task)])
-    for record in records_and_examples(G.generate(task, **options)):
+    for record in records_and_examples(G.make_records(task, **options)):
         result = metric(label_of(record), record["answer"])
         assert result["score"] == 1, (task, record)
         assert result.get("score_strict", 1) == 1, (task, record)
@@ -307,7 +307,7 @@ def test_train_labels_score_one():
     metrics = pytest.importorskip("dllm.eval.metrics")
     for task in LINE_TASKS + PUZZLES:
         metric = getattr(metrics, METRIC_OF[op_of(task)])
-        for record in records_and_examples(G.generate(task, split="train", num_samples=200)):
+        for record in records_and_examples(G.make_records(task, split="train", num_samples=200)):
             assert metric(label_of(record), record["answer"])["score"] == 1, (task, record)
 
 
@@ -348,7 +348,7 @@ def reference_line_stream(op, seed, lo=3, hi=6, per_n=25):
 @pytest.mark.parametrize("op", ["copy", "shuffle", "insert_index", "replace_random"])
 def test_waiting_line_matches_written_description(op):
     tests, examples = reference_line_stream(op, G.task_seed(op))
-    records = G.generate(f"waiting_line/{op}")
+    records = G.make_records(f"waiting_line/{op}")
     for record, (names, word, index, shuffled), ex in zip(records, tests, examples):
         assert json.loads(record["input"]["context"]) == names
         assert record["input"].get("word") == word
@@ -375,7 +375,7 @@ def test_latin_square_matches_written_description():
 
     tests = [one() for _ in range(100)]
     examples = [one() for _ in range(100)]
-    for record, (symbols, square), (ex_symbols, _) in zip(G.generate("puzzle/latin_square_n4"), tests, examples):
+    for record, (symbols, square), (ex_symbols, _) in zip(G.make_records("puzzle/latin_square_n4"), tests, examples):
         assert record["answer"] == {"symbols": symbols, "example": square}
         assert record["input"]["icl_examples"][0]["answer"]["symbols"] == ex_symbols
 
@@ -384,25 +384,25 @@ def test_latin_square_matches_written_description():
 @pytest.mark.parametrize("task", ["waiting_line/shuffle", "waiting_line_n15/insert_random", "puzzle/sudoku_n4_12",
                                   "puzzle/latin_square_n4", "words_to_sentence/medium"])
 def test_deterministic(task):
-    assert G.generate(task) == G.generate(task)
-    assert G.generate(task, split="train", num_samples=300, shard=2) == \
-        G.generate(task, split="train", num_samples=300, shard=2)
-    shard0 = G.generate(task, split="train", num_samples=300, shard=0)
-    shard1 = G.generate(task, split="train", num_samples=300, shard=1)
+    assert G.make_records(task) == G.make_records(task)
+    assert G.make_records(task, split="train", num_samples=300, shard=2) == \
+        G.make_records(task, split="train", num_samples=300, shard=2)
+    shard0 = G.make_records(task, split="train", num_samples=300, shard=0)
+    shard1 = G.make_records(task, split="train", num_samples=300, shard=1)
     assert shard0 != shard1
-    assert G.generate(task, split="train", num_samples=100, shard=0) == shard0[:100]
+    assert G.make_records(task, split="train", num_samples=100, shard=0) == shard0[:100]
 
 
 def test_num_samples_takes_a_prefix():
     for task in ("waiting_line/remove_index", "puzzle/sudoku_n4_12", "words_to_sentence/hard"):
-        assert G.generate(task, num_samples=7) == G.generate(task)[:7]
-    assert len(G.generate("puzzle/sudoku_n4_12")) == G.default_num_samples("puzzle/sudoku_n4_12") == 108
+        assert G.make_records(task, num_samples=7) == G.make_records(task)[:7]
+    assert len(G.make_records("puzzle/sudoku_n4_12")) == G.default_num_samples("puzzle/sudoku_n4_12") == 108
 
 
 def test_records_are_fresh_objects():
-    first = G.generate("waiting_line/copy")
+    first = G.make_records("waiting_line/copy")
     first[0]["input"]["context"] = "changed"
-    assert G.generate("waiting_line/copy")[0]["input"]["context"] != "changed"
+    assert G.make_records("waiting_line/copy")[0]["input"]["context"] != "changed"
 
 
 # -- train split ----------------------------------------------------------------------------------------
@@ -420,8 +420,8 @@ def held_out_key(task, record):
 @pytest.mark.parametrize("task", ["waiting_line/copy", "waiting_line/insert_index", "waiting_line_n15/sort",
                                   "puzzle/latin_square_n4", "puzzle/sudoku_n4_12", "words_to_sentence/easy"])
 def test_train_is_disjoint_from_test(task):
-    test_keys = {held_out_key(task, r) for r in G.generate(task)}
-    train = G.generate(task, split="train", num_samples=3000)
+    test_keys = {held_out_key(task, r) for r in G.make_records(task)}
+    train = G.make_records(task, split="train", num_samples=3000)
     assert len(train) == 3000
     for record in train:
         assert held_out_key(task, record) not in test_keys
@@ -438,8 +438,8 @@ def test_train_drops_test_inputs_when_they_recur(monkeypatch, op):
     G._test_draws.cache_clear()
     G._test_keys.cache_clear()
     try:
-        test_keys = {held_out_key(task, r) for r in G.generate(task)}
-        train = G.generate(task, split="train", num_samples=2000)
+        test_keys = {held_out_key(task, r) for r in G.make_records(task)}
+        train = G.make_records(task, split="train", num_samples=2000)
         assert all(held_out_key(task, r) not in test_keys for r in train)
         assert len({held_out_key(task, r) for r in train}) > 50
     finally:
@@ -448,21 +448,21 @@ def test_train_drops_test_inputs_when_they_recur(monkeypatch, op):
 
 
 def test_train_records_carry_one_example_and_uniform_lengths():
-    train = G.generate("waiting_line/reverse", split="train", num_samples=4000)
+    train = G.make_records("waiting_line/reverse", split="train", num_samples=4000)
     lengths = [r["metadata"]["length"] for r in train]
     for n in (3, 4, 5, 6):
         assert 800 < lengths.count(n) < 1200
     assert all(len(r["input"]["icl_examples"]) == 1 for r in train)
     for record in train[:200]:
         check_line_record("waiting_line/reverse", record, icl=False)
-    assert {r["metadata"]["length"] for r in G.generate("waiting_line_n15/copy", split="train", num_samples=50)} == {15}
+    assert {r["metadata"]["length"] for r in G.make_records("waiting_line_n15/copy", split="train", num_samples=50)} == {15}
     assert all("icl_examples" not in r["input"]
-               for r in G.generate("words_to_sentence/hard", split="train", num_samples=50))
+               for r in G.make_records("words_to_sentence/hard", split="train", num_samples=50))
 
 
 def test_train_is_fast():
     start = time.perf_counter()
-    records = G.generate("waiting_line/insert_index", split="train", num_samples=10_000, shard=5)
+    records = G.make_records("waiting_line/insert_index", split="train", num_samples=10_000, shard=5)
     elapsed = time.perf_counter() - start
     assert len(records) == 10_000
     assert elapsed < 6.0, f"10k Waiting Line train records took {elapsed:.2f} s"
@@ -470,8 +470,8 @@ def test_train_is_fast():
 
 # -- conventions ----------------------------------------------------------------------------------------
 def test_sort_by_last_name():
-    default = G.generate("waiting_line/sort")
-    by_last = G.generate("waiting_line/sort", sort_key="last_name")
+    default = G.make_records("waiting_line/sort")
+    by_last = G.make_records("waiting_line/sort", sort_key="last_name")
     assert all("sort_key" not in r["metadata"] for r in records_and_examples(default))
     differs = 0
     for d, b in zip(records_and_examples(default), records_and_examples(by_last)):
@@ -483,14 +483,14 @@ def test_sort_by_last_name():
         differs += label != json.loads(d["answer"])
     assert differs > 100
     # other tasks ignore the option
-    assert G.generate("waiting_line/copy", sort_key="last_name") == G.generate("waiting_line/copy")
+    assert G.make_records("waiting_line/copy", sort_key="last_name") == G.make_records("waiting_line/copy")
 
 
 @pytest.mark.parametrize("op", ["insert_index", "remove_index", "replace_index"])
 def test_one_based_index(op):
     task = f"waiting_line/{op}"
-    zero = G.generate(task)
-    one = G.generate(task, index_base=1)
+    zero = G.make_records(task)
+    one = G.make_records(task, index_base=1)
     assert all("index_base" not in r["metadata"] for r in records_and_examples(zero))
     shown = []
     for z, o in zip(records_and_examples(zero), records_and_examples(one)):
@@ -508,7 +508,7 @@ def test_one_based_index(op):
             assert 1 <= position <= n and label == names[:position - 1] + [o["input"]["word"]] + names[position:]
         shown.append(position)
     assert min(shown) == 1
-    assert G.generate("waiting_line/insert_random", index_base=1) == G.generate("waiting_line/insert_random")
+    assert G.make_records("waiting_line/insert_random", index_base=1) == G.make_records("waiting_line/insert_random")
 
 
 # -- errors ---------------------------------------------------------------------------------------------
@@ -530,7 +530,7 @@ def test_one_based_index(op):
 def test_bad_arguments(kwargs, needles):
     kwargs = {"task": "waiting_line/copy", **kwargs}
     with pytest.raises(ValueError) as err:
-        G.generate(kwargs.pop("task"), **kwargs)
+        G.make_records(kwargs.pop("task"), **kwargs)
     for needle in needles:
         assert needle in str(err.value), (needle, str(err.value))
 
@@ -542,7 +542,7 @@ def test_bad_task_seed_argument():
 
 # -- JSONL helpers ----------------------------------------------------------------------------------------
 def test_jsonl_round_trip(tmp_path):
-    records = G.generate("waiting_line/insert_random", num_samples=5) + [{"input": {"text": "Zoë café"}}]
+    records = G.make_records("waiting_line/insert_random", num_samples=5) + [{"input": {"text": "Zoë café"}}]
     path = tmp_path / "sub" / "data.jsonl"
     assert G.write_jsonl(path, records) == 6
     lines = path.read_text(encoding="utf-8").splitlines()

@@ -183,7 +183,7 @@ def test_outputs_and_stats(llada):
 def test_texts_are_cut_at_the_first_eos_or_eot(llada):
     """The decoded answer stops at the first EOS or EOT; everything after it is padding."""
     model, tok = llada
-    from dllm.generate import _output, build_state
+    from dllm.decode import _output, build_state
     from dllm.samplers import get
     eos, eot = model.config.eos_token_id, model.config.eot_token_id
     assert eot is not None and eot != eos

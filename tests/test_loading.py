@@ -128,7 +128,7 @@ def test_dtypes(llada_dir, dream_dir, dtype, torch_dtype):
 def test_chat_prompts_are_built_as_the_references_do(llada, dream):
     _, ltok = llada
     _, dtok = dream
-    from dllm.generate import encode_prompts
+    from dllm.decode import encode_prompts
     ids = encode_prompts(ltok, ["  What is 2+2?"], chat=True)[0]
     text = ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n")

@@ -19,7 +19,7 @@ def shipped():
 
 def _held_out_copies(tok, n):
     """The first `n` records of the generated copy test split and their prompt ids, as the bench renders them."""
-    records = generators.generate("waiting_line/copy", split="test", num_samples=n, shard=0)
+    records = generators.make_records("waiting_line/copy", split="test", num_samples=n, shard=0)
     return records, [encode_messages(tok, messages("waiting_line/copy", r)) for r in records]
 
 

@@ -160,7 +160,7 @@ def load_generated(tasks: list[str], limit: int | None = None, **options) -> Dat
                  + "".join(f" {k}={v}" for k, v in sorted(options.items())))
     for task_id in tasks:
         task = get_task(task_id)
-        records = generators.generate(task_id, split="test", **options)
+        records = generators.make_records(task_id, split="test", **options)
         records = records if limit is None else records[:limit]
         ds.samples[task_id] = [Sample(task, i, r, "generated") for i, r in enumerate(records)]
     return ds

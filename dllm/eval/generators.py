@@ -1,8 +1,8 @@
 """Seeded generators for the ParallelBench tasks whose metrics are pure (the "synthetic" data mode).
 
-    from dllm.eval.generators import generate, write_jsonl
-    records = generate("waiting_line/insert_index")                  # the 100 held-out test records
-    train = generate("waiting_line/shuffle", split="train", num_samples=20000, shard=3)
+    from dllm.eval.generators import make_records, write_jsonl
+    records = make_records("waiting_line/insert_index")                  # the 100 held-out test records
+    train = make_records("waiting_line/shuffle", split="train", num_samples=20000, shard=3)
     write_jsonl("out/waiting_line/insert_index.jsonl", records)
 
 Tasks (`generator_tasks()`):
@@ -171,7 +171,7 @@ def train_seed(task: str, shard: int = 0) -> int:
 
 
 def generator_tasks() -> list[str]:
-    """The task ids `generate` accepts, Waiting Line first, then n = 15, puzzles and W2S."""
+    """The task ids `make_records` accepts, Waiting Line first, then n = 15, puzzles and W2S."""
     return list(_TASKS)
 
 
@@ -180,7 +180,7 @@ def default_num_samples(task: str) -> int:
     return _spec(task)["count"]
 
 
-def generate(task: str, *, split: str = TEST_SPLIT, num_samples: int | None = None, shard: int = 0,
+def make_records(task: str, *, split: str = TEST_SPLIT, num_samples: int | None = None, shard: int = 0,
              sort_key: str = "full_name", index_base: int = 0) -> list[dict]:
     """Generate records of one task in the official JSONL schema.
 

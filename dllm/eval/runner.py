@@ -328,7 +328,7 @@ def run_bench(cfg: BenchConfig, *, model=None, tokenizer=None, progress: bool = 
                                      cuda_graphs=cfg.cuda_graphs)
     model_name = getattr(model, "name_or_path", None) or cfg.model
     from dllm.config import GenerationConfig
-    from dllm.generate import resolve_sampler
+    from dllm.decode import resolve_sampler
 
     probe = resolve_sampler(model, GenerationConfig(sampler=cfg.sampler, sampler_kwargs=dict(cfg.sampler_args)))
     sampler_name, sampler_args = probe.name, probe.arguments()
