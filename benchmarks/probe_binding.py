@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dllm.models.llada import LLaDAModel  # noqa: E402
 from dllm.models.loading import default_model_path  # noqa: E402
-from dllm.train import (INITS, TrainConfig, _copy_vocab, bind_rows, binding_accuracy, diffusion_loss,  # noqa: E402
+from dllm.train import (INITS, TrainConfig, bind_rows, binding_accuracy, copy_vocab, diffusion_loss,  # noqa: E402
                         encode_records, global_pairing, init_weights, make_batch, model_config, pair_example,
                         response_sides)
 
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     init_weights(model, cfg)
     forward = torch.compile(model, dynamic=True) if args.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    vocab = _copy_vocab(tokenizer)
+    vocab = copy_vocab(tokenizer)
     rng, probe_rng = random.Random(args.seed), random.Random(args.seed + 1)
     gen = torch.Generator().manual_seed(args.seed)
     pairing = global_pairing(vocab[0], seed=99)

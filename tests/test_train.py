@@ -597,7 +597,7 @@ def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
 
     pb = load_benchmark("probe_binding")
     tok = PreTrainedTokenizerFast.from_pretrained(str(default_model_path()))
-    vocab = T._copy_vocab(tok)
+    vocab = T.copy_vocab(tok)
     rng = random.Random(3)
     for order in ("shuffled", "same"):
         for _ in range(20):
@@ -636,16 +636,16 @@ def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):
 
 def test_lr_schedule_holds_pair_lr_through_the_pair_warmup_then_decays_from_lr():
     plain = T.TrainConfig(steps=1000, warmup=10, lr=1e-3, min_lr=1e-4, pair_warmup_steps=0)
-    assert T._lr(plain, 0) == pytest.approx(1e-4) and T._lr(plain, 10) == pytest.approx(1e-3)
-    assert T._lr(plain, 505) == pytest.approx(5.5e-4) and T._lr(plain, 1000) == pytest.approx(1e-4)
+    assert T.lr_at(plain, 0) == pytest.approx(1e-4) and T.lr_at(plain, 10) == pytest.approx(1e-3)
+    assert T.lr_at(plain, 505) == pytest.approx(5.5e-4) and T.lr_at(plain, 1000) == pytest.approx(1e-4)
     cfg = T.TrainConfig(steps=1000, warmup=10, lr=1e-3, min_lr=1e-4, pair_warmup_steps=200, pair_lr=2e-3)
-    assert T._lr(cfg, 4) == pytest.approx(1e-3)                       # warm-up towards pair_lr
-    assert all(T._lr(cfg, s) == 2e-3 for s in range(10, 200))
-    assert T._lr(cfg, 200) == pytest.approx(1e-3)                     # the cosine starts at lr
-    assert T._lr(cfg, 600) == pytest.approx(5.5e-4) and T._lr(cfg, 1000) == pytest.approx(1e-4)
+    assert T.lr_at(cfg, 4) == pytest.approx(1e-3)                       # warm-up towards pair_lr
+    assert all(T.lr_at(cfg, s) == 2e-3 for s in range(10, 200))
+    assert T.lr_at(cfg, 200) == pytest.approx(1e-3)                     # the cosine starts at lr
+    assert T.lr_at(cfg, 600) == pytest.approx(5.5e-4) and T.lr_at(cfg, 1000) == pytest.approx(1e-4)
     copy_first = T.TrainConfig(steps=1000, warmup=10, copy_warmup_steps=50, pair_warmup_steps=100, pair_lr=2e-3)
-    assert T._lr(copy_first, 20) == 1e-3 and T._lr(copy_first, 50) == T._lr(copy_first, 149) == 2e-3
-    assert T._lr(copy_first, 150) == pytest.approx(1e-3)
+    assert T.lr_at(copy_first, 20) == 1e-3 and T.lr_at(copy_first, 50) == T.lr_at(copy_first, 149) == 2e-3
+    assert T.lr_at(copy_first, 150) == pytest.approx(1e-3)
     for bad, match in [(dict(steps=10, pair_warmup_steps=10), "pair_warmup_steps must be an integer in \\[0, "
                                                                "steps - copy_warmup_steps = 10\\), got 10"),
                        (dict(steps=10, copy_warmup_steps=4, pair_warmup_steps=6), "= 6\\), got 6"),

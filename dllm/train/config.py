@@ -1,0 +1,347 @@
+"""The training recipe: `TrainConfig` (every field a `dllm train` flag, the defaults make the shipped
+model), its later phases, the record of a recipe, and the command-line flags built from it.
+docs/training.md explains each field."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from ..config import check_fields
+from ..eval import generators
+
+DEFAULT_TASKS = (
+    "waiting_line/copy", "waiting_line/reverse", "waiting_line/sort", "waiting_line/shuffle",
+    "waiting_line/insert_index", "waiting_line/insert_random", "waiting_line/remove_index",
+    "waiting_line/remove_random", "waiting_line/replace_index", "waiting_line/replace_random",
+    "puzzle/latin_square_n4", "puzzle/sudoku_n4_12",
+)
+
+
+# Batches per task relative to the others: copy and reverse are learned first and need fewer; the
+# tasks with many valid answers (shuffle, *_random), sort and the Latin square need more.
+DEFAULT_TASK_WEIGHTS = ("waiting_line/copy=0.5,waiting_line/reverse=0.5,waiting_line/*_random=1.5,"
+                        "waiting_line/shuffle=1.5,waiting_line/sort=1.5,puzzle/latin_square_n4=2")
+
+LOSSES = ("masked-mean", "llada")
+INITS = ("mimetic", "normal")
+PRECISIONS = ("bf16", "fp32")
+EMBED_UPDATES = ("dense", "lazy", "frozen")
+PREV_HEAD_INPUTS = ("embedding", "bias")
+
+# The task weights of the shipped recipe's later phases. Second: the grids and insert_index weigh
+# most. Third: the Latin squares.
+THEN_TASK_WEIGHTS = ("waiting_line/copy=0.25,waiting_line/reverse=0.25,waiting_line/*_index=0.5,"
+                     "waiting_line/insert_index=2,waiting_line/*_random=0.75,waiting_line/shuffle=0.75,"
+                     "waiting_line/sort=0.75,puzzle/latin_square_n4=5,puzzle/sudoku_n4_12=3")
+LAST_TASK_WEIGHTS = "waiting_line/*=0.3,puzzle/latin_square_n4=6,puzzle/sudoku_n4_12=1.5"
+# The then_ fields: one value per later phase; on the command line numbers are comma-separated and
+# task weights (which hold commas) semicolon-separated.
+THEN_FIELDS = {"then_steps": int, "then_lr": float, "then_min_lr": float, "then_seed": int, "then_task_weights": str}
+NO_LATER_PHASES = {name: () for name in THEN_FIELDS}   # the then_ fields of a single-phase run
+
+# TrainConfig fields that do not change the trained model: left out of the recorded recipe.
+_NOT_RECIPE = ("out", "threads", "save_every", "name")
+
+
+def _then_values(name: str, value, kind: type) -> tuple:
+    """A then_ field as a tuple of `kind`, one value per later phase, from a tuple or list, one value,
+    or command-line text (numbers comma-separated, task weights semicolon-separated). then_steps 0
+    (or nothing) means no later phase."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        parts = value.split(";") if kind is str else [v for v in value.split(",") if v.strip()]
+        try:
+            values = tuple(v.strip() if kind is str else kind(v.strip()) for v in parts)
+        except ValueError:
+            raise ValueError(f"{name} must be {kind.__name__} values, comma-separated, one per later phase; "
+                             f"got {value!r}") from None
+    elif isinstance(value, (list, tuple)):
+        values = tuple(value)
+    else:
+        values = (value,)
+    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str)}[kind]
+    bad = [v for v in values if not ok(v)]
+    if bad:
+        raise ValueError(f"{name} must be {kind.__name__} values, one per later phase; got {bad[0]!r} in {value!r}")
+    values = tuple(float(v) for v in values) if kind is float else values
+    return () if name == "then_steps" and values == (0,) else values
+
+
+@dataclass
+class TrainConfig:
+    """The recipe. Every field is a `dllm train` flag; the defaults make the shipped model.
+
+    Construction checks every field (a ValueError names the first bad one), turns `tasks` given as
+    comma-separated text into a tuple, and brings the then_ fields to one value per later phase."""
+
+    out: str = "runs/pb-tiny"
+    seed: int = 0
+    tasks: tuple = DEFAULT_TASKS
+    samples_per_task: int = 13000
+    vocab_size: int = 2048
+    whole_names: bool = False
+    embed_update: str = "dense"
+    d_model: int = 128
+    n_layers: int = 6
+    n_heads: int = 4
+    mlp_hidden: int = 384
+    tie_embeddings: bool = True
+    init_from: str = ""
+    steps: int = 8500
+    copy_warmup_steps: int = 0
+    pair_warmup_steps: int = 0
+    pair_lr: float = 1e-3
+    pair_global: float = 0.0
+    pair_share: float = 0.0
+    pair_max: int = 8
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eps: float = 1e-3
+    rope_theta: float = 10000.0
+    init: str = "mimetic"
+    prev_token_head: bool = True
+    prev_head_input: str = "bias"
+    next_token_head: bool = True
+    embed_std: float = 0.1
+    qk_std: float = 0.06
+    vo_std: float = 0.05
+    loss: str = "masked-mean"
+    t_power: float = 2.0
+    mask_example: float = 0.5
+    bind_mask: float = 0.15
+    hole_mask: float = 0.35
+    task_weights: str = DEFAULT_TASK_WEIGHTS
+    then_steps: tuple = (6500, 2000)
+    then_lr: tuple = (8e-4, 5e-4)
+    then_min_lr: tuple = (8e-5, 5e-5)
+    then_seed: tuple = (1, 2)
+    then_task_weights: tuple = (THEN_TASK_WEIGHTS, LAST_TASK_WEIGHTS)
+    precision: str = "fp32"
+    compile: bool = True
+    save_every: int = 250
+    threads: int | None = None
+    name: str = "pb-tiny"
+
+    def __post_init__(self):
+        self._check_counts()
+        self._check_model_options()
+        self._check_objective_options()
+        self._set_tasks()
+        self._set_later_phases()
+
+    def _check_counts(self) -> None:
+        """The sizes, step counts and the pair curriculum's settings."""
+        ints = ("samples_per_task", "vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden", "steps",
+                "batch_size", "save_every")
+        for k in ints:
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"train option {k} must be a positive integer, got {v!r}")
+        w = self.copy_warmup_steps
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < self.steps:
+            raise ValueError(f"copy_warmup_steps must be an integer in [0, steps={self.steps}), got {w!r}")
+        p = self.pair_warmup_steps
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < self.steps - w:
+            raise ValueError(f"pair_warmup_steps must be an integer in [0, steps - copy_warmup_steps = "
+                             f"{self.steps - w}), got {p!r}")
+        if not 0 < self.pair_lr < 1:
+            raise ValueError(f"pair_lr must be in (0, 1), got {self.pair_lr}")
+        if not 0 <= self.pair_global <= 1:
+            raise ValueError(f"pair_global must be in [0, 1], got {self.pair_global}")
+        if not 0 <= self.pair_share < 1:
+            raise ValueError(f"pair_share must be in [0, 1), got {self.pair_share}")
+        if isinstance(self.pair_max, bool) or not isinstance(self.pair_max, int) or not 3 <= self.pair_max <= 64:
+            raise ValueError(f"pair_max must be an integer in [3, 64], got {self.pair_max!r}")
+
+    def _check_model_options(self) -> None:
+        """The tokenizer, embedding and model-shape switches."""
+        if self.embed_update not in EMBED_UPDATES:
+            raise ValueError(f"embed_update {self.embed_update!r} is not one of {', '.join(EMBED_UPDATES)}")
+        if not isinstance(self.whole_names, bool):
+            raise ValueError(f"whole_names must be true or false, got {self.whole_names!r}")
+        if not isinstance(self.prev_token_head, bool):
+            raise ValueError(f"prev_token_head must be true or false, got {self.prev_token_head!r}")
+        if not isinstance(self.next_token_head, bool):
+            raise ValueError(f"next_token_head must be true or false, got {self.next_token_head!r}")
+        if self.next_token_head and self.n_heads < 2:
+            raise ValueError(f"next_token_head builds head 1 of layer 0 and needs n_heads >= 2, got {self.n_heads}")
+        if self.prev_head_input not in PREV_HEAD_INPUTS:
+            raise ValueError(f"prev_head_input {self.prev_head_input!r} is not one of {', '.join(PREV_HEAD_INPUTS)}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"tie_embeddings must be true or false, got {self.tie_embeddings!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+
+    def _check_objective_options(self) -> None:
+        """The learning rates, the init, the loss and its masks, the precision and RoPE."""
+        if not 0 < self.lr < 1 or not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"need 0 < lr < 1 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if not 0 < self.eps < 1:
+            raise ValueError(f"eps must be in (0, 1), got {self.eps}")
+        if self.init not in INITS:
+            raise ValueError(f"init {self.init!r} is not one of {', '.join(INITS)}")
+        for k in ("embed_std", "qk_std", "vo_std"):
+            v = getattr(self, k)
+            if not 0 < v <= 1:
+                raise ValueError(f"{k} must be in (0, 1], got {v}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss {self.loss!r} is not one of {', '.join(LOSSES)}")
+        if not 0 < self.t_power <= 10:
+            raise ValueError(f"t_power must be in (0, 10], got {self.t_power}")
+        if not 0 <= self.mask_example <= 1:
+            raise ValueError(f"mask_example must be in [0, 1], got {self.mask_example}")
+        if not 0 <= self.bind_mask <= 1:
+            raise ValueError(f"bind_mask must be in [0, 1], got {self.bind_mask}")
+        if not 0 <= self.hole_mask <= 1 - self.bind_mask:
+            raise ValueError(f"hole_mask must be in [0, 1 - bind_mask = {1 - self.bind_mask:g}], got {self.hole_mask}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be true or false, got {self.compile!r}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+
+    def _set_tasks(self) -> None:
+        """`tasks` as a tuple of generated task ids (comma-separated text is split); checks the task weights."""
+        if isinstance(self.tasks, str):
+            self.tasks = tuple(t.strip() for t in self.tasks.split(",") if t.strip())
+        bad = [t for t in self.tasks if t not in generators.generator_tasks()]
+        if bad or not self.tasks:
+            raise ValueError(f"cannot train on task(s) {', '.join(bad) or '(none)'}; generated tasks: "
+                             f"{', '.join(generators.generator_tasks())}")
+        self.sampling_weights()
+
+    def _set_later_phases(self) -> None:
+        """Each then_ field as one value per later phase (a single value serves every phase), checked."""
+        for name, kind in THEN_FIELDS.items():
+            setattr(self, name, _then_values(name, getattr(self, name), kind))
+        if not self.then_steps:
+            return
+        n = len(self.then_steps)
+        if any(t < 1 for t in self.then_steps):
+            raise ValueError(f"then_steps must be integers >= 1, one per later phase (none: no later "
+                             f"phase), got {list(self.then_steps)}")
+        for name in THEN_FIELDS:
+            have = getattr(self, name)
+            if len(have) == 1 and n > 1:
+                setattr(self, name, have * n)
+            elif len(have) != n:
+                raise ValueError(f"{name} has {len(have)} value(s) {list(have)} for {n} later phase(s) "
+                                 f"(then_steps {list(self.then_steps)}); give one per phase or one for all")
+        for lr, min_lr in zip(self.then_lr, self.then_min_lr):
+            if not 0 < lr < 1 or not 0 <= min_lr <= lr:
+                raise ValueError(f"need 0 < then_lr < 1 and 0 <= then_min_lr <= then_lr in each later "
+                                 f"phase, got then_lr={lr}, then_min_lr={min_lr}")
+        for i in range(n):
+            self.then_phase(i, "")
+
+    def then_phase(self, i: int, start: str) -> "TrainConfig":
+        """Later phase `i` (0: the second phase) of the recipe: a run going on from the model folder
+        `start` of the phase before, with its own step count, learning rates, seed (so fresh training
+        records) and task weights (empty: the first phase's), no copy or pair warm-up and no later
+        phases of its own; everything else as in the first phase."""
+        return dataclasses.replace(
+            self, init_from=start, steps=self.then_steps[i], lr=self.then_lr[i], min_lr=self.then_min_lr[i],
+            copy_warmup_steps=0, pair_warmup_steps=0, seed=self.then_seed[i],
+            task_weights=self.then_task_weights[i] or self.task_weights, **NO_LATER_PHASES)
+
+    def sampling_weights(self) -> dict[str, float] | None:
+        """How often each task's batches are drawn, from `task_weights` ("PATTERN=W,...", glob
+        patterns over task ids, the last match wins, unmatched tasks weigh 1; a pattern must name
+        some generated task, and one naming only tasks outside `tasks` is ignored so the default
+        weights work with any task subset); None when every task weighs the same (uniform draws)."""
+        generated = generators.generator_tasks()
+        weights = {t: 1.0 for t in self.tasks}
+        for item in (i.strip() for i in self.task_weights.split(",")):
+            if not item:
+                continue
+            pattern, sep, value = item.rpartition("=")
+            try:
+                w = float(value)
+            except ValueError:
+                w = float("nan")
+            if not sep or not pattern or not (w >= 0 and math.isfinite(w)):
+                raise ValueError(f"task_weights entry {item!r} is not PATTERN=WEIGHT with a weight >= 0")
+            known = [t for t in generated if fnmatchcase(t, pattern.strip())]
+            if not known:
+                raise ValueError(f"task_weights pattern {pattern.strip()!r} matches none of the generated "
+                                 f"tasks {', '.join(generated)}")
+            hits = [t for t in self.tasks if t in known]  # patterns for tasks not trained on are ignored
+            weights.update(dict.fromkeys(hits, w))
+        if not any(weights.values()):
+            raise ValueError(f"task_weights {self.task_weights!r} gives every task weight 0")
+        return None if len(set(weights.values())) == 1 else weights
+
+
+def recipe_fields(cfg: TrainConfig) -> dict:
+    """The recipe fields of `cfg` as recorded in checkpoints and train_info.json: every field but
+    those that do not change the model (out, threads, save_every, name), tuples as lists."""
+    recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_RECIPE}
+    for k in ("tasks", *THEN_FIELDS):
+        recipe[k] = list(recipe[k])
+    return recipe
+
+
+def phase_configs(cfg: TrainConfig) -> list[TrainConfig]:
+    """The runs a recipe makes, in order: the first phase (all of cfg but the then_ fields), then one
+    per later phase (`TrainConfig.then_phase`), each going on from the model of the one before. All
+    but the last run in `out/phase<k>` (k from 1); the last in `out`."""
+    n = len(cfg.then_steps) + 1
+    outs = [str(Path(cfg.out) / f"phase{k}") for k in range(1, n)] + [cfg.out]
+    runs = [dataclasses.replace(cfg, out=outs[0], **NO_LATER_PHASES)]
+    for i in range(n - 1):
+        runs.append(dataclasses.replace(cfg.then_phase(i, str(Path(outs[i]) / "model")), out=outs[i + 1]))
+    return runs
+
+
+# -- the command line -----------------------------------------------------------------------------
+TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def add_train_arguments(parser) -> None:
+    """One `--flag` per TrainConfig field, typed and defaulted from the dataclass."""
+    defaults = TrainConfig.__dataclass_fields__
+    for f in dataclasses.fields(TrainConfig):
+        default = defaults[f.name].default
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "tasks":
+            parser.add_argument(flag, default=None, help=f"comma-separated task ids (default: {','.join(default)})")
+        elif f.name == "then_task_weights":
+            parser.add_argument(flag, default=None, help="task weights of each later phase, semicolon-separated "
+                                f"(default: {';'.join(default)})")
+        elif f.name in THEN_FIELDS:
+            none = "; 0: no later phase" if f.name == "then_steps" else ""
+            parser.add_argument(flag, default=None, help="one value per later phase, comma-separated (default: "
+                                f"{','.join(map(str, default))}{none})")
+        elif isinstance(default, bool):
+            parser.add_argument(flag, type=_parse_bool, default=None, help=f"true or false (default {default})")
+        elif f.name == "threads":
+            parser.add_argument(flag, type=int, default=None, help="torch threads (default: torch's choice)")
+        else:
+            parser.add_argument(flag, type=type(default), default=None, help=f"default {default}")
+
+
+def config_from_args(args: dict) -> TrainConfig:
+    """The TrainConfig of `args` (field name -> value); a ValueError names any unknown option."""
+    check_fields(TrainConfig, args, "train")
+    return TrainConfig(**args)

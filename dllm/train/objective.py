@@ -1,0 +1,106 @@
+"""The masked-diffusion objective: the loss on one batch, the structured masks that replace its random
+draw in some rows (name binding, whole-name holes), and the binding probe."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .config import LOSSES
+from .data import Encoded, make_batch, response_sides
+
+
+def bind_rows(sides: torch.Tensor, share: float, generator: torch.Generator):
+    """The name-binding masks of a batch: (fixed (B, G) bool, rows (B, 1) bool) for
+    `diffusion_loss`. A row with names is chosen with probability `share`; its mask covers one side
+    of every name (first or last, a fair draw per row) and nothing else."""
+    B = sides.shape[0]
+    rows = (torch.rand(B, 1, generator=generator) < share) & (sides > 0).any(1, keepdim=True)
+    side = 1 + ((torch.rand(B, 1, generator=generator) < 0.5) & (sides == 2).any(1, keepdim=True)).long()
+    fixed = sides == side
+    return fixed, rows
+
+
+def hole_rows(sides: torch.Tensor, taken: torch.Tensor, share: float, generator: torch.Generator):
+    """The whole-name masks of a batch: (fixed (B, G) bool, rows (B, 1) bool) for `diffusion_loss`.
+    Among the rows with names not in `taken` (B, 1), one is chosen with probability `share`; its
+    mask covers every token of each name (both sides, a list item's run of `sides` > 0) with one
+    probability p ~ U(0, 1) per row, at least one name, and nothing else."""
+    B, G = sides.shape
+    named = sides > 0
+    start = named & ~torch.cat([torch.zeros(B, 1, dtype=torch.bool), named[:, :-1]], dim=1)
+    item = start.long().cumsum(1) - 1                             # item index of each name token
+    n_items = start.sum(1)                                        # (B,)
+    rows = (torch.rand(B, 1, generator=generator) < share) & (n_items > 0)[:, None] & ~taken
+    p = torch.rand(B, 1, generator=generator)
+    k = max(1, int(n_items.max()))
+    hit = torch.rand(B, k, generator=generator) < p               # (B, items)
+    forced = (torch.rand(B, generator=generator) * n_items.clamp(min=1)).long().clamp(max=k - 1)
+    none = ~(hit & (torch.arange(k) < n_items[:, None])).any(1)
+    hit[none, forced[none]] = True
+    fixed = named & hit.gather(1, item.clamp(min=0))
+    return fixed, rows
+
+
+def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generator: torch.Generator,
+                   loss: str = "llada", t_power: float = 1.0, extra_cols: torch.Tensor | None = None,
+                   extra_ok: torch.Tensor | None = None, fixed: torch.Tensor | None = None,
+                   fixed_rows: torch.Tensor | None = None, head=None):
+    """Masked-diffusion loss on one batch: response tokens masked w.p. t, cross-entropy on them.
+
+    loss="llada": t ~ U(eps, 1] (`t_power` ignored), per sequence sum(CE on masked) / t / G, the
+    batch mean (LLaDA SFT; an unbiased estimate of the ELBO bound, E = log V for uniform logits).
+    loss="masked-mean": t = max(u^t_power, eps), the mean CE over all masked tokens of the batch.
+
+    extra_cols (B, E) with extra_ok (B, E): prompt columns (the in-context answers of the rows
+    chosen for it) that are masked with the same t as their row's response and join the loss;
+    extra_ok False entries are left alone.
+
+    fixed (B, G) bool with fixed_rows (B, 1) bool: in those rows the response mask is `fixed`
+    instead of the random draw (the draws are made for every row all the same).
+
+    head: None when `model(noisy, cols, position_ids=, key_valid=)` returns logits (B, G', V); else
+    `model` returns hidden states (B, G', d) (`hidden_at`) and `head` (`head_logits`) maps only the
+    masked ones to logits. Same loss; with a large vocabulary most of the LM head's work and the
+    (B, G', V) float logits are skipped (with t = u^2, two thirds of the columns are unmasked on
+    average)."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss {loss!r} is not one of {', '.join(LOSSES)}")
+    B, G = cols.shape
+    u = torch.rand(B, 1, generator=generator)
+    t = eps + (1 - eps) * u if loss == "llada" else u.pow(t_power).clamp(min=eps)
+    masked = torch.rand(B, G, generator=generator) < t
+    if fixed is not None:
+        masked = torch.where(fixed_rows, fixed, masked)
+    if extra_cols is not None:
+        ex_masked = (torch.rand(extra_cols.shape, generator=generator) < t) & extra_ok
+        cols = torch.cat([extra_cols, cols], dim=1)
+        masked = torch.cat([ex_masked, masked], dim=1)
+    target = x.gather(1, cols)
+    noisy = x.clone()
+    noisy.scatter_(1, cols, torch.where(masked, torch.full_like(target, mask_id), target))
+    out = model(noisy, cols, position_ids=pos, key_valid=valid)          # (B, G', V) or (B, G', d)
+    if head is None:
+        ce = F.cross_entropy(out.float().transpose(1, 2), target, reduction="none")   # (B, G')
+    else:
+        picked = F.cross_entropy(head(out[masked]).float(), target[masked], reduction="none")   # (N,)
+        ce = torch.zeros(masked.shape, dtype=picked.dtype, device=picked.device).masked_scatter(masked, picked)
+    if loss == "llada":
+        return ((ce * masked / t).sum(1) / G).mean()
+    return (ce * masked).sum() / masked.sum().clamp(min=1)
+
+
+def binding_accuracy(model, mask_id: int, pad_id: int, examples: list[Encoded]) -> float:
+    """Content lookup: the share of second-side tokens (last names, b's) predicted exactly in one
+    forward with every one of them masked and everything else shown."""
+    x, valid, pos, cols = make_batch(examples, pad_id)
+    sides = response_sides(examples)
+    target = x.gather(1, cols)
+    hide = sides == 2
+    noisy = x.clone()
+    noisy.scatter_(1, cols, torch.where(hide, torch.full_like(target, mask_id), target))
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits = model(noisy, cols, position_ids=pos, key_valid=valid)
+    model.train(was_training)
+    return float(((logits.argmax(-1) == target) & hide).sum() / hide.sum().clamp(min=1))
