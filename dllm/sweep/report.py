@@ -1,0 +1,105 @@
+"""The sweep's Markdown report (report.md): the table of configurations, PB@X per method, the best
+configuration per accuracy level and the failed configurations, written with the plots."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from dllm.eval import report as bench_report
+
+from .pareto import best_per_level, pareto_front
+from .plots import write_plots
+from .summaries import task_names
+
+REPORT_FILE = "report.md"
+
+
+def _num(v, spec=".1f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def markdown_report(summaries: list[dict], levels: Sequence[float], plots: Sequence[str] = ()) -> str:
+    """The sweep report: one row per configuration, PB@X per method, the best configuration per
+    accuracy level, and the configurations that failed."""
+    ok = [s for s in summaries if s["status"] == "ok"]
+    failed = [s for s in summaries if s["status"] != "ok"]
+    tasks: list[str] = []
+    for s in ok:
+        tasks += [t for t in s["tasks"] if t not in tasks]
+    names = task_names(tasks)
+    scored = [s for s in ok if s["average"] is not None]
+    front = {id(scored[i]) for i in pareto_front([(s["tokens_per_forward"], s["average"]) for s in scored])}
+    lines = ["# Sweep report", ""]
+    if ok:
+        first = ok[0]
+        lines.append(f"{len(summaries)} configuration(s): {len(ok)} finished, {len(failed)} failed. "
+                     f"{len(tasks)} task(s), {first['samples'] // max(len(first['tasks']), 1)} sample(s) per task "
+                     f"(limit {first['limit']}), data: {first['data_mode']}. Accuracy in %, averaged over tasks; "
+                     f"tokens/forward = generated tokens / model forwards; * = on the Pareto front of accuracy "
+                     f"vs tokens/forward.")
+    else:
+        lines.append(f"{len(summaries)} configuration(s), none finished.")
+    lines.append("")
+    for p in plots:
+        lines.append(f"![{Path(p).stem.replace('_', ' ')}]({Path(p).name})")
+    if plots:
+        lines.append("")
+    lines += ["## Configurations", ""]
+    head = ["configuration", "average", "tokens/forward", "tokens/s", "NFE", *[names[t] for t in tasks]]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for s in ok:
+        mark = " *" if id(s) in front else ""
+        cells = [f"{s['label']}{mark}", _num(s["average"]), f"{s['tokens_per_forward']:.2f}",
+                 _num(s["tokens_per_second"]), f"{s['nfe']:.1f}",
+                 *[_num(s["accuracy"].get(t)) if t in s["accuracy"] else "" for t in tasks]]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", "## PB@X", "",
+              "The largest tokens/forward at which a method's average accuracy is still >= X (fixed schedules: the "
+              "best qualifying point; adaptive ones: interpolated between the points around X); n/a: never reached.",
+              ""]
+    board = bench_report.leaderboard([_run_summary(s) for s in scored], levels)
+    head = ["model", "sampler", "cache", "configurations", *[f"PB@{x:g}" for x in levels]]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for b in board:
+        lines.append("| " + " | ".join([b["model"], b["sampler"], b["cache"], str(b["runs"]),
+                                        *[_num(b[f"PB{x:g}"], ".2f") for x in levels]]) + " |")
+    lines += ["", "## Best configuration per accuracy level", "",
+              "The most tokens/forward among the configurations whose average accuracy reaches the level.", ""]
+    for x, s in best_per_level(scored, levels):
+        if s is None:
+            lines.append(f"- average >= {x:g}: none reaches it")
+        else:
+            lines.append(f"- average >= {x:g}: **{s['label']}**: {s['tokens_per_forward']:.2f} tokens/forward, "
+                         f"average {s['average']:.1f}, {_num(s['tokens_per_second'])} tokens/s")
+    if failed:
+        lines += ["", "## Failed configurations", ""]
+        for s in failed:
+            lines.append(f"- {s['label']}: {s['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def _run_summary(row: dict):
+    """A `dllm.eval.report.RunSummary` rebuilt from a summary row (for the leaderboard)."""
+    return bench_report.RunSummary(row["run_id"], row["model"], row["sampler"], row["sampler_args"], row["cache"],
+                                   row["data_mode"], row["schedule"],
+                                   [bench_report.TaskSummary(**t) for t in row["per_task"]])
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_report(summaries: list[dict], out_dir: str | os.PathLike, levels: Sequence[float],
+                 plots: bool = True) -> str:
+    """Write the plots (optional) and report.md into `out_dir`; returns the report text."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = write_plots(summaries, out_dir) if plots else []
+    text = markdown_report(summaries, levels, [f.name for f in files])
+    _atomic_write_text(out_dir / REPORT_FILE, text)
+    return text
