@@ -33,9 +33,9 @@ def main(argv=None) -> int:
         return 2
     runs = []
     for k in ks:
-        cfg = runner.BenchConfig(model=args.model, tasks=args.tasks, generated=True, limit=args.limit, out=args.out,
-                                 sampler=args.sampler, tokens_per_step=k, batch_size=args.batch_size,
-                                 dtype=args.dtype)
+        cfg = runner.config_from_dict(dict(model=args.model, tasks=args.tasks, generated=True, limit=args.limit,
+                                           out=args.out, sampler=args.sampler, tokens_per_step=k,
+                                           batch_size=args.batch_size, dtype=args.dtype))
         rows = runner.run_bench(cfg)
         runs.append(rows[0]["run_id"])
     summaries = {s.run_id: s for s in report.summarize(runner.ResultsFile(args.out).rows())}

@@ -81,14 +81,14 @@ def _zero_dep(s: report.RunSummary) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-_num = report._fmt
+_num = report.format_number
 
 
 def _run(args, loaded, sampler: str, settings: dict, cache: str = "none", cache_args: dict | None = None
          ) -> report.RunSummary:
-    cfg = runner.BenchConfig(model=args.model, tasks="pure", generated=True, limit=args.limit, out=args.out,
-                             sampler=sampler, cache=cache, cache_args=dict(cache_args or {}),
-                             batch_size=args.batch_size, dtype="float32", **settings)
+    cfg = runner.config_from_dict(dict(model=args.model, tasks="pure", generated=True, limit=args.limit,
+                                       out=args.out, sampler=sampler, cache=cache, cache_kwargs=dict(cache_args or {}),
+                                       batch_size=args.batch_size, dtype="float32", **settings))
     model, tokenizer = loaded
     return report.summarize(runner.run_bench(cfg, model=model, tokenizer=tokenizer, progress=not args.quiet))[0]
 

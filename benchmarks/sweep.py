@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 2 benchmarks/sweep.py --grid benchmarks/grids/default.yaml --out-dir runs/sweep
 
 The same as `dllm sweep` (the logic lives in `dllm.sweep`, installed with the package); see
-`dllm sweep --help` and the module doc of `dllm/sweep.py` for the grid format and the outputs.
+`dllm sweep --help` and the package doc of `dllm/sweep/__init__.py` for the grid format and the outputs.
 """
 from __future__ import annotations
 

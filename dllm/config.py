@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cache import CachePolicy, policy_class
+
 
 def check_fields(cls, options, what: str) -> None:
     """A ValueError naming the keys of `options` that are not fields of dataclass `cls`."""
@@ -124,23 +126,35 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+DEFAULT_GEN_LENGTH = 128
+
+
 @dataclass
 class GenerationConfig:
-    """One generation request.
+    """One generation request: lengths, schedule, sampler, cache policy and sampling settings.
 
-    gen_length: tokens to generate per row (the masked canvas after the prompt).
+    gen_length: tokens to generate per row (the masked canvas after the prompt). None: the
+        caller's default: `DEFAULT_GEN_LENGTH` (128) in `dllm.generate`, each task's `max_tokens`
+        in `dllm bench` and `dllm sweep`.
     block_length: semi-autoregressive block size for block samplers (default: gen_length, i.e.
         one block); samplers without blocks (Dream's) ignore it.
     steps: denoising steps for fixed-schedule samplers (default: gen_length, one token per step).
+    tokens_per_step: k, the other way to give the step count: steps = gen_length / k (k must
+        divide gen_length); exclusive with `steps`.
     temperature: 0 = greedy; > 0 = sampling: Gumbel-max in float64 for LLaDA-style samplers (as
         LLaDA's reference), Dream's samplers draw from softmax(logits / temperature) as Dream's.
     cfg_scale: unsupervised classifier-free guidance (LLaDA): each step also runs the canvas with
-        the prompt masked and uses uncond + (cfg_scale + 1) * (cond - uncond); 0 = off.
+        the prompt masked and uses uncond + (cfg_scale + 1) * (cond - uncond); 0 = off. Not
+        allowed with a cache policy that stores K/V.
     sampler: registered sampler name (`dllm.samplers.available()`), or a sampler instance; None
         takes the `alg` of the checkpoint's generation_config.json when it names one (Dream
         Instruct: `origin`), else the family's reference rule (LLaDA `low_confidence`, Dream
         `entropy`).
     sampler_kwargs: keyword arguments for the sampler when it is given by name.
+    cache: cache policy name (`dllm.cache.available_policies()`: none, prefix, dual, dkv-decode,
+        dkv-greedy) or a `dllm.cache.CachePolicy` instance.
+    cache_kwargs: keyword arguments for the policy when it is given by name, e.g.
+        cache="dkv-decode", cache_kwargs={"refresh": 4}.
     seed: seeds the one `torch.Generator` every random draw of the request uses.
     max_forwards: hard cap on model forwards; when hit, every remaining mask is filled with the
         current prediction and the output says so. Default: max(steps, gen_length).
@@ -150,9 +164,12 @@ class GenerationConfig:
         the lower position), "float32", or "float64" (Fast-dLLM, older LLaDA). Dream's samplers
         always follow Dream's `sample_tokens` in the logits dtype.
     trace: record the step at which every generated position was committed.
+
+    Argument dicts are `*_kwargs` here; outputs and result rows record the resolved arguments as
+    `sampler_args` / `cache_args`.
     """
 
-    gen_length: int = 128
+    gen_length: int | None = None
     block_length: int | None = None
     steps: int | None = None
     temperature: float = 0.0
@@ -164,19 +181,17 @@ class GenerationConfig:
     chat: bool | None = None
     score_dtype: str = "logits"
     trace: bool = False
+    tokens_per_step: int | None = None
+    cache: Any = "none"
+    cache_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        def positive_int(name):
+        for name in ("gen_length", "block_length", "steps", "tokens_per_step", "max_forwards"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"GenerationConfig.{name} must be a positive integer, got {value!r}")
-
-        positive_int("gen_length")
-        for name in ("block_length", "steps", "max_forwards"):
-            if getattr(self, name) is not None:
-                positive_int(name)
-        if self.block_length is not None and self.block_length > self.gen_length:
-            raise ValueError(f"block_length {self.block_length} exceeds gen_length {self.gen_length}")
+        if self.steps is not None and self.tokens_per_step is not None:
+            raise ValueError(f"give steps ({self.steps}) or tokens_per_step ({self.tokens_per_step}), not both")
         if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0 or self.temperature == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if isinstance(self.cfg_scale, bool) or not isinstance(self.cfg_scale, (int, float)) \
@@ -186,17 +201,60 @@ class GenerationConfig:
             raise ValueError(f"score_dtype must be 'logits', 'float32' or 'float64', got {self.score_dtype!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
-        if not isinstance(self.sampler_kwargs, dict):
-            raise ValueError(f"sampler_kwargs must be a dict, got {type(self.sampler_kwargs).__name__}")
+        for name in ("sampler_kwargs", "cache_kwargs"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"{name} must be a dict, got {type(getattr(self, name)).__name__}")
+        self._check_guidance()
+
+
+    def _check_guidance(self) -> None:
+        """The one refusal of guidance with a storing cache: the guided batch doubles every row,
+        which a cache of one entry per row cannot hold."""
+        if isinstance(self.cache, CachePolicy):
+            policy = self.cache
+        elif isinstance(self.cache, str):
+            policy = policy_class(self.cache)
+        else:
+            raise ValueError(f"cache must be a registered policy name or a CachePolicy instance, got "
+                             f"{type(self.cache).__name__}")
+        if self.cfg_scale > 0 and policy.needs_storage:
+            raise ValueError(f"cfg_scale {self.cfg_scale} > 0 is not supported with cache policy {policy.name!r}, "
+                             f"which stores K/V between steps (the guided batch doubles every row); use "
+                             f"cache='none' or cfg_scale=0")
+
+    def replace(self, **changes: Any) -> "GenerationConfig":
+        """A copy with `changes` applied; unknown field names are an error naming them."""
+        check_fields(GenerationConfig, changes, "generation")
+        return dataclasses.replace(self, **changes)
+
+    def for_length(self, gen_length: int | None = None) -> "GenerationConfig":
+        """This request with its generation length fixed (`gen_length`, default
+        `DEFAULT_GEN_LENGTH`, where the config left it None) and checked against the block length
+        and tokens per step. `dllm.generate` runs this first; a grid of lengths can hold
+        combinations that only fail here."""
+        cfg = self
+        if cfg.gen_length is None:
+            cfg = cfg.replace(gen_length=DEFAULT_GEN_LENGTH if gen_length is None else gen_length)
+        if cfg.block_length is not None and cfg.block_length > cfg.gen_length:
+            raise ValueError(f"block_length {cfg.block_length} exceeds gen_length {cfg.gen_length}")
+        if cfg.tokens_per_step is not None and cfg.gen_length % cfg.tokens_per_step:
+            raise ValueError(f"tokens_per_step {cfg.tokens_per_step} does not divide gen_length {cfg.gen_length}")
+        return cfg
 
     @property
     def resolved_block_length(self) -> int:
-        return self.block_length or self.gen_length
+        return self.block_length or self.resolved_gen_length
 
     @property
     def resolved_steps(self) -> int:
-        return self.steps or self.gen_length
+        if self.tokens_per_step is not None:
+            return self.resolved_gen_length // self.tokens_per_step
+        return self.steps or self.resolved_gen_length
 
     @property
     def resolved_max_forwards(self) -> int:
-        return self.max_forwards or max(self.resolved_steps, self.gen_length)
+        return self.max_forwards or max(self.resolved_steps, self.resolved_gen_length)
+
+    @property
+    def resolved_gen_length(self) -> int:
+        return DEFAULT_GEN_LENGTH if self.gen_length is None else self.gen_length

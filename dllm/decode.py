@@ -20,9 +20,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .cache import get_policy
-from .config import GenerationConfig, check_fields
+from . import samplers
+from .cache import CachePolicy, get_policy
+from .config import GenerationConfig
 from .kernels import token_scores
+from .samplers import Sampler
 from .state import DecodeState, Decision, SpecialIds, select_positions
 
 _SCORE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -163,30 +165,60 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
                        source=getattr(model, "checkpoint_dir", None) or getattr(model, "name_or_path", None))
 
 
-def resolve_sampler(model, cfg: GenerationConfig):
+def with_instances(cfg: GenerationConfig) -> GenerationConfig:
+    """`cfg` with a sampler and a cache policy given by name replaced by their instances, built
+    from `sampler_kwargs` / `cache_kwargs`: unknown names and bad arguments raise ValueError here,
+    before any model is loaded. A sampler left None stays None (it is chosen per model)."""
+    changes: dict[str, Any] = {}
+    if isinstance(cfg.sampler, str):
+        changes.update(sampler=samplers.get(cfg.sampler, **cfg.sampler_kwargs), sampler_kwargs={})
+    elif isinstance(cfg.sampler, Sampler) and cfg.sampler_kwargs:
+        raise ValueError("sampler_kwargs are only used with a sampler given by name, not an instance")
+    elif cfg.sampler is not None and not isinstance(cfg.sampler, Sampler):
+        raise ValueError(f"sampler must be a registered name or a Sampler instance, got {type(cfg.sampler).__name__}")
+    if not isinstance(cfg.cache, CachePolicy) or cfg.cache_kwargs:
+        changes.update(cache=get_policy(cfg.cache, **cfg.cache_kwargs), cache_kwargs={})
+    return cfg.replace(**changes) if changes else cfg
+
+
+def resolve_sampler(model, cfg: GenerationConfig) -> Sampler:
     """The request's sampler. Without one: the `alg` of the checkpoint's generation_config.json
     when it names a registered sampler (Dream's published default is `origin`, with its `eps`,
     `alg_temp`, `top_p`, `top_k`), else the family's reference rule (LLaDA `low_confidence`, Dream
     `entropy`)."""
-    from dllm import samplers
+    cfg = with_instances(cfg)
+    if cfg.sampler is not None:
+        return cfg.sampler
+    defaults = getattr(model, "generation_defaults", None) or {}
+    alg = defaults.get("alg")
+    if isinstance(alg, str) and alg in samplers.available():
+        accepted = samplers.signature(alg)
+        kwargs = {k: v for k, v in defaults.items() if k in accepted and v is not None} | cfg.sampler_kwargs
+        return samplers.get(alg, **kwargs)
+    return samplers.get(DEFAULT_SAMPLERS[model.config.family], **cfg.sampler_kwargs)
 
-    spec, kwargs = cfg.sampler, dict(cfg.sampler_kwargs)
-    if spec is None:
-        defaults = getattr(model, "generation_defaults", None) or {}
-        alg = defaults.get("alg")
-        if isinstance(alg, str) and alg in samplers.available():
-            spec = alg
-            accepted = samplers.signature(alg)
-            kwargs = {k: v for k, v in defaults.items() if k in accepted and v is not None} | kwargs
-        else:
-            spec = DEFAULT_SAMPLERS[model.config.family]
-    if isinstance(spec, samplers.Sampler):
-        if kwargs:
-            raise ValueError("sampler_kwargs are only used with a sampler given by name, not an instance")
-        return spec
-    if not isinstance(spec, str):
-        raise ValueError(f"sampler must be a registered name or a Sampler instance, got {type(spec).__name__}")
-    return samplers.get(spec, **kwargs)
+
+@dataclass(frozen=True)
+class Request:
+    """A GenerationConfig resolved against a model: the sampler and cache policy instances the
+    decode uses, and the block length it runs (the whole generation for samplers without blocks)."""
+
+    config: GenerationConfig
+    sampler: Sampler
+    policy: CachePolicy
+    block_length: int
+
+
+def resolve_request(model, cfg: GenerationConfig) -> Request:
+    """Resolve `cfg` once for `model`: its length (`DEFAULT_GEN_LENGTH` when None), sampler and
+    cache policy."""
+    cfg = with_instances(cfg.for_length())
+    sampler = resolve_sampler(model, cfg)
+    if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):
+        warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region at once; "
+                      f"block_length {cfg.block_length} is ignored", stacklevel=3)
+    block_length = cfg.resolved_block_length if sampler.uses_blocks else cfg.gen_length
+    return Request(cfg.replace(sampler=sampler), sampler, cfg.cache, block_length)
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -289,8 +321,6 @@ def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv,
                 logits = part.new_empty(len(rows), *part.shape[1:])
             logits[g] = part
         return logits
-    if kv is not None:  # decode refuses this before the first step; kept for direct callers
-        raise ValueError("cfg_scale > 0 is not supported together with a cache that stores K/V")
     uncond = x.clone()
     uncond[:, :state.gen_start] = state.ids.mask  # the whole prompt region, padding included, as LLaDA does
     two = lambda t: None if t is None else torch.cat([t, t])  # noqa: E731
@@ -301,14 +331,10 @@ def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv,
 
 
 @torch.no_grad()
-def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_policy="none", cache_kwargs=None,
+def decode(model, state: DecodeState, request: Request,
            on_step: Callable[[DecodeState], None] | None = None) -> int:
-    """Run the denoising loop on `state` in place; returns the number of batched forwards."""
-    policy = get_policy(cache_policy, **(cache_kwargs or {}))
-    if cfg.cfg_scale > 0 and policy.needs_storage:
-        raise ValueError(f"cfg_scale {cfg.cfg_scale} > 0 is not supported with cache policy {policy.name!r}, which "
-                         f"stores K/V between steps (the guided batch doubles every row); use cache='none' or "
-                         f"cfg_scale=0")
+    """Run the denoising loop of `request` on `state` in place; returns the number of batched forwards."""
+    sampler, policy, cfg = request.sampler, request.policy, request.config
     if not sampler.uses_blocks:
         state.block_length = state.gen_length
         state.block_end = (state.block_start + state.gen_length).clamp(max=state.gen_end)
@@ -372,29 +398,24 @@ def decode(model, state: DecodeState, sampler, cfg: GenerationConfig, cache_poli
 
 
 def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | None = None, *,
-             attention_mask: torch.Tensor | None = None, cache="none", cache_kwargs: dict | None = None,
-             on_step: Callable[[DecodeState], None] | None = None, **overrides) -> GenerationOutput:
+             attention_mask: torch.Tensor | None = None, on_step: Callable[[DecodeState], None] | None = None,
+             **overrides) -> GenerationOutput:
     """Generate with a masked-diffusion model.
 
     prompts: a string, a list of strings (tokenized, through the chat template when `chat`), a
         list of token ids, a list of such lists (ragged: left-padded here), or an input_ids tensor
         (B, L) with an optional `attention_mask` marking its padding.
-    config: a GenerationConfig; keyword overrides (gen_length=..., sampler=..., ...) replace its fields.
-    cache: cache policy name (`dllm.cache.available_policies()`: none, prefix, dual, dkv-decode,
-        dkv-greedy) or a `dllm.cache.CachePolicy` instance; `cache_kwargs` are the named policy's
-        arguments, e.g. cache="dkv-decode", cache_kwargs={"refresh": 4}.
+    config: a GenerationConfig; keyword overrides (gen_length=..., sampler=..., cache=...,
+        cache_kwargs=...) replace its fields.
     on_step: called with the DecodeState after every step (progress display).
 
     Example::
 
         out = dllm.generate(model, tok, ["Hi!", "Name three colours."], gen_length=64, block_length=32,
-                            steps=64, sampler="low_confidence")
+                            sampler="threshold", sampler_kwargs={"tau": 0.9}, cache="dual")
         print(out.texts, out.nfe, out.mean_tokens_per_forward)
     """
-    cfg = config or GenerationConfig()
-    if overrides:
-        check_fields(GenerationConfig, overrides, "generation")
-        cfg = dataclasses.replace(cfg, **overrides)
+    cfg = (config or GenerationConfig()).replace(**overrides)
     if prompts is None:
         raise ValueError("no prompts given")
     if isinstance(prompts, str):
@@ -403,20 +424,15 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
         rows = encode_prompts(tokenizer, prompts, cfg.chat)
     else:
         rows = _as_rows(prompts, attention_mask)
-    sampler = resolve_sampler(model, cfg)
-    policy = get_policy(cache, **(cache_kwargs or {}))
-    if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):
-        warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region at once; "
-                      f"block_length {cfg.block_length} is ignored", stacklevel=2)
-    block_length = cfg.resolved_block_length if sampler.uses_blocks else cfg.gen_length
-    state = build_state(model, rows, cfg, block_length)
+    request = resolve_request(model, cfg)
+    state = build_state(model, rows, request.config, request.block_length)
     state.tokenizer = tokenizer
     start = time.perf_counter()
-    forwards = decode(model, state, sampler, cfg, cache_policy=policy, on_step=on_step)
+    forwards = decode(model, state, request, on_step=on_step)
     if state.x.device.type == "cuda":
         torch.cuda.synchronize(state.x.device)
     seconds = time.perf_counter() - start
-    return _output(state, tokenizer, sampler, forwards, seconds, cfg.trace, policy)
+    return _output(state, tokenizer, request, forwards, seconds)
 
 
 def answer_length(tokens: list[int], stop_ids: list[int]) -> int:
@@ -426,8 +442,7 @@ def answer_length(tokens: list[int], stop_ids: list[int]) -> int:
     return len(tokens)
 
 
-def _output(state: DecodeState, tokenizer, sampler, forwards: int, seconds: float, trace: bool,
-            policy=None) -> GenerationOutput:
+def _output(state: DecodeState, tokenizer, request: Request, forwards: int, seconds: float) -> GenerationOutput:
     generated = state.generated()
     stop = state.ids.stop_ids
     lengths, texts = [], [] if tokenizer is not None else None
@@ -442,6 +457,6 @@ def _output(state: DecodeState, tokenizer, sampler, forwards: int, seconds: floa
     return GenerationOutput(
         sequences=state.x, generated=generated, texts=texts, nfe=nfe, forwards=forwards, steps=forwards,
         tokens_per_forward=[c / max(n, 1) for c, n in zip(committed.tolist(), nfe)], answer_lengths=lengths,
-        seconds=seconds, hit_cap=[b in capped for b in range(state.batch_size)], sampler=sampler.name,
-        sampler_args=sampler.arguments(), trace=state.commit_step if trace else None,
-        cache=policy.name if policy is not None else "none", cache_args=policy.arguments() if policy is not None else {})
+        seconds=seconds, hit_cap=[b in capped for b in range(state.batch_size)], sampler=request.sampler.name,
+        sampler_args=request.sampler.arguments(), trace=state.commit_step if request.config.trace else None,
+        cache=request.policy.name, cache_args=request.policy.arguments())

@@ -30,7 +30,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from . import __version__
+from .decode import generate
+from .eval import generators
+from .eval.tasks import encode_messages, get_task, messages
 from .samplers.base import Sampler
 from .samplers.learn2pd import DEFAULT_ACCEPT_THRES, Learn2PDFilter, save_filter
 from .state import Decision
@@ -141,8 +146,6 @@ def collect_labels(model, tokenizer, prompts: list[list[int]], gen_length: int |
     Prompts longer than the model allows with their gen_length are skipped and counted.
     Returns LabelRecords with (N, block_length) confidence / is_correct.
     """
-    from .decode import generate
-
     lengths = [gen_length] * len(prompts) if isinstance(gen_length, int) else list(gen_length)
     if len(lengths) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(lengths)} gen_lengths")
@@ -169,7 +172,6 @@ def collect_labels(model, tokenizer, prompts: list[list[int]], gen_length: int |
     total = sum(len(v) for v in groups.values())
     bar = None
     if progress:
-        from tqdm.auto import tqdm
         bar = tqdm(total=total, desc="labels", unit="prompt", file=sys.stderr)
     for g, rows in groups.items():
         out.per_gen_length[g] = out.per_gen_length.get(g, 0) + len(rows)
@@ -246,7 +248,6 @@ def train_filter(records: LabelRecords, epochs: int = 40000, lr: float = 0.003, 
     Xt, yt = X[splits["train"]], y[splits["train"]]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
         bar = tqdm(total=epochs, desc="filter", unit="epoch", file=sys.stderr)
     every = max(1, epochs // 100)
     loss = None
@@ -274,8 +275,6 @@ def train_filter(records: LabelRecords, epochs: int = 40000, lr: float = 0.003, 
 def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = 1) -> tuple[list[list[int]], list[int]]:
     """Token ids and gen_lengths of `samples_per_task` train-split records of each generated task,
     rendered as the benchmark renders them (task template, in-context example, chat template)."""
-    from .eval import generators
-    from .eval.tasks import encode_messages, get_task, messages
 
     bad = [t for t in tasks if t not in generators.generator_tasks()]
     if bad or not tasks:
@@ -313,7 +312,6 @@ def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, sample
     records = collect_labels(model, tokenizer, prompts, lengths, block_length, batch_size=batch_size,
                              progress=progress)
     filt, report = train_filter(records, epochs=epochs, lr=lr, seed=seed, progress=progress)
-    from . import __version__
 
     meta = {"block_length": block_length, "accept_thres": float(accept_thres),
             "model": getattr(model, "name_or_path", None), "model_family": model.config.family,

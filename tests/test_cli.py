@@ -52,3 +52,43 @@ def test_console_script_lists_samplers():
     out = subprocess.run([sys.executable, "-m", "dllm.cli", "samplers"], capture_output=True, text=True, check=True)
     for name in ("low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"):
         assert name in out.stdout
+
+
+def _defaults(argv):
+    from dllm.cli import build_parser
+    return vars(build_parser().parse_args(argv))
+
+
+def test_shared_options_have_one_default():
+    """The options generate, bench and sweep share parse to the same defaults."""
+    generate, bench = _defaults(["generate", "hi"]), _defaults(["bench"])
+    sweep = _defaults(["sweep", "--out-dir", "d"])
+    everywhere = ("temperature", "seed", "max_forwards", "dtype", "device", "attention", "cuda_graphs")
+    assert {k: generate[k] for k in everywhere} == {k: bench[k] for k in everywhere} == \
+        {k: sweep[k] for k in everywhere} == {"temperature": 0.0, "seed": 0, "max_forwards": None, "dtype": "auto",
+                                              "device": "auto", "attention": "auto", "cuda_graphs": False}
+    request = ("sampler", "sampler_arg", "cache", "cache_arg", "gen_length", "block_length", "steps",
+               "tokens_per_step", "cfg_scale", "score_dtype", "model")
+    assert {k: generate[k] for k in request} == {k: bench[k] for k in request}
+    benchmark = ("tasks", "data_dir", "limit", "batch_size", "grammar_url", "bertscore_model")
+    assert {k: bench[k] for k in benchmark} == {k: sweep[k] for k in benchmark}
+
+
+def test_shared_options_record_what_was_given():
+    from dllm.cli.options import given
+    args = _defaults(["sweep", "--out-dir", "d", "--seed", "0", "--cuda-graphs", "--limit", "3"])
+    assert args["seed"] == 0 and args["cuda_graphs"] is True
+    from argparse import Namespace
+    assert given(Namespace(**args)) == {"seed", "cuda_graphs", "limit"}
+    assert given(Namespace(**_defaults(["bench"]))) == set()
+
+
+def test_generate_options_build_the_request():
+    from dllm.cli import build_parser
+    from dllm.cli.options import generation_config
+    args = build_parser().parse_args(["generate", "hi", "--sampler", "threshold", "--sampler-arg", "tau=0.8",
+                                      "--cache", "dkv-decode", "--cache-arg", "refresh=4", "--tokens-per-step", "2"])
+    cfg = generation_config(args)
+    assert (cfg.sampler, cfg.sampler_kwargs, cfg.cache, cfg.cache_kwargs) == ("threshold", {"tau": 0.8},
+                                                                              "dkv-decode", {"refresh": 4})
+    assert cfg.tokens_per_step == 2 and cfg.seed == 0 and cfg.gen_length is None and cfg.resolved_steps == 64

@@ -1,4 +1,4 @@
-"""Every bad input of DESIGN §4 that the core runtime meets gets a clear error naming the value."""
+"""Every bad input the core runtime meets gets a clear error naming the value (docs/contributing.md §2 Errors)."""
 import json
 
 import pytest
@@ -22,7 +22,6 @@ def tiny_dream():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(gen_length=0), r"gen_length must be a positive integer, got 0"),
-    (dict(gen_length=8, block_length=16), r"block_length 16 exceeds gen_length 8"),
     (dict(steps=-2), r"steps must be a positive integer, got -2"),
     (dict(temperature=-0.5), r"temperature must be a finite number >= 0, got -0.5"),
     (dict(temperature=float("nan")), r"temperature must be a finite number"),
@@ -33,6 +32,14 @@ def tiny_dream():
 def test_generation_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GenerationConfig(**kwargs)
+
+
+def test_lengths_are_checked_when_the_request_is_fixed(tiny):
+    cfg = GenerationConfig(gen_length=8, block_length=16)        # a grid may hold such a combination
+    with pytest.raises(ValueError, match=r"block_length 16 exceeds gen_length 8"):
+        cfg.for_length()
+    with pytest.raises(ValueError, match=r"block_length 16 exceeds gen_length 8"):
+        dllm.generate(tiny, None, [[1, 2]], cfg)
 
 
 def test_unknown_generation_option(tiny):

@@ -71,8 +71,8 @@ def _file_rows(path):
 def test_rows_scores_and_resume(llada, bench_data, tmp_path):
     model, tok = llada
     out = tmp_path / "r.jsonl"
-    cfg = runner.BenchConfig(model="tiny", data_dir=str(bench_data), limit=5, out=str(out), batch_size=2,
-                             tokens_per_step=4)
+    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(bench_data), limit=5, out=str(out), batch_size=2,
+                                       tokens_per_step=4))
     rows = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     assert [(r["task"], r["index"]) for r in rows] == [(t, i) for t in ("waiting_line/copy", "waiting_line/reverse")
                                                        for i in range(5)]
@@ -88,11 +88,11 @@ def test_rows_scores_and_resume(llada, bench_data, tmp_path):
     again = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     assert again == rows and len(_file_rows(out)) == 10
     # A larger limit only adds the missing samples.
-    more = runner.run_bench(runner.BenchConfig(**{**cfg.__dict__, "limit": 6}), model=model, tokenizer=tok,
+    more = runner.run_bench(cfg.replace(limit=6), model=model, tokenizer=tok,
                             progress=False)
     assert len(more) == 12 and len(_file_rows(out)) == 12
     # Another sampler setting is another run in the same file.
-    other = runner.run_bench(runner.BenchConfig(**{**cfg.__dict__, "limit": 6, "tokens_per_step": 8}), model=model,
+    other = runner.run_bench(cfg.replace(limit=6, tokens_per_step=8), model=model,
                              tokenizer=tok, progress=False)
     assert len(other) == 12 and len({r["run_id"] for r in _file_rows(out)}) == 2
 
@@ -100,13 +100,13 @@ def test_rows_scores_and_resume(llada, bench_data, tmp_path):
 def test_torn_last_line_is_redone(llada, bench_data, tmp_path):
     model, tok = llada
     full = tmp_path / "full.jsonl"
-    cfg = runner.BenchConfig(model="tiny", data_dir=str(bench_data), tasks="waiting_line/copy", limit=6,
-                             out=str(full), batch_size=3, tokens_per_step=2)
+    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(bench_data), tasks="waiting_line/copy", limit=6,
+                                       out=str(full), batch_size=3, tokens_per_step=2))
     ref = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     cut = tmp_path / "cut.jsonl"
     lines = full.read_text().splitlines(keepends=True)
     cut.write_text("".join(lines[:2]) + lines[2][: len(lines[2]) // 2])
-    rows = runner.run_bench(runner.BenchConfig(**{**cfg.__dict__, "out": str(cut)}), model=model, tokenizer=tok,
+    rows = runner.run_bench(cfg.replace(out=str(cut)), model=model, tokenizer=tok,
                             progress=False)
     assert _strip(rows) == _strip(ref)
     assert [(r["task"], r["index"]) for r in _file_rows(cut)] == [("waiting_line/copy", i) for i in range(6)]
@@ -120,7 +120,7 @@ def test_config_errors():
     with pytest.raises(ValueError, match="limit must be a positive integer"):
         runner.BenchConfig(model="m", generated=True, limit=0)
     with pytest.raises(ValueError, match="tokens_per_step 5 does not divide gen_length 32"):
-        runner.BenchConfig(model="m", generated=True, tokens_per_step=5).lengths(32)
+        runner.config_from_dict(dict(model="m", generated=True, tokens_per_step=5)).lengths(32)
     with pytest.raises(ValueError, match="sort_key"):
         runner.BenchConfig(model="m", generated=True, sort_key="first")
     with pytest.raises(ValueError, match="unknown bench option"):
@@ -218,7 +218,7 @@ def test_text_tasks_without_grammar_checker_are_unavailable_not_zero(llada, tmp_
                                         "answer": {"words": ["dog", "park", "ball", "throw"]}, "metadata": {}}],
             "waiting_line/copy": _records(1)}
     folder = data.write_official_layout(tmp_path / "d", recs)
-    rows = runner.run_bench(runner.BenchConfig(model="tiny", data_dir=str(folder), tokens_per_step=8),
+    rows = runner.run_bench(runner.config_from_dict(dict(model="tiny", data_dir=str(folder), tokens_per_step=8)),
                             model=model, tokenizer=tok, progress=False)
     text = {r["task"]: r for r in rows}["words_to_sentence/easy"]
     assert text["prediction"].strip()          # a non-empty answer: grammar unknown, not 0
@@ -230,3 +230,25 @@ def test_text_tasks_without_grammar_checker_are_unavailable_not_zero(llada, tmp_
     assert [t.task for t in s.tasks] == ["waiting_line/copy", "words_to_sentence/easy"]
     assert s.average == s.tasks[0].score and s.tasks[1].score is None
     assert "(1 of 2 tasks scored)" in report.format_run(s)
+
+
+def test_a_run_resolves_its_sampler_and_policy_once(llada, bench_data, monkeypatch):
+    """Every batch of a run decodes with the sampler and policy built once for the run."""
+    import dllm.decode as decode
+    model, tok = llada
+    built = []
+    real_sampler, real_policy = decode.samplers.get, decode.get_policy
+    monkeypatch.setattr(decode.samplers, "get", lambda *a, **k: built.append("sampler") or real_sampler(*a, **k))
+    monkeypatch.setattr(decode, "get_policy", lambda *a, **k: built.append("policy") or real_policy(*a, **k))
+    cfg = runner.config_from_dict(dict(data_dir=str(bench_data), limit=3, batch_size=2, sampler="threshold",
+                                       cache="dual", block_length=8))
+    rows = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert len(rows) == 6 and all(r["cache"] == "dual" and r["cache_args"] == {} for r in rows)
+    assert sorted(built) == ["policy", "sampler"]
+
+
+def test_the_package_exports_what_its_docstring_shows():
+    import dllm.eval
+    for line in dllm.eval.__doc__.splitlines():
+        if line.strip().startswith("from dllm.eval import"):
+            exec(line.strip(), {})

@@ -183,17 +183,17 @@ def test_outputs_and_stats(llada):
 def test_texts_are_cut_at_the_first_eos_or_eot(llada):
     """The decoded answer stops at the first EOS or EOT; everything after it is padding."""
     model, tok = llada
-    from dllm.decode import _output, build_state
-    from dllm.samplers import get
+    from dllm.decode import _output, build_state, resolve_request
     eos, eot = model.config.eos_token_id, model.config.eot_token_id
     assert eot is not None and eot != eos
     words = tok("hi there", add_special_tokens=False)["input_ids"]
     other = tok(" more", add_special_tokens=False)["input_ids"]
     for stop in (eos, eot):
         gen = words + [stop] + other + [eos]
-        state = build_state(model, [[1, 2]], dllm.GenerationConfig(gen_length=len(gen)), len(gen))
+        request = resolve_request(model, dllm.GenerationConfig(gen_length=len(gen), sampler="low_confidence"))
+        state = build_state(model, [[1, 2]], request.config, len(gen))
         state.x[0, state.gen_start:] = torch.tensor(gen)
-        out = _output(state, tok, get("low_confidence"), 1, 1.0, False)
+        out = _output(state, tok, request, 1, 1.0)
         assert out.texts == ["hi there"] and out.answer_lengths == [len(words)]
 
 
@@ -296,3 +296,60 @@ def test_dream_options_equal_reference(dream, alg, options):
     if "alg_temp" in options:  # a random choice of positions: it must change the greedy result
         plain = dllm.generate(model, None, PROMPTS4, gen_length=12, steps=6, sampler=alg, seed=9)
         assert not torch.equal(plain.sequences, out.sequences)
+
+
+def test_one_settings_object_carries_the_cache(llada):
+    """GenerationConfig.cache/cache_kwargs give the tokens of the cache keyword arguments."""
+    model, tok = llada
+    by_keyword = dllm.generate(model, tok, ["hello", "a longer prompt"], gen_length=8, block_length=4,
+                               sampler="threshold", cache="dkv-decode", cache_kwargs={"refresh": 2})
+    cfg = dllm.GenerationConfig(gen_length=8, block_length=4, sampler="threshold", cache="dkv-decode",
+                                cache_kwargs={"refresh": 2})
+    by_config = dllm.generate(model, tok, ["hello", "a longer prompt"], cfg)
+    assert torch.equal(by_keyword.sequences, by_config.sequences)
+    assert by_config.cache == "dkv-decode" and by_config.cache_args["refresh"] == 2
+
+
+def test_tokens_per_step_is_steps_by_another_name(llada):
+    model, tok = llada
+    a = dllm.generate(model, tok, "hello", gen_length=12, block_length=6, tokens_per_step=3)
+    b = dllm.generate(model, tok, "hello", gen_length=12, block_length=6, steps=4)
+    assert torch.equal(a.sequences, b.sequences) and a.forwards == b.forwards == 4
+
+
+def test_gen_length_none_is_the_default_length(llada):
+    model, tok = llada
+    from dllm.decode import resolve_request
+    assert dllm.GenerationConfig().gen_length is None
+    request = resolve_request(model, dllm.GenerationConfig(block_length=32))
+    assert request.config.gen_length == dllm.config.DEFAULT_GEN_LENGTH == 128
+    assert (request.block_length, request.config.resolved_steps) == (32, 128)
+
+
+def test_sampler_and_policy_are_resolved_once_per_request(llada, monkeypatch):
+    """A request builds its named sampler and cache policy exactly once."""
+    import dllm.decode as decode
+    model, tok = llada
+    built = []
+    real_sampler, real_policy = decode.samplers.get, decode.get_policy
+    monkeypatch.setattr(decode.samplers, "get", lambda *a, **k: built.append("sampler") or real_sampler(*a, **k))
+    monkeypatch.setattr(decode, "get_policy", lambda *a, **k: built.append("policy") or real_policy(*a, **k))
+    dllm.generate(model, tok, ["hello", "hi"], gen_length=8, block_length=4, sampler="threshold", cache="dual")
+    assert sorted(built) == ["policy", "sampler"]
+
+
+def test_request_errors_name_the_value():
+    with pytest.raises(ValueError, match=r"give steps \(4\) or tokens_per_step \(2\), not both"):
+        dllm.GenerationConfig(steps=4, tokens_per_step=2)
+    with pytest.raises(ValueError, match="tokens_per_step 5 does not divide gen_length 32"):
+        dllm.GenerationConfig(gen_length=32, tokens_per_step=5).for_length()
+    with pytest.raises(ValueError, match="tokens_per_step 5 does not divide gen_length 32"):
+        dllm.GenerationConfig(tokens_per_step=5).for_length(32)
+    with pytest.raises(ValueError, match="block_length 64 exceeds gen_length 32"):
+        dllm.GenerationConfig(block_length=64).for_length(32)
+    with pytest.raises(ValueError, match="cache must be a registered policy name or a CachePolicy instance"):
+        dllm.GenerationConfig(cache=3)
+    with pytest.raises(ValueError, match="unknown cache policy 'dual2'"):
+        dllm.GenerationConfig(cache="dual2")
+    with pytest.raises(ValueError, match="unknown generation option"):
+        dllm.GenerationConfig().replace(temprature=1.0)

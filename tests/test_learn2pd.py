@@ -1,4 +1,4 @@
-"""Learn2PD (spec samplers.md §3.6): the learned filter, End-of-Text Prediction, the loop's canvas
+"""Learn2PD (docs/samplers.md §10): the learned filter, End-of-Text Prediction, the loop's canvas
 truncation, label collection (EGP) and filter training.
 
 1. The rule against its plain re-statement (tests/reference/learn2pd_ref.py) on crafted scores of

@@ -44,12 +44,12 @@ def test_default_train_config_is_the_shipped_recipe():
 
     info = json.loads((FOLDER / "train_info.json").read_text())
     default = T.TrainConfig()
-    assert info["recipe"] == T._recipe(default)
+    assert info["recipe"] == T.recipe_fields(default)
     runs = T.phase_configs(default)
     assert len(info["phases"]) == len(runs) == len(default.then_steps) + 1
     for k, (phase, run) in enumerate(zip(info["phases"], runs)):
         recorded = phase["recipe"]
-        want = T._recipe(dataclasses.replace(run, init_from=recorded["init_from"]))
+        want = T.recipe_fields(dataclasses.replace(run, init_from=recorded["init_from"]))
         # the phases were recorded by single runs, some before the then_ fields or in their older
         # one-value form; every other field they record matches, and none had later phases itself
         assert {f: want[f] for f in recorded if f not in T.THEN_FIELDS} == {
@@ -70,8 +70,8 @@ def test_shipped_model_copies_held_out_lists(shipped):
 
 def test_three_sample_bench_on_the_shipped_model(shipped, tmp_path):
     model, tok = shipped
-    cfg = runner.BenchConfig(tasks="waiting_line/copy", generated=True, limit=3, out=str(tmp_path / "b.jsonl"),
-                             sampler="low_confidence")
+    cfg = runner.config_from_dict(dict(tasks="waiting_line/copy", generated=True, limit=3,
+                                       out=str(tmp_path / "b.jsonl"), sampler="low_confidence"))
     rows = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     assert [r["task"] for r in rows] == ["waiting_line/copy"] * 3
     assert sum(r["score"] for r in rows) >= 2

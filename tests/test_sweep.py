@@ -123,15 +123,18 @@ def test_yaml_and_toml_grids_expand_to_the_same_product(tmp_path):
     # 2 models x (2 + 2 + 1 + 1 sampler settings) x 3 caches x 2 gen lengths, then eb x dual x gen 64
     assert len(a.points) == 2 * 6 * 3 * 2 + 1
     p0 = a.points[0]
-    assert (p0.model, p0.sampler, p0.tokens_per_step, p0.cache, p0.gen_length) == (None, "low_confidence", 1, "none",
+    g0 = p0.generation
+    assert (p0.model, g0.sampler, g0.tokens_per_step, g0.cache, g0.gen_length) == (None, "low_confidence", 1, "none",
                                                                                    None)
-    assert {(p.model, p.sampler, p.cache, p.gen_length) for p in a.points if p.sampler == "eb"} == \
-        {(None, "eb", "dual", 64)}
-    assert {p.block_length for p in a.points if p.sampler == "learn2pd"} == {32}
-    assert {p.block_length for p in a.points if p.sampler != "learn2pd"} == {None}
-    assert {p.cache_args.get("refresh") for p in a.points if p.cache == "dkv-decode"} == {4, 8}
-    prophet = [p for p in a.points if p.sampler == "prophet"]
-    assert prophet[0].sampler_args == {"thresholds": [7.5, 5.0, 2.5], "base_kwargs": {"logits_eos_inf": True}}
+    assert {(p.model, p.generation.sampler, p.generation.cache, p.generation.gen_length)
+            for p in a.points if p.generation.sampler == "eb"} == {(None, "eb", "dual", 64)}
+    assert {p.generation.block_length for p in a.points if p.generation.sampler == "learn2pd"} == {32}
+    assert {p.generation.block_length for p in a.points if p.generation.sampler != "learn2pd"} == {None}
+    assert {p.generation.cache_kwargs.get("refresh")
+            for p in a.points if p.generation.cache == "dkv-decode"} == {4, 8}
+    prophet = [p for p in a.points if p.generation.sampler == "prophet"]
+    assert prophet[0].generation.sampler_kwargs == {"thresholds": [7.5, 5.0, 2.5],
+                                                    "base_kwargs": {"logits_eos_inf": True}}
     labels = [p.label for p in a.points]
     assert len(set(labels)) == len(labels)              # labels name configurations uniquely
     assert "default: threshold(tau=0.8) +dkv-decode(refresh=4) gen=32" in labels
@@ -203,9 +206,10 @@ def test_command_line_axes_replace_the_files_everywhere(tmp_path):
     g = sweep.grid_from_args(args)
     assert g.settings.limit == 2 and g.settings.tasks == ["waiting_line/copy", "puzzle/*"]
     assert g.settings.levels == (75.0,)
-    assert {p.model for p in g.points} == {None} and {p.gen_length for p in g.points} == {None, 32, 64}
-    assert {p.cache for p in g.points} == {"dkv-decode"} and {p.block_length for p in g.points} == {None, 16}
-    assert {(p.sampler, json.dumps(p.sampler_args, sort_keys=True), p.tokens_per_step) for p in g.points} == {
+    assert {p.model for p in g.points} == {None} and {p.generation.gen_length for p in g.points} == {None, 32, 64}
+    requests = [p.generation for p in g.points]
+    assert {r.cache for r in requests} == {"dkv-decode"} and {r.block_length for r in requests} == {None, 16}
+    assert {(r.sampler, json.dumps(r.sampler_kwargs, sort_keys=True), r.tokens_per_step) for r in requests} == {
         ("threshold", '{"tau": 0.7}', None), ("threshold", '{"tau": 0.9}', None),
         ("low_confidence", "{}", 1), ("low_confidence", "{}", 2), ("low_confidence", "{}", 4),
         ("prophet", '{"base": "threshold", "thresholds": [7.5, 5, 2.5]}', None)}
@@ -231,14 +235,15 @@ def test_the_default_grid_covers_every_sampler_and_cache(capsys):
     assert len(tasks) == 12 and set(tasks) == set(GROUPS["pure"])       # Waiting Line + Puzzle
     settings = {}
     for p in g.points:
-        settings.setdefault(p.sampler, set()).add(p.key())
+        settings.setdefault(p.generation.sampler, set()).add(p.key())
     families = ["low_confidence", "random", "threshold", "factor", "adablock", "localleap", "learn2pd", "prophet", "eb"]
     assert set(families) <= set(settings)
     for name in families:
         assert 3 <= len({k for k in settings[name] if '"cache": "none"' in k}) <= 5, name
-    assert {p.tokens_per_step for p in g.points if p.sampler == "low_confidence" and p.cache == "none"} == {1, 2, 4, 8}
-    assert {p.block_length for p in g.points if p.sampler == "learn2pd"} == {32}
-    assert {p.cache for p in g.points} == {"none", "prefix", "dual", "dkv-decode", "dkv-greedy"}
+    assert {r.tokens_per_step for r in (p.generation for p in g.points)
+            if r.sampler == "low_confidence" and r.cache == "none"} == {1, 2, 4, 8}
+    assert {p.generation.block_length for p in g.points if p.generation.sampler == "learn2pd"} == {32}
+    assert {p.generation.cache for p in g.points} == {"none", "prefix", "dual", "dkv-decode", "dkv-greedy"}
     # The thin entry point lists the same configurations.
     argv = sys.argv
     sys.argv = ["benchmarks/sweep.py", "--grid", str(path), "--out-dir", "unused", "--dry-run"]

@@ -123,7 +123,8 @@ def leaderboard(summaries: list[RunSummary], levels=(80, 70, 60)) -> list[dict]:
     return out
 
 
-def _fmt(v, spec=".1f"):
+def format_number(v, spec=".1f") -> str:
+    """`v` formatted with `spec`, or "n/a" for None."""
     return "n/a" if v is None else format(v, spec)
 
 
@@ -133,11 +134,12 @@ def format_run(s: RunSummary) -> str:
     lines = [f"model {s.model}  sampler {s.sampler}({args})  cache {s.cache}  data {s.data_mode}  run {s.run_id}",
              f"{'task':<40} {'n':>4} {'score':>7} {'strict':>7} {'tok/fwd':>8} {'NFE':>7} {'sec':>8}"]
     for t in s.tasks:
-        lines.append(f"{t.task:<40} {t.n:>4} {_fmt(t.score):>7} {_fmt(t.strict):>7} {t.tokens_per_forward:>8.2f} "
+        lines.append(f"{t.task:<40} {t.n:>4} {format_number(t.score):>7} {format_number(t.strict):>7} "
+                     f"{t.tokens_per_forward:>8.2f} "
                      f"{t.nfe:>7.1f} {t.seconds:>8.2f}")
     k, total = len(s.scored), len(s.tasks)
     label = "average" if k == total else f"average ({k} of {total} tasks scored)"
-    lines.append(f"{label:<40} {sum(t.n for t in s.tasks):>4} {_fmt(s.average):>7} {'':>7} "
+    lines.append(f"{label:<40} {sum(t.n for t in s.tasks):>4} {format_number(s.average):>7} {'':>7} "
                  f"{s.tokens_per_forward:>8.2f}")
     return "\n".join(lines)
 
@@ -151,7 +153,7 @@ def format_leaderboard(board: list[dict], levels=(80, 70, 60)) -> str:
     for b in board:
         model = b["model"] if len(b["model"]) <= 28 else "…" + b["model"][-27:]
         lines.append(f"{model:<28} {b['sampler']:<16} {b['cache']:<10} {b['data_mode']:<9} {b['runs']:>4} "
-                     + " ".join(f"{_fmt(b[f'PB{x:g}'], '.2f'):>7}" for x in levels))
+                     + " ".join(f"{format_number(b[f'PB{x:g}'], '.2f'):>7}" for x in levels))
     return "\n".join(lines)
 
 
@@ -166,8 +168,8 @@ def markdown_table(summaries: list[RunSummary], label=lambda s: s.sampler) -> st
         cells = []
         for s in summaries:
             t = next((t for t in s.tasks if t.task == task), None)
-            cells.append("" if t is None else _fmt(t.score))
+            cells.append("" if t is None else format_number(t.score))
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
-    lines.append("| **average** | " + " | ".join(f"**{_fmt(s.average)}**" for s in summaries) + " |")
+    lines.append("| **average** | " + " | ".join(f"**{format_number(s.average)}**" for s in summaries) + " |")
     lines.append("| tokens/forward | " + " | ".join(f"{s.tokens_per_forward:.2f}" for s in summaries) + " |")
     return "\n".join(lines)

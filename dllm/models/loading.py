@@ -95,12 +95,17 @@ def resolve_dtype(dtype) -> torch.dtype | None:
     raise ValueError(f"unsupported dtype {dtype!r}; choose one of 'auto', 'float32', 'float16', 'bfloat16'")
 
 
-def resolve_device(device) -> torch.device:
-    """torch.device from a name, checked to exist before any weight is read."""
+def resolve_device(device, auto=None) -> torch.device:
+    """torch.device from a name, checked to exist before any weight is read. "auto" is `auto`
+    when given (a multi-process launch's device for this process), else "cuda" when CUDA is
+    available, else "cpu"."""
+    if device == "auto":
+        device = auto if auto is not None else ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {device!r}; use 'cpu', 'cuda', 'cuda:N' or another torch device") from None
+        raise ValueError(f"unknown device {device!r}; use 'auto', 'cpu', 'cuda', 'cuda:N' or another torch "
+                         f"device") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu'")
@@ -299,7 +304,7 @@ def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu"
         (`shipped_models()`; None = the default, "llada-pb-tiny"), or a hub id such as
         "GSAI-ML/LLaDA-8B-Instruct" (fetched with huggingface_hub when the hub is reachable).
     dtype: "auto" (as stored), "float32", "float16", "bfloat16" or a torch.dtype.
-    device: where the weights go ("cpu", "cuda", "cuda:1", ...).
+    device: where the weights go ("cpu", "cuda", "cuda:1", ...; "auto": CUDA when available).
     attention: attention backend name (`dllm.attention.available_backends()`); "auto" = the backend measured
         fastest, sdpa on CPU and CUDA; "triton" = the Triton kernel (forward-only: use "sdpa" to train).
     cuda_graphs: replay inference forwards as CUDA graphs (`DiffusionTransformer.set_cuda_graphs`);

@@ -1,0 +1,28 @@
+"""The `dllm` command: `dllm generate`, `dllm bench`, `dllm sweep`, `dllm train`,
+`dllm train-filter`, `dllm samplers`. Each command's options and action live in its own module;
+the options several commands share are defined once in `options`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import bench, generate, samplers, sweep, train
+from .options import parse_kv
+
+__all__ = ["build_parser", "main", "parse_kv"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dllm", description="Run masked-diffusion language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    generate.add_parser(sub)
+    bench.add_parser(sub)
+    train.add_parsers(sub)
+    sweep.add_parser(sub)
+    samplers.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,99 @@
+"""`dllm bench`: ParallelBench runs, their tables and PB@X, and the generated test sets."""
+from __future__ import annotations
+
+import sys
+
+from dllm.distributed import is_main_process
+from dllm.eval import data, generators, report, runner
+from dllm.eval.tasks import GROUPS, TASKS, select_tasks
+
+from .options import (add_benchmark_options, add_model_option, add_request_options, add_runtime_options,
+                      generation_config)
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="run ParallelBench tasks and print per-task scores and PB@X")
+    add_model_option(b)
+    add_benchmark_options(b)
+    b.add_argument("--generated", action="store_true",
+                   help="use our seeded generators' held-out test split (Waiting Line and Puzzle tasks); "
+                        "the default when no --data-dir is given")
+    b.add_argument("--out", default=None, help="results JSONL: one row per sample, appended; a rerun resumes")
+    add_request_options(b)
+    add_runtime_options(b)
+    b.add_argument("--sort-key", default="full_name", choices=("full_name", "last_name"),
+                   help="generated Sort labels: by the full name as the official files, or by last name as the "
+                        "prompt reads")
+    b.add_argument("--index-base", type=int, default=0, choices=(0, 1),
+                   help="generated *_index positions: 0-based as the official files, or 1-based")
+    b.add_argument("--pb", default="80,70,60", help="PB@X levels (default 80,70,60)")
+    b.add_argument("--report", action="store_true", help="only print the tables of the runs stored in --out")
+    b.add_argument("--write-data", default=None, metavar="DIR",
+                   help="write the generated test sets in the official layout to DIR and exit")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(func=run)
+
+
+def parse_levels(text: str) -> tuple[float, ...]:
+    """PB@X accuracy levels from a comma-separated list such as 80,70,60."""
+    try:
+        levels = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SystemExit(f"error: --pb {text!r} must be comma-separated numbers such as 80,70,60") from None
+    if not levels or any(not 0 <= x <= 100 for x in levels):
+        raise SystemExit(f"error: --pb {text!r} must list accuracy levels between 0 and 100")
+    return levels
+
+
+def print_report(rows, levels, run_ids=None) -> None:
+    """Each run's per-task table (only `run_ids` when given), then the PB@X leaderboard."""
+    summaries = report.summarize(rows)
+    for s in summaries:
+        if run_ids is None or s.run_id in run_ids:
+            print(report.format_run(s) + "\n")
+    print(f"PB@X: the largest tokens/forward whose average score is >= X, over the {len(summaries)} run(s) stored")
+    print(report.format_leaderboard(report.leaderboard(summaries, levels), levels))
+
+
+def _write_data(args) -> int:
+    can = [t for t in TASKS if t in set(generators.generator_tasks())]
+    chosen = select_tasks(args.tasks, can) if args.tasks else [t for t in can if t in GROUPS["pure"]]
+    opts = {k: v for k, v in (("sort_key", args.sort_key), ("index_base", args.index_base))
+            if v != {"sort_key": "full_name", "index_base": 0}[k]}
+    recs = {t: generators.make_records(t, split="test", **opts)[:args.limit] for t in chosen}
+    folder = data.write_official_layout(args.write_data, recs)
+    print(f"wrote {sum(map(len, recs.values()))} records of {len(recs)} task(s) to {folder}")
+    return 0
+
+
+def bench_config(args) -> runner.BenchConfig:
+    """The run the options in `args` describe."""
+    return runner.BenchConfig(
+        model=args.model, tasks=args.tasks, data_dir=args.data_dir, generated=args.generated, limit=args.limit,
+        out=args.out, generation=generation_config(args), batch_size=args.batch_size, dtype=args.dtype,
+        device=args.device, attention=args.attention, cuda_graphs=args.cuda_graphs, grammar_url=args.grammar_url,
+        bertscore_model=args.bertscore_model, sort_key=args.sort_key, index_base=args.index_base)
+
+
+def run(args) -> int:
+    levels = parse_levels(args.pb)
+    try:
+        if args.write_data:
+            return _write_data(args)
+        if args.report:
+            if not args.out:
+                raise ValueError("--report prints the tables of a results file; give it with --out FILE")
+            print_report(runner.ResultsFile(args.out).rows(), levels)
+            return 0
+        rows = runner.run_bench(bench_config(args), progress=not args.no_progress)
+    except (ValueError, FileNotFoundError, FloatingPointError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not is_main_process():
+        return 0
+    if not rows:
+        print("no samples selected")
+        return 0
+    stored = runner.ResultsFile(args.out).rows() if args.out else rows
+    print_report(stored, levels, run_ids={rows[0]["run_id"]})
+    return 0

@@ -1,0 +1,80 @@
+"""`dllm train` (a small LLaDA model on generated ParallelBench data) and `dllm train-filter`
+(a Learn2PD acceptance filter for a model)."""
+from __future__ import annotations
+
+import sys
+
+import dllm
+from dllm import filter_train, train
+from dllm.eval import generators
+from dllm.eval.tasks import select_tasks
+
+from .options import add_model_option
+
+
+def add_parsers(sub) -> None:
+    t = sub.add_parser("train", help="masked-diffusion training of a small LLaDA model on generated ParallelBench data")
+    train.add_train_arguments(t)
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=run_train)
+
+    f = sub.add_parser("train-filter", help="collect Learn2PD labels with a model and train its acceptance filter")
+    add_model_option(f)
+    f.add_argument("--out", required=True, help="filter file to write (.safetensors; metadata beside it as .json)")
+    f.add_argument("--tasks", default=None,
+                   help="comma-separated generated task ids, patterns or groups (default: the Waiting Line and "
+                        "Puzzle tasks)")
+    f.add_argument("--samples-per-task", type=int, default=40, help="train-split prompts per task (default 40)")
+    f.add_argument("--shard", type=int, default=1, help="generators' train-split shard (default 1)")
+    f.add_argument("--block-length", type=int, default=32, help="the filter's block size (default 32)")
+    f.add_argument("--epochs", type=int, default=40000, help="full-batch epochs (default 40000)")
+    f.add_argument("--lr", type=float, default=0.003, help="AdamW learning rate (default 0.003)")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--accept-thres", type=float, default=0.96,
+                   help="acceptance threshold recorded as the filter's default (default 0.96)")
+    f.add_argument("--batch-size", type=int, default=16, help="prompts decoded together while collecting labels")
+    f.add_argument("--dtype", default="auto")
+    f.add_argument("--device", default="auto")
+    f.add_argument("--no-progress", action="store_true")
+    f.set_defaults(func=run_train_filter)
+
+
+def run_train(args) -> int:
+    opts = {k: v for k, v in vars(args).items() if k in train.TRAIN_FIELDS and v is not None}
+    try:
+        cfg = train.config_from_args(opts)
+        folder = train.train(cfg, progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"model written to {folder}")
+    return 0
+
+
+def _filter_options(args) -> dict:
+    tasks = filter_train.DEFAULT_TASKS
+    if args.tasks:
+        tasks = tuple(select_tasks(args.tasks, generators.generator_tasks()))
+    opts = dict(tasks=tasks, samples_per_task=args.samples_per_task, shard=args.shard,
+                block_length=args.block_length, epochs=args.epochs, lr=args.lr, seed=args.seed,
+                batch_size=args.batch_size, accept_thres=args.accept_thres)
+    for name in ("samples_per_task", "block_length", "epochs", "batch_size"):
+        if opts[name] < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {opts[name]}")
+    return opts
+
+
+def run_train_filter(args) -> int:
+    try:
+        opts = _filter_options(args)
+        model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device)
+        path, meta = filter_train.train_filter_for_model(model, tokenizer, args.out, progress=not args.no_progress,
+                                                         **opts)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    val, counts = meta["validation"] or {}, meta["counts"]
+    print(f"filter written to {path} (+ {path.with_suffix('.json').name}): {counts['records']} records from "
+          f"{counts['prompts']} prompts; validation accuracy {val.get('accuracy', float('nan')):.4f} at sigmoid > "
+          f"{filter_train.VALIDATION_THRESHOLD}")
+    return 0

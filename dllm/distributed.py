@@ -1,0 +1,54 @@
+"""Multi-process runs: one process, or the processes of a `torchrun` / `accelerate launch`
+launch through accelerate's `PartialState`."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def world_size() -> int:
+    """Processes of this launch (WORLD_SIZE; 1 outside a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    """True in a single-process run and on the main process of a multi-process launch."""
+    if world_size() <= 1:
+        return True
+    return int(os.environ.get("RANK", os.environ.get("PROCESS_INDEX", "0"))) == 0
+
+
+class Distributed:
+    """This process's place in the launch: `rank`, `world`, its `device`, a barrier and a gather
+    of Python objects. Single process: rank 0 of 1, the barrier and gather do nothing."""
+
+    def __init__(self):
+        self.state = None
+        self.rank, self.world = 0, 1
+        if world_size() > 1:
+            try:
+                from accelerate import PartialState   # optional: only multi-process launches need it
+            except ImportError:
+                raise RuntimeError("a multi-process launch needs accelerate: pip install 'dllm[dist]'") from None
+            self.state = PartialState(cpu=not torch.cuda.is_available())
+            self.rank, self.world = self.state.process_index, self.state.num_processes
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device | None:
+        """The launch's device for this process; None in a single-process run."""
+        return None if self.state is None else self.state.device
+
+    def barrier(self) -> None:
+        if self.state is not None:
+            self.state.wait_for_everyone()
+
+    def gather(self, rows: list) -> list:
+        if self.state is None:
+            return rows
+        from accelerate.utils import gather_object
+        return gather_object(rows)
