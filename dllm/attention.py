@@ -15,8 +15,8 @@ registry of lazy import paths, so an optional backend costs nothing until it is 
     sdpa    torch's scaled_dot_product_attention
     triton  the Triton flash-attention kernel of `dllm.kernels.attention` (CUDA tensors, or CPU
             tensors under TRITON_INTERPRET=1); rows with no valid key give zeros, not NaN
-    auto    the backend measured fastest for the device, now `sdpa` on CPU and CUDA (the kernel
-            lost to it on an H200, see `auto_attention`); `default_backend(device)` names it
+    auto    the backend measured fastest for the device, now `sdpa` on CPU and CUDA (why:
+            docs/kernels.md §Attention backends); `default_backend(device)` names it
 """
 from __future__ import annotations
 
@@ -50,12 +50,9 @@ def sdpa_attention(q, k, v, key_valid, scale):
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-# `auto`: the backend measured fastest for the device, sdpa on CPU and on CUDA alike. On an H200
-# (bf16, batch 1, a 32-query block against 512-4096 keys) torch's sdpa beat the Triton kernel in 14
-# of the 16 shapes of `benchmarks/bench_kernels.py`; a generation step of the llada-compute preset
-# took 8.1 ms with sdpa and 15.9 ms with the kernel, and a cached step of the LLaDA-8B shape 25 ms
-# and 35 ms (README, Kernels). `attention="triton"` still selects the kernel. An alias, not a
-# wrapper: it runs once per layer.
+# `auto`: the backend measured fastest for the device, sdpa on CPU and on CUDA alike (the
+# measurements behind the choice: docs/kernels.md §Attention backends and §Measurements).
+# `attention="triton"` still selects the kernel. An alias, not a wrapper: it runs once per layer.
 auto_attention = sdpa_attention
 
 

@@ -4,7 +4,7 @@ Keys are stored after RoPE at their canvas column in preallocated per-layer buff
 `(B, H_kv, L, D)`. A step recomputes the columns of its plan, scatters their fresh K/V into the
 buffers and lets those queries attend over the whole canvas. Because columns never move, no cached
 key is ever re-rotated. Every cache of the literature is a policy choosing the recomputed set
-(DESIGN §2.2, spec models-and-caches §7):
+(docs/caches.md §Policies):
 
 | policy     | recomputed each step                                 | full refresh                           |
 |------------|------------------------------------------------------|----------------------------------------|

@@ -18,19 +18,17 @@ output and its log-sum-exp; a second kernel merges them.
 
 Dtypes: fp16, bf16 and fp32 (q, k, v alike); the output has q's dtype. fp32 inputs use IEEE fp32
 dots, not TF32, so results match torch's fp32 attention.
-Head dims: any D <= 256; tiles are padded to the next power of two >= 16 with masked loads. The
-real models use 64 and 128.
+Head dims: any D <= 256; tiles are padded to the next power of two >= 16 with masked loads.
+LLaDA-8B and Dream-7B use 128.
 Semantics at the edges: a query row with no valid key (a fully padded row, or L == 0) gets zeros,
 where softmax would give NaN. Keys with key_valid False are never read as values, so padding
 entries of a cache may hold anything, NaN included.
 
-Caution:
-- The launch configurations (`CONFIGS`, `_pick_config`, `_pick_splits`) follow the usual flash
-  attention forward settings and have not yet been timed on a GPU in this repository;
-  `benchmarks/bench_kernels.py --configs` times each of them at the real models' shapes.
-- Tested with triton 3.9.0: on CPU under TRITON_INTERPRET=1 in fp32 and fp16. The interpreter
-  gets bf16 arithmetic wrong, so there bf16 tiles are converted to fp32 before the dots (on a GPU
-  bf16 dots run natively); it runs programs one after another and says nothing about speed.
+Launch configurations (`CONFIGS`, `_pick_config`, `_pick_splits`) follow the usual flash-attention
+forward settings and are not tuned for a particular GPU; `benchmarks/bench_kernels.py --configs`
+times each of them at the real models' shapes (timings: docs/kernels.md §Measurements).
+Under TRITON_INTERPRET=1 bf16 tiles are converted to fp32 before the dots, since the interpreter
+gets bf16 arithmetic wrong; on a GPU bf16 dots run natively.
 """
 from __future__ import annotations
 

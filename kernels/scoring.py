@@ -29,9 +29,7 @@ below -2.8 (6e-8) is clipped onto it and the mass above 22.9 (1e-10) is missing;
 distribution is otherwise exact up to fp32 rounding of l - T log E.
 
 `token_scores` dispatches: the kernel on CUDA tensors when triton is installed, the reference
-elsewhere; `DLLM_SCORING=torch|triton|auto` (or `impl=`) overrides.
-
-Tested with triton 3.9.0 on CPU under TRITON_INTERPRET=1 (fp32, fp16 logits).
+elsewhere; `DLLM_SCORING=torch|triton|auto` (or `impl=`) overrides. See docs/kernels.md §Token scoring.
 """
 from __future__ import annotations
 

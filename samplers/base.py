@@ -1,4 +1,4 @@
-"""The sampler contract (DESIGN §2.3).
+"""The sampler contract (docs/architecture.md §5).
 
 A sampler is built from a name and keyword arguments (`dllm.samplers.get("low_confidence")`).
 For each step the generation loop asks it which canvas columns it needs scores for, runs the

@@ -15,8 +15,8 @@ logits dtype; confidences are read from it, as the reference does. The reference
 the batch-averaged mask count; rows of one request always hold equal counts, so k is per row here
 (identical for the reference's inputs, and it keeps rows independent). With steps = gen_length the
 first step commits nothing, as in the reference.
-Published defaults: steps 512, eps 1e-3, alg origin (generation_config), temperature 0; README
-example: alg entropy, temperature 0.2, top_p 0.95, alg_temp 0.
+Published defaults: steps 512, eps 1e-3, alg origin (generation_config), temperature 0; Dream's
+README example: alg entropy, temperature 0.2, top_p 0.95, alg_temp 0.
 """
 from __future__ import annotations
 

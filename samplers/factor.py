@@ -1,5 +1,5 @@
 """Fast-dLLM factor rule (arXiv:2505.22618, Theorem 1; NVlabs Fast-dLLM `llada/generate.py`,
-`get_transfer_index_dynamic`, added upstream in July 2025).
+`get_transfer_index_dynamic`).
 
 Semi-autoregressive blocks. Each step the masked positions of the active block are sorted by
 confidence, c_(1) >= ... >= c_(n) (the un-tempered probability of the candidate; ties go to the

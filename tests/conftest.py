@@ -1,4 +1,4 @@
-"""Shared fixtures. Set TRITON_INTERPRET before anything imports dllm.kernels (STYLE §2)."""
+"""Shared fixtures. Set TRITON_INTERPRET before anything imports dllm.kernels (docs/contributing.md §Tests)."""
 import os
 
 import torch

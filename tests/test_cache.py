@@ -1,4 +1,4 @@
-"""Cache policies (DESIGN §2.2, spec models-and-caches §7): what each step recomputes, what the K/V
+"""Cache policies (docs/caches.md): what each step recomputes, what the K/V
 buffers hold after it, exactness where exactness is owed, and Fast-dLLM's published loops."""
 import warnings
 
@@ -674,4 +674,4 @@ def test_cli_cache_flags(llada_dir, capsys):
     assert main(args + ["--cache", "dual", "--cache-arg", "refresh=0"]) == 2
     assert "cache policy 'dual': refresh must be an integer >= 1 or None, got 0" in capsys.readouterr()[1]
     assert main(args + ["--cache", "dual", "--cfg-scale", "1"]) == 2
-    assert "--cfg-scale 1.0 > 0 is not supported with --cache dual" in capsys.readouterr()[1]
+    assert "cfg_scale 1.0 > 0 is not supported with cache policy 'dual'" in capsys.readouterr()[1]

@@ -30,7 +30,7 @@ def scores(result):
 
 
 # ----------------------------------------------------------------------------------------------
-# §6.1 lenient parse vectors, label ["A B", "C D"]
+# Lenient parse vectors (docs/parallelbench.md §Metrics), label ["A B", "C D"]
 # ----------------------------------------------------------------------------------------------
 
 LABEL = '["A B", "C D"]'
@@ -104,7 +104,7 @@ def test_strict_score_separates_format_from_content():
 
 QUEUE = ["Charlotte Chavez", "Grace Baker", "Keith Cooper"]
 NEW = "Aaron Stewart"
-INSERTED = ["Charlotte Chavez", "Grace Baker", "Aaron Stewart", "Keith Cooper"]   # spec §3.4, index 2
+INSERTED = ["Charlotte Chavez", "Grace Baker", "Aaron Stewart", "Keith Cooper"]   # NEW inserted at index 2
 
 
 def test_list_match_gold_and_wrong():
@@ -261,7 +261,7 @@ def test_latin_answer_validation():
 
 
 # ----------------------------------------------------------------------------------------------
-# Sudoku (spec §3.4 record)
+# Sudoku
 # ----------------------------------------------------------------------------------------------
 
 PUZZLE = "0042\n2031\n4023\n3214"

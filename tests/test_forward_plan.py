@@ -1,4 +1,4 @@
-"""The forward contract of DESIGN §2.1-2.2: logits only where asked, a recompute plan over cached
+"""The forward contract (docs/architecture.md §7): logits only where asked, a recompute plan over cached
 K/V at absolute positions, Dream's shift inside the model."""
 import pytest
 import torch

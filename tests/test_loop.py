@@ -1,4 +1,4 @@
-"""The loop's invariants, driven by deliberately misbehaving samplers (DESIGN §2.3)."""
+"""The loop's invariants, driven by deliberately misbehaving samplers (docs/architecture.md §4)."""
 import pytest
 import torch
 

@@ -48,7 +48,8 @@ SUDOKU_SIZE = 4
 # ----------------------------------------------------------------------------------------------
 
 def parse_list(text: str) -> list[str]:
-    """Lenient list parse (spec §6.1); never fails, an unreadable text gives whatever pieces it has.
+    """Lenient list parse (docs/parallelbench.md §Metrics); never fails, an unreadable text gives
+    whatever pieces it has.
 
     1. If `[` occurs, keep the text after the last `[`.
     2. If `]` then occurs, keep the text before the first `]`.
@@ -99,7 +100,7 @@ def parse_list_strict(text: str) -> list[str] | None:
 
 
 def parse_sudoku(text: str) -> list[str] | None:
-    """Lenient 4×4 Sudoku parse (spec §6.4): 4 rows of 4 digit characters, or None.
+    """Lenient 4×4 Sudoku parse (docs/parallelbench.md §Metrics): 4 rows of 4 digit characters, or None.
 
     Spaces and commas are deleted; every non-empty line contributes its ASCII digits, and the
     lines holding exactly 4 digits are kept. Exactly 4 such lines are required, so `1 3 4 2`,
@@ -230,7 +231,7 @@ def list_random_replace_score(prediction: str, answer) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def latin_square_score(prediction: str, answer) -> dict:
-    """Latin Square (spec §6.3) over the symbol set `S = set(answer["symbols"])`, `s = |S|`.
+    """Latin Square (docs/parallelbench.md §Metrics) over the symbol set `S = set(answer["symbols"])`, `s = |S|`.
 
     Lenient `score`: strip the lines of the prediction and drop empty ones; keep the lines whose
     comma-separated, stripped cells form exactly the set `S`; with fewer than `s` such lines the
@@ -278,7 +279,7 @@ def _latin_valid(rows: list[list[str]], target: set[str], first_row: list[str] |
 
 
 def sudoku_score(prediction: str, answer) -> dict:
-    """4×4 Sudoku (spec §6.4): the parsed grid equals the solution exactly.
+    """4×4 Sudoku (docs/parallelbench.md §Metrics): the parsed grid equals the solution exactly.
 
     `answer` is the solution as stored: 4 lines of 4 digits joined by newlines
     (`"1342\\n2431\\n4123\\n3214"`). `score` uses `parse_sudoku` (lenient), `score_strict` uses

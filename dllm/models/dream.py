@@ -1,7 +1,7 @@
 """Dream (Dream-org/Dream-v0-Base-7B / -Instruct-7B): the Qwen2 config and weight names of the
 published checkpoints, mapped onto the shared bidirectional transformer.
 
-Architecture (spec: models-and-caches §3.3-3.4): Qwen2 layers with q/k/v biases, GQA (28 heads on
+Architecture (docs/fidelity.md §Architectures): Qwen2 layers with q/k/v biases, GQA (28 heads on
 4 KV heads in the 7B model), RMSNorm eps 1e-6, RoPE theta 1e6 whose cos/sin are cast to the
 activation dtype before rotating, attention never causal, untied `lm_head`. Dream keeps the
 autoregressive alignment: hidden state i-1 predicts token i. That shift is applied inside the

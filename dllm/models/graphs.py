@@ -1,8 +1,8 @@
 """CUDA graphs of the inference forward: one graph per input layout, replayed step after step.
 
-At batch 1 on a GPU a decoding step is paced by the host. A 32-column cached step of the LLaDA-8B
-shape launches about 1700 kernels at 16-24 us of host time each, more than the kernels take
-(README, KV caches). A CUDA graph records those launches once and replays them in one call.
+At batch 1 on a GPU a decoding step can be paced by the host: a cached step launches many small
+kernels, and launching them takes longer than running them (measurements: docs/kernels.md
+§Measurements). A CUDA graph records those launches once and replays them in one call.
 
 A graph replays fixed addresses, so everything it touches must stay where it was captured: the
 weights (`DiffusionTransformer._apply` drops the graphs when the model moves or changes dtype), the

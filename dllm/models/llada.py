@@ -1,7 +1,7 @@
 """LLaDA (GSAI-ML/LLaDA-8B-Base / -Instruct, LLaDA-1.5): the OLMo-style config and weight names
 of the published checkpoints, mapped onto the shared bidirectional transformer.
 
-Architecture (spec: models-and-caches §2.5): pre-norm RMSNorm (eps 1e-5), NeoX RoPE rotated in
+Architecture (docs/fidelity.md §Architectures): pre-norm RMSNorm (eps 1e-5), NeoX RoPE rotated in
 fp32 (theta 5e5), separate q/k/v without biases, SwiGLU with the gate in `ff_proj` and the up
 projection in `up_proj` (a Llama habit of reading `up_proj` as the gate loads but is wrong),
 untied LM head `ff_out`, no logit shift: position i predicts token i.

@@ -5,7 +5,7 @@ Both families are pre-norm SwiGLU transformers with rotary embeddings and non-ca
 their differences (q/k/v biases, the precision of the rotation, Dream's one-position logit shift,
 weight names) are fields of `ModelConfig` and the per-family files `llada.py` and `dream.py`.
 
-Forward contract (DESIGN §2.1-2.2): the canvas `x` never moves. A forward recomputes the positions
+Forward contract (docs/architecture.md §7): the canvas `x` never moves. A forward recomputes the positions
 a plan names, writes their keys (after RoPE) and values at their absolute canvas columns in a
 `KVCache` when one is given, lets those queries attend over every valid key, and returns logits
 only at the columns asked for, aligned so that row i predicts token i.
@@ -24,13 +24,10 @@ from .graphs import ForwardGraphs
 
 
 # On CPU, float32 products with a few rows (a cached step's block, a block's masked columns at the
-# LM head) ran 1.2-3x faster as W @ x^T than as x @ W^T for weights of a million entries and more:
-# the BLAS library takes a slow path when the output has few rows. Measured on a 2-core Intel Xeon
-# (AVX-512), torch 2.13: llada-compute's head at 13 rows 117 -> 42 ms, its 1024x2816 MLP weights at
-# 32 rows 1.25 -> 0.84 ms, the LLaDA-8B head at 13 rows 390 -> 149 ms; below 8 rows and from 64 on
-# the two orders tie or x @ W^T wins. The order of a dot product's additions can differ between the
-# two paths, so results agree to float32 rounding, not bit for bit (neither order is the same for
-# every row count to begin with). `benchmarks/bench_linear.py` measures both on the machine at hand.
+# LM head) and a large weight are computed as W @ x^T instead of x @ W^T, because BLAS takes a slow
+# path when the output has few rows (timings: docs/kernels.md §Small-row products and §Measurements).
+# The order of a dot product's additions can differ between the two paths, so results agree to
+# float32 rounding, not bit for bit. `benchmarks/bench_linear.py` measures both on the machine at hand.
 SMALL_ROWS = (8, 48)            # rows (all leading dimensions together) that take W @ x^T on CPU
 SMALL_ROWS_MIN_WEIGHT = 1 << 20  # entries of the smallest weight that does
 

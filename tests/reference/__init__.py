@@ -1,6 +1,6 @@
 """Independent plain-torch oracles for the dllm runtime.
 
-`arch_ref` re-implements the LLaDA and Dream forwards from spec/models-and-caches.md §2.5 / §3.3;
+`arch_ref` re-implements the LLaDA and Dream forwards (docs/fidelity.md §Architectures);
 `samplers_ref` transcribes the published decoding loops (ML-GSAI/LLaDA ``generate.py``, Dream's
 ``diffusion_generate``). Written to be read, not to be fast; nothing here imports `dllm`.
 """

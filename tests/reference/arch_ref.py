@@ -1,6 +1,6 @@
 """Plain-torch reference forwards of LLaDA-8B and Dream-v0-7B, from the real state-dict layout.
 
-Written from spec/models-and-caches.md §2.5-2.6 (LLaDA) and §3.3-3.5 (Dream); independent of
+Written from the published architectures (docs/fidelity.md §Architectures); independent of
 `dllm`. Functions take the checkpoint's ``state_dict`` (real HF names) and its ``config.json`` dict.
 
 Numerics, per model (these are the points where the two families differ):
@@ -120,7 +120,7 @@ def llada_forward_ref(
     input_ids: Tensor,
     attention_mask: Tensor | None = None,
 ) -> Tensor:
-    """LLaDA forward (spec §2.5-2.6): ``input_ids`` (B, L) -> aligned logits (B, L, embedding_size).
+    """LLaDA forward: ``input_ids`` (B, L) -> aligned logits (B, L, embedding_size).
 
     ``state_dict`` uses the real names (``model.transformer.wte.weight`` ...); ``config`` is the
     ``config.json`` dict. ``attention_mask`` (B, L), 1 = real token, is used only when it contains a
@@ -180,7 +180,7 @@ def dream_forward_ref(
     input_ids: Tensor,
     attention_mask: Tensor | None = None,
 ) -> Tensor:
-    """Dream forward (spec §3.3, mask convention §3.5): ``input_ids`` (B, L) -> RAW logits (B, L, V).
+    """Dream forward (mask convention: see the module docstring): ``input_ids`` (B, L) -> RAW logits (B, L, V).
 
     Row i of the result predicts token i + 1 (Qwen2 next-token alignment); apply
     :func:`dream_shift` to align. ``attention_mask`` (B, L), 1 = real token: when it has a zero,

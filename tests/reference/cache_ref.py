@@ -1,9 +1,9 @@
 """Fast-dLLM's PrefixCache and DualCache decoding loops, transcribed as plain loops: the oracle for
 dllm's `prefix` and `dual` cache policies.
 
-Source: spec models-and-caches.md §7.6-7.7 and samplers.md §3.3 (NVlabs/Fast-dLLM
-``llada/generate.py``: ``generate_with_prefix_cache``, ``generate_with_dual_cache``,
-``get_transfer_index``). Batch size 1, no padding, temperature 0. For each block [s, e):
+Source: NVlabs/Fast-dLLM ``llada/generate.py`` (``generate_with_prefix_cache``,
+``generate_with_dual_cache``, ``get_transfer_index``); docs/caches.md §Policies. Batch size 1, no
+padding, temperature 0. For each block [s, e):
 
 1. A full forward over the canvas that returns every layer's keys (after RoPE) and values. Its
    logits are the block's first decoding step (commit within [s, e)).
@@ -24,8 +24,8 @@ most confident ones. Ties go to the lowest column (a stable sort instead of ``to
 The mask id is never a candidate (its logit is -inf), as in dllm and the other oracles here.
 
 Dream (``logit_shift``): the hidden state at column j-1 predicts token j. Fast-dLLM's Dream code
-scores the block's first position with a stale logit; here (dllm's documented choice, spec §7.8
-"non-reference mode") every window is widened one column to the left, s-1, so the first block
+scores the block's first position with a stale logit; here (dllm's documented choice,
+docs/caches.md §Policies) every window is widened one column to the left, s-1, so the first block
 position is predicted by a freshly computed hidden state: PrefixCache keeps the K/V of columns
 < s-1 and forwards x[:, s-1:], DualCache replaces [s-1, e). The logits are then shifted.
 

@@ -1,11 +1,11 @@
-"""Plain re-statements of Learn2PD's published rule (spec samplers.md §3.6), used as oracles for
+"""Plain re-statements of Learn2PD's published rule (docs/samplers.md §10), used as oracles for
 `dllm.samplers.learn2pd` and the loop's canvas truncation.
 
 * :func:`learn2pd_rule_ref`: one step of one row, on Python lists over the canvas columns.
 * :func:`learn2pd_generate_ref`: the batch-1 decoding loop with the canvas physically cut, as the
   published loop does (`x = x[:, :cut + 1]`), so every later forward runs on the shorter canvas.
 
-Written from the spec, step for step; deliberate differences from the published code: top-k ties go
+Written from the published rule, step for step; deliberate differences from the published code: top-k ties go
 to the lowest column (stable sort) and a top-k larger than the masked count selects only masked
 positions (the published `topk` then picks already-decoded columns, which changes nothing).
 """

@@ -1,5 +1,5 @@
 """Plain re-statements of the published parallel-unmasking rules, used as oracles for dllm's
-samplers (spec samplers.md §3.3, §3.4, §3.5, §3.7, §3.8).
+samplers (docs/samplers.md §4-§9).
 
 Each function decides ONE step for ONE row, on Python lists, in the order the publication states
 the rule (loops, no tensors), so that it shares no code path with the vectorised samplers:
@@ -14,7 +14,7 @@ the rule (loops, no tensors), so that it shares no code path with the vectorised
 
 Inputs are the candidates of one row: confidences c (the probability of the candidate token),
 their absolute columns, entropies, etc. Returned commit sets hold candidate indices (positions
-in the input lists). Ties go to the LOWER column, the convention dllm fixes (spec §6.5).
+in the input lists). Ties go to the LOWER column, the convention dllm fixes (docs/samplers.md §Ties).
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def eb_ref(entropy_bits: list[float], keys: list[float], cols: list[int], gamma:
 
 def adablock_block_length_ref(tokens: list[int], conf: list[float], cols: list[int], start: int, remaining: int,
                               window: int, delimiters: set[int], tau_d: float, base_block: int) -> int:
-    """AdaBlock's length for the block opening at column `start` (spec §3.4 steps 2-4)."""
+    """AdaBlock's length for the block opening at column `start` (docs/samplers.md §6, steps 1-3)."""
     win = min(window, remaining)
     best = None
     for i in range(len(tokens)):

@@ -1,9 +1,9 @@
 """Literal re-transcriptions of the published decoding loops, used as oracles for dllm's samplers.
 
-* :func:`llada_generate_ref`: ML-GSAI/LLaDA ``generate.py`` at HEAD b7e6c35 (spec
-  models-and-caches.md §5.1, samplers.md §2.1, §3.1).
+* :func:`llada_generate_ref`: ML-GSAI/LLaDA ``generate.py`` at HEAD b7e6c35
+  (docs/samplers.md §2).
 * :func:`dream_generate_ref`: Dream's ``diffusion_generate`` / ``_sample`` from the HF model repo's
-  ``generation_utils.py`` (spec models-and-caches.md §5.2, samplers.md §2.3, §3.2).
+  ``generation_utils.py`` (docs/samplers.md §3).
 
 Both loops are re-written from the algorithms, step for step in the reference order, with three
 deliberate, documented differences:
@@ -118,7 +118,7 @@ def llada_generate_ref(
         cfg_scale: unsupervised classifier-free guidance; the unconditional copy masks every
             position that was not a mask in the initial canvas (pads included).
         logits_eos_inf: set the ``eos_id`` logit column to -inf before the argmax.
-        confidence_eos_eot_inf: the literal reference quirk (spec Q2): after the argmax, -inf goes
+        confidence_eos_eot_inf: the literal reference quirk (docs/samplers.md §2): after the argmax, -inf goes
             into the ``eos_id`` column of the noised logits and the ``eot_id`` column of the raw
             logits; at T == 0 they are one tensor, so EOS/EOT predictions get confidence 0.
         eos_id, eot_id: required by the two flags above (LLaDA-8B: 126081, 126348).
