@@ -17,6 +17,10 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+from . import generators
+from .metrics import METRICS
 from .tasks import TASKS, Task, get_task, messages
 
 _NESTED = ("dataset/parallel_bench/data/output/test", "data/output/test", "output/test", "test")
@@ -77,8 +81,6 @@ def _task_config(root: Path, task_id: str) -> dict:
     path = root / task_id.split("/", 1)[0] / "task_config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; every category folder needs its task_config.yaml")
-    import yaml
-
     try:
         configs = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
@@ -97,8 +99,6 @@ def official_task(root: str | Path, task_id: str) -> Task:
     """The task as the official files define it (their prompt template and metric)."""
     root = find_official_root(root)
     entry = _task_config(root, task_id)
-    from .metrics import METRICS
-
     if entry["metric"] not in METRICS:
         raise ValueError(f"task {task_id!r} names metric {entry['metric']!r}; known metrics: {', '.join(METRICS)}")
     known = TASKS.get(task_id)
@@ -154,8 +154,6 @@ def load_official(root: str | Path, tasks: list[str] | None = None, limit: int |
 
 def load_generated(tasks: list[str], limit: int | None = None, **options) -> Dataset:
     """Samples of our seeded generators' held-out test split (`dllm.eval.generators`)."""
-    from . import generators
-
     ds = Dataset("generated", "dllm.eval.generators test split"
                  + "".join(f" {k}={v}" for k, v in sorted(options.items())))
     for task_id in tasks:
@@ -169,8 +167,6 @@ def load_generated(tasks: list[str], limit: int | None = None, **options) -> Dat
 def write_official_layout(folder: str | Path, records: dict[str, list[dict]]) -> Path:
     """Write `{task_id: records}` in the official layout (JSONL + per-category task_config.yaml),
     so generated data can be read back by `load_official` or by other tools."""
-    import yaml
-
     folder = Path(folder)
     by_category: dict[str, dict] = {}
     for task_id, recs in records.items():

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import snapshot_download
+from safetensors import SafetensorError, safe_open
+from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 from ..attention import get_backend
 from ..config import ModelConfig
@@ -132,10 +135,6 @@ def resolve_checkpoint(path_or_id: str | os.PathLike | None) -> Path:
         raise FileNotFoundError(f"no checkpoint folder at {name!r}, and it is neither a shipped model "
                                 f"{shipped_models()} nor a hub id of the form 'org/name'")
     try:
-        from huggingface_hub import snapshot_download
-    except ImportError:  # pragma: no cover - huggingface_hub is a dependency
-        raise FileNotFoundError(f"{name!r} is not a local folder and huggingface_hub is not installed") from None
-    try:
         return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS))
     except Exception as err:  # offline, unknown repo, gated, ...
         try:  # an earlier download may sit in the local cache
@@ -186,8 +185,6 @@ def _weight_files(folder: Path) -> list[Path]:
 
 def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None, device) -> dict[str, torch.Tensor]:
     """Read every safetensors file, check the key set against `names` and rename to internal names."""
-    from safetensors import SafetensorError, safe_open
-
     out: dict[str, torch.Tensor] = {}
     seen: set[str] = set()
     unexpected: list[str] = []
@@ -274,8 +271,6 @@ def load_tokenizer(folder: Path, family: str):
     Dream ships a remote `DreamTokenizer` class that is a copy of Qwen2's BPE; its vocab.json,
     merges.txt and added tokens load as transformers' own Qwen2 tokenizer.
     """
-    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
-
     if not any((folder / f).is_file() for f in ("tokenizer.json", "vocab.json")):
         raise FileNotFoundError(f"no tokenizer in {folder}: expected tokenizer.json, or vocab.json and merges.txt")
     if (folder / "vocab.json").is_file() and not (folder / "merges.txt").is_file() \

@@ -6,6 +6,10 @@ import math
 import os
 from pathlib import Path
 
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
 from .pareto import pareto_front
 from .summaries import task_names
 
@@ -24,16 +28,11 @@ def _series(summaries: list[dict]) -> dict[str, list[dict]]:
 
 
 def _style(names: list[str]) -> dict[str, tuple]:
-    from matplotlib import colormaps
-
     cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
     return {n: (cmap(i % cmap.N), _MARKERS[i % len(_MARKERS)]) for i, n in enumerate(names)}
 
 
 def _figure(figsize):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=figsize, dpi=110, layout="constrained")
     FigureCanvasAgg(fig)           # Agg without pyplot: no global backend switch
     return fig

@@ -292,12 +292,6 @@ def run_sweep(grid: Grid, out_dir: str | os.PathLike, *, progress: bool = True, 
     """Run (or resume) every configuration of `grid`, then write the summaries, report and plots
     into `out_dir` (main process only). Returns this grid's summaries and the report."""
     out_dir = Path(out_dir)
-    if plots:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise RuntimeError("the sweep's plots need matplotlib: pip install 'matplotlib>=3.7' (or pass "
-                               "--no-plots)") from None
     dist = Distributed()
     plan = _plan(grid, out_dir, dist)
     initial = sum(plan.done_samples(i) for i in plan.todo)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
 from ..eval import generators
 from ..eval.tasks import get_task, messages

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerFast
 
 from ..models.llada import LLaDAModel
 from .config import TrainConfig, phase_configs, recipe_fields
