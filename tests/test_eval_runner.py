@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from dllm.eval import data, runner
-from dllm.eval.tasks import TASKS
 
 # Fields that legitimately differ between two runs of the same configuration.
 VOLATILE = {"timestamp", "seconds", "batch_seconds", "batch_size", "hardware"}

@@ -4,7 +4,6 @@ the options several commands share are defined once in `options`."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from . import bench, generate, samplers, sweep, train
 from .options import parse_kv

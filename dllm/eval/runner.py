@@ -145,7 +145,8 @@ class ResultsFile:
                 fh.truncate(keep)
         return len(data) - keep
 
-    def rows(self) -> list[dict]:
+    def records(self) -> list[dict]:
+        """Every JSON object of the file, in order; blank lines and a torn last line are skipped."""
         if not self.path.is_file():
             return []
         out = []
@@ -155,12 +156,16 @@ class ResultsFile:
                 if not line:
                     continue
                 try:
-                    row = json.loads(line)
+                    record = json.loads(line)
                 except json.JSONDecodeError:
                     continue        # a torn last line (repaired by the main process)
-                if isinstance(row, dict) and "run_id" in row:
-                    out.append(row)
+                if isinstance(record, dict):
+                    out.append(record)
         return out
+
+    def rows(self) -> list[dict]:
+        """The result rows of the file (records with a run id)."""
+        return [r for r in self.records() if "run_id" in r]
 
     def append(self, rows: list[dict]) -> None:
         if not rows:

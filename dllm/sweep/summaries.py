@@ -75,21 +75,7 @@ def _lengths(p: SweepPoint) -> dict:
 def read_summaries(path: str | os.PathLike) -> list[dict]:
     """The summary rows of a summaries file, in file order ([] when there is none); lines that are
     not summary rows are skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and row.get("kind") == "summary" and "summary_id" in row:
-            out.append(row)
-    return out
+    return [r for r in runner.ResultsFile(path).records() if r.get("kind") == "summary" and "summary_id" in r]
 
 
 def write_summary(path: str | os.PathLike, row: dict) -> None:

@@ -68,8 +68,6 @@ def build_tokenizer(texts, vocab_size: int, whole_names: bool = False):
     whole_names: a capitalised word, one space and another capitalised word ("Ann Lee") stay one
     pre-token, so the BPE can learn one token per full name of the training text; other text is
     split as GPT-2 splits it. Names the training text never held fall back to smaller pieces."""
-    from transformers import PreTrainedTokenizerFast   # imported on use: importing dllm.train stays light
-
     tok = Tokenizer(models.BPE())
     steps = [pre_tokenizers.Digits(individual_digits=True)]
     if whole_names:

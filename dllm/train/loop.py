@@ -224,8 +224,6 @@ def _phase_tokenizer(cfg: TrainConfig, tok_dir: Path, records: dict[str, list[di
     """The phase's tokenizer: the one saved in `tok_dir` by an earlier session, else the start model's,
     else one built on the rendered training text; saved in `tok_dir` when new."""
     if (tok_dir / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast   # imported on use: importing dllm.train stays light
-
         return PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
     if start is not None:
         tokenizer = start[1]
