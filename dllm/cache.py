@@ -120,14 +120,15 @@ class KVCache:
     def layout(self, rows: torch.Tensor, positions: torch.Tensor, *, every_column: bool | None = None,
                every_row: bool | None = None) -> tuple[bool, bool]:
         """(every column is fresh, `rows` are all the buffers' rows in order) for a forward that
-        writes `positions` (B', P) of `rows` (B',). A forward asks once and hands the answer to each
-        layer's `update`: each test it does not already know is a host-device sync on a GPU."""
+        writes `positions` (B', P) of `rows` (B',), distinct and increasing. A forward asks once
+        and hands the answer to each layer's `update`. The rows are all rows exactly when there
+        are as many as the buffers hold (no sync); a column test it does not already know is a
+        host-device sync on a GPU."""
         if every_column is None:
             every_column = positions.shape[1] == self.length and bool(
                 (positions == torch.arange(self.length, device=positions.device)).all())
         if every_row is None:
-            B = self.k[0].shape[0]
-            every_row = rows.shape[0] == B and bool((rows == torch.arange(B, device=rows.device)).all())
+            every_row = rows.shape[0] == self.k[0].shape[0]
         return every_column, every_row
 
     def update(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -241,7 +241,8 @@ def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
 
 
 def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Decision, flush: bool) -> torch.Tensor:
-    """Write the allowed commits of `dec`; returns (B',) rows whose masks were flushed by the cap."""
+    """Write the allowed commits of `dec`; with `flush`, returns the rows whose masks the cap
+    flushed (None otherwise)."""
     x = state.x
     cols_masked = x[rows].gather(1, positions) == state.ids.mask                 # (B', Q)
     # The sampler's tokens where it committed; commits the loop forces (progress, cap flush) take
@@ -256,17 +257,17 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
         commit &= in_block
     if dec.fill_all is not None:
         commit |= dec.fill_all[:, None] & allowed
-    forced = torch.zeros_like(rows, dtype=torch.bool)
+    forced = None
     if flush:
         forced = (allowed & ~commit).any(1)
         commit = allowed
     elif not sampler.fixed_schedule:
-        # Progress: a row that commits nothing commits its most confident candidate.
+        # Progress: a row that commits nothing commits its most confident candidate (worked out
+        # for every row, so that no host sync decides whether any row is stuck).
         stuck = ~commit.any(1) & (allowed & in_block).any(1)
-        if stuck.any():
-            conf = scores.prob.double().masked_fill(~(allowed & in_block), float("-inf"))
-            best = conf.argmax(1)
-            commit[stuck, best[stuck]] = True
+        conf = scores.prob.double().masked_fill(~(allowed & in_block), float("-inf"))
+        best = conf.argmax(1)
+        commit |= stuck[:, None] & (torch.arange(commit.shape[1], device=commit.device) == best[:, None])
     r_idx, q_idx = commit.nonzero(as_tuple=True)
     b = rows[r_idx]
     col = positions[r_idx, q_idx]
@@ -274,7 +275,7 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     state.commit_step[b, col - state.gen_start] = state.global_step
     if dec.truncate_at is not None:  # after the commits: a cut may keep a position committed just now
         state.truncate(rows, dec.truncate_at)
-    return rows[forced]
+    return None if forced is None else rows[forced]
 
 
 def _width_groups(plan: torch.Tensor) -> list[tuple[torch.Tensor, int]] | None:
@@ -391,7 +392,7 @@ def decode(model, state: DecodeState, request: Request,
         _open_blocks(state, sampler, rows)
         # A row with no mask left in its generation region is done.
         left = (state.is_mask[rows] & state.in_generation()[None, :]).any(1)
-        state.finished[rows[~left]] = True
+        state.finished[rows] |= ~left
         if on_step is not None:
             on_step(state)
     return forwards

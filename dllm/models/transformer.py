@@ -252,7 +252,7 @@ class DiffusionTransformer(nn.Module):
                       first real token); None = 0..L-1.
         key_valid:    (B, L) bool, False for padding keys; None = all valid.
         cache:        a `dllm.cache.KVCache`; the recomputed K/V are written into it.
-        rows:         (B,) cache rows of this batch (None: 0..B-1).
+        rows:         (B,) cache rows of this batch, distinct and increasing (None: 0..B-1).
         Returns (B, Q, V) logits in the model dtype.
         """
         B, L = x.shape

@@ -1,0 +1,116 @@
+"""Operations dispatched and host-device synchronisations per step type of a decode, counted with
+`dllm.overhead` (a torch dispatch mode). The counts do not depend on the machine.
+
+    python benchmarks/bench_overhead.py                                   # tiny presets, the default grid
+    python benchmarks/bench_overhead.py --presets llada-compute --batch 1,8 --sites
+    python benchmarks/bench_overhead.py --out overhead.jsonl              # one JSON row per configuration
+
+Per configuration it prints the calls, operations per call and synchronisations per call of the
+full forward, the cached forward and the rest of a step (scoring + sampler + commit + loop
+bookkeeping, per step), and with --sites where each synchronisation comes from. Models are built
+with random weights on CPU; the prompt is `--prompt-length` tokens, the same in every row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+import dllm
+from dllm import provenance
+from dllm.config import GenerationConfig, ModelConfig
+from dllm.overhead import KINDS, count_decode
+
+DEFAULT_GRID = (("low_confidence", "none"), ("threshold", "none"), ("threshold", "dual"), ("threshold", "prefix"),
+                ("low_confidence", "dkv-decode"), ("threshold", "dkv-greedy"))
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"error: {what} {text!r} must be comma-separated positive integers") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"error: {what} {text!r} must be comma-separated positive integers")
+    return values
+
+
+def _grid(text: str | None) -> list[tuple[str, str]]:
+    if text is None:
+        return list(DEFAULT_GRID)
+    pairs = []
+    for item in text.split(","):
+        if "+" not in item:
+            raise SystemExit(f"error: --grid item {item!r} must look like SAMPLER+CACHE, e.g. threshold+dual")
+        sampler, cache = item.split("+", 1)
+        pairs.append((sampler.strip(), cache.strip()))
+    return pairs
+
+
+def row(preset: str, batch: int, sampler: str, cache: str, args, model) -> dict:
+    """Count one configuration: a batch of `batch` equal-length prompts."""
+    vocab = model.config.vocab_size
+    special = {model.config.mask_token_id, model.config.pad_token_id}
+    tokens = [t for t in range(1, vocab) if t not in special][:args.prompt_length]
+    prompts = [tokens[b:] + tokens[:b] for b in range(batch)]
+    config = GenerationConfig(gen_length=args.gen_length, block_length=args.block_length, sampler=sampler,
+                              cache=cache, seed=0)
+    counts = count_decode(model, prompts, config)
+    out = {"preset": preset, "batch": batch, "sampler": sampler, "cache": cache, "gen_length": args.gen_length,
+           "block_length": args.block_length, "prompt_length": args.prompt_length, "forwards": counts.forwards}
+    for kind in KINDS:
+        ops, syncs = counts.per_call(kind)
+        c = counts.counts[kind]
+        out[kind] = {"calls": counts.steps if kind == "loop" else c.calls, "ops_per_call": round(ops, 2),
+                     "syncs_per_call": round(syncs, 2), "sync_sites": dict(c.sync_sites.most_common())}
+    return out
+
+
+def _print(r: dict, sites: bool) -> None:
+    cells = "  ".join(f"{k} {r[k]['calls']:>3}x {r[k]['ops_per_call']:7.1f} ops {r[k]['syncs_per_call']:5.2f} syncs"
+                      for k in KINDS)
+    print(f"{r['preset']:<14} B={r['batch']:<3} {r['sampler']:<15} {r['cache']:<11} {r['forwards']:>4} fwd  {cells}")
+    if sites:
+        for kind in KINDS:
+            for site, n in r[kind]["sync_sites"].items():
+                print(f"{'':<20}{kind:<7} {n / max(r[kind]['calls'], 1):6.2f}/call  {site}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="llada-tiny,dream-tiny", help="model presets (dllm.config.PRESETS)")
+    ap.add_argument("--batch", default="1", help="batch sizes, comma-separated")
+    ap.add_argument("--grid", default=None, help="SAMPLER+CACHE pairs, comma-separated (default: "
+                    + ",".join(f"{s}+{c}" for s, c in DEFAULT_GRID) + ")")
+    ap.add_argument("--gen-length", type=int, default=32)
+    ap.add_argument("--block-length", type=int, default=16)
+    ap.add_argument("--prompt-length", type=int, default=16)
+    ap.add_argument("--sites", action="store_true", help="list where each synchronisation comes from")
+    ap.add_argument("--out", default=None, help="append one JSON row per configuration to this file")
+    args = ap.parse_args(argv)
+    batches, grid = _ints(args.batch, "--batch"), _grid(args.grid)
+    rows = []
+    try:
+        for preset in [p.strip() for p in args.presets.split(",") if p.strip()]:
+            model = dllm.build_model(ModelConfig.from_name(preset), seed=0)
+            for batch in batches:
+                for sampler, cache in grid:
+                    r = row(preset, batch, sampler, cache, args, model)
+                    _print(r, args.sites)
+                    rows.append(r)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.out:
+        common = {"torch": torch.__version__, "versions": provenance.versions(),
+                  "hardware": provenance.hardware(), "timestamp": provenance.timestamp()}
+        with open(args.out, "a", encoding="utf-8") as fh:
+            for r in rows:
+                fh.write(json.dumps({**r, **common}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
