@@ -268,14 +268,23 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
         conf = scores.prob.double().masked_fill(~(allowed & in_block), float("-inf"))
         best = conf.argmax(1)
         commit |= stuck[:, None] & (torch.arange(commit.shape[1], device=commit.device) == best[:, None])
-    r_idx, q_idx = commit.nonzero(as_tuple=True)
-    b = rows[r_idx]
-    col = positions[r_idx, q_idx]
-    x[b, col] = tokens[r_idx, q_idx]
-    state.commit_step[b, col - state.gen_start] = state.global_step
+    _write_commits(state, rows, positions, commit, tokens)
     if dec.truncate_at is not None:  # after the commits: a cut may keep a position committed just now
         state.truncate(rows, dec.truncate_at)
     return None if forced is None else rows[forced]
+
+
+def _write_commits(state: DecodeState, rows, positions, commit, tokens) -> None:
+    """Write `tokens` (B', Q) where `commit`, and the step, without reading the device: each row's
+    changes are added at its columns, zero where nothing is committed, so the padding entries
+    (repeated columns, never committed) change nothing."""
+    x_rows = state.x[rows]                                                        # (B', L)
+    delta = torch.where(commit, tokens - x_rows.gather(1, positions), 0)
+    state.x[rows] = x_rows.scatter_add(1, positions, delta)
+    steps = state.commit_step[rows]                                               # (B', G)
+    cols = (positions - state.gen_start).clamp(min=0)
+    delta = torch.where(commit, state.global_step - steps.gather(1, cols), 0)
+    state.commit_step[rows] = steps.scatter_add(1, cols, delta)
 
 
 def _width_groups(plan: torch.Tensor) -> list[tuple[torch.Tensor, int]] | None:
@@ -361,8 +370,9 @@ def decode(model, state: DecodeState, request: Request,
         # longest kept row.
         row_end = state.row_end[rows]
         score_mask = score_mask & (state.columns()[None, :] < row_end[:, None])
-        shortest, width = torch.stack(torch.aminmax(row_end)).tolist()   # one device sync
-        positions, valid = select_positions(score_mask)
+        # One device sync reads the shortest and longest kept row and the most columns a row scores.
+        shortest, width, most = torch.stack([*torch.aminmax(row_end), score_mask.sum(1).max()]).tolist()
+        positions, valid = select_positions(score_mask, most)
         plan = policy.plan(state, rows, score_mask)
         # With stored K/V every column the forward runs is re-stored: padding entries repeat a
         # scored column rather than column 0, so a row's cache never depends on its batch.

@@ -157,14 +157,17 @@ class DecodeState:
         return torch.arange(self.batch_size, device=self.x.device) if rows is None else rows
 
 
-def select_positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def select_positions(mask: torch.Tensor, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn a (B, L) bool mask into padded column indices.
 
     Returns positions (B, Q) with the selected columns in increasing order, then padding that
     repeats column 0, and valid (B, Q) bool; Q = the largest count in any row (at least 1).
+    `most`: that largest count when the caller has already read it (no device sync here).
     """
     counts = mask.sum(1)
-    q = max(int(counts.max()) if mask.numel() else 0, 1)
+    if most is None:
+        most = int(counts.max()) if mask.numel() else 0
+    q = max(most, 1)
     cols = torch.arange(mask.shape[1], device=mask.device)
     # Selected columns first, in order: sort by (not selected, column).
     keys = (~mask).long() * mask.shape[1] + cols
