@@ -32,6 +32,8 @@ _SCORE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def _score_dtype(name: str, model) -> torch.dtype:
     return model.dtype if name == "logits" else _SCORE_DTYPES[name]
+
+
 DEFAULT_SAMPLERS = {"llada": "low_confidence", "dream": "entropy"}
 
 
