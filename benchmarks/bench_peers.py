@@ -1,0 +1,423 @@
+"""dllm against NVlabs/Fast-dLLM's own LLaDA code: the same checkpoint, prompts and settings, in one run.
+
+Fast-dLLM's code is not part of this repository. Give its checkout with `--fastdllm DIR` (the
+folder holding `llada/generate.py`); `benchmarks/peers/fastdllm_driver.py` imports it from there,
+in a separate virtual environment with transformers 4.x (Fast-dLLM's `modeling_llada.py` is
+remote code written for it), built by `benchmarks/peers/setup_env.sh`:
+
+    bash benchmarks/peers/setup_env.sh runs/peers-venv
+    git clone https://github.com/NVlabs/Fast-dLLM /tmp/fastdllm     # or, from a bare mirror:
+    #   mkdir -p /tmp/fastdllm && git --git-dir=MIRROR archive HEAD llada | tar -x -C /tmp/fastdllm
+    python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --out rows.jsonl    # llada-compute (~35 min on 2 cores)
+    python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --quick             # llada-tiny smoke run (seconds)
+    python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --checkpoint dllm/assets/llada-pb-tiny
+
+The checkpoint is a random-weight model of a dllm preset (`--preset`, default `llada-compute`:
+d 1024, 8 layers, the real 126464-token vocabulary; `dllm.build_model(..., seed)`) written in the
+LLaDA Hugging Face layout under `--workdir` (reused when it is there), or any LLaDA folder given
+with `--checkpoint`. Both sides read that folder: dllm with `dllm.models.loading.load_model`,
+Fast-dLLM with its `LLaDAModelLM.from_pretrained(..., torch_dtype=...)`. The prompts are
+`--prompts` rows of `--prompt-length` random token ids below the smallest special id (seeded),
+each decoded alone (batch 1: Fast-dLLM's functions build a one-row canvas), at temperature 0;
+`--prompt-ids FILE` gives the prompts instead (a JSON list of token-id lists).
+
+Configurations (`--configs`), Fast-dLLM function <-> dllm request (`score_dtype="float64"`: both
+compute confidences with a float64 softmax):
+
+    threshold       generate(threshold=t)                   sampler="threshold" tau=t, cache="none"
+    prefix          generate_with_prefix_cache(threshold=t) sampler="threshold" tau=t, cache="prefix"
+    dual            generate_with_dual_cache(threshold=t)   sampler="threshold" tau=t, cache="dual"
+    low_confidence  generate(threshold=None, steps=S)       sampler="low_confidence", steps=S
+                    (LLaDA's fixed per-step counts; not in the default set)
+
+With a threshold Fast-dLLM's `steps` only has to be a multiple of the number of blocks (each step
+commits the top-1 masked block position and every other with confidence >= t, until the block
+holds no mask); gen_length is passed. Each side runs every configuration once untimed
+(`--warmup-runs`) and then `--repeats` times; the median is reported. dllm runs first, in this
+process; then the driver runs in a subprocess with `--peer-python` (default
+`runs/peers-venv/bin/python`); never both at once. `--threads` sets torch's thread count on both
+sides (default: torch's own default, the same on both).
+
+Printed per configuration: whether the generated tokens are identical (else the first differing
+position of the generated region), forwards on each side, seconds on each side and the ratio
+dllm / peer. A full forward of both models on the first canvas is compared too (max |logit
+difference| at a few columns), so a token difference can be told apart from an arithmetic one.
+`--out FILE` appends one JSON line per configuration with provenance: dllm's versions, the peer's
+versions, hardware, timestamp, our git commit and the peer's commit (`--fastdllm-git GITDIR`, a
+bare mirror, or the checkout's own .git; else "unknown") and the sha256 of the two Fast-dLLM files.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+import dllm
+from dllm.config import ModelConfig
+from dllm.models.llada import config_to_hf, hf_names
+from dllm.models.loading import load_model
+from dllm.provenance import hardware, timestamp, versions
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = REPO / "benchmarks" / "peers" / "fastdllm_driver.py"
+DEFAULT_PEER_PYTHON = "runs/peers-venv/bin/python"
+DEFAULT_WORKDIR = "runs/bench-peers"
+DTYPES = ("float32", "bfloat16", "float16")
+
+# name -> (Fast-dLLM function, dllm sampler, dllm cache, uses the threshold)
+CONFIGS = {
+    "threshold": ("generate", "threshold", "none", True),
+    "prefix": ("generate_with_prefix_cache", "threshold", "prefix", True),
+    "dual": ("generate_with_dual_cache", "threshold", "dual", True),
+    "low_confidence": ("generate", "low_confidence", "none", False),
+}
+DEFAULT_CONFIGS = "threshold,prefix,dual"
+QUICK = dict(preset="llada-tiny", prompt_length=32, gen_length=64, block_length=16)
+
+
+# -- the checkpoint ------------------------------------------------------------------------------
+def write_checkpoint(cfg: ModelConfig, folder: str | Path, *, seed: int = 0, init_std: float = 0.02) -> Path:
+    """A random-weight LLaDA model of `cfg` (`dllm.build_model(cfg, seed=seed)`, float32) written
+    in the LLaDA Hugging Face layout: `model.safetensors` with the published weight names and a
+    `config.json` with the published key set (no tokenizer: both sides take token ids)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model = dllm.build_model(cfg, seed=seed, init_std=init_std)
+    state = model.state_dict()
+    tensors = {hf: state[ours].detach().contiguous() for hf, ours in hf_names(cfg).items()}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config_to_hf(cfg, torch_dtype="float32"), indent=2) + "\n")
+    return folder
+
+
+def preset_checkpoint(preset: str, workdir: Path, seed: int) -> Path:
+    """The checkpoint folder of `preset` under `workdir`, written unless a complete one is there."""
+    folder = workdir / f"ckpt-{preset}-seed{seed}"
+    stamp = folder / "dllm_build.json"
+    identity = {"preset": preset, "seed": seed, "init_std": 0.02, "dllm": dllm.__version__}
+    if stamp.is_file() and json.loads(stamp.read_text()) == identity and (folder / "model.safetensors").is_file():
+        return folder
+    print(f"writing the {preset} checkpoint (seed {seed}) to {folder}")
+    write_checkpoint(ModelConfig.from_name(preset), folder, seed=seed)
+    stamp.write_text(json.dumps(identity) + "\n")
+    return folder
+
+
+def make_prompts(cfg: ModelConfig, n: int, length: int, seed: int) -> list[list[int]]:
+    """`n` rows of `length` token ids drawn uniformly below the smallest special id."""
+    special = [i for i in (cfg.mask_token_id, cfg.eos_token_id, cfg.pad_token_id, cfg.bos_token_id,
+                           cfg.eot_token_id) if i is not None]
+    high = min(min(special), cfg.vocab_size)
+    if high < 2:
+        raise ValueError(f"no ordinary token ids below the special ids {special}")
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, high, (n, length), generator=gen).tolist()
+
+
+def read_prompt_ids(path: str | Path, cfg: ModelConfig) -> list[list[int]]:
+    """Prompt token ids from a JSON file holding a non-empty list of non-empty lists of ids in the
+    vocabulary, none of them the mask id."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--prompt-ids file {path} not found")
+    rows = json.loads(path.read_text())
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, list) and r for r in rows):
+        raise ValueError(f"--prompt-ids {path} must hold a non-empty JSON list of non-empty lists of token ids")
+    for r in rows:
+        bad = [t for t in r if not isinstance(t, int) or not 0 <= t < cfg.vocab_size or t == cfg.mask_token_id]
+        if bad:
+            raise ValueError(f"--prompt-ids {path}: token id(s) {bad[:5]} are not ids in [0, {cfg.vocab_size}) "
+                             f"other than the mask id {cfg.mask_token_id}")
+    return rows
+
+
+# -- argument checks -------------------------------------------------------------------------------
+def check_peer(fastdllm: str | None, peer_python: str) -> tuple[Path, Path]:
+    """The Fast-dLLM checkout and the peer interpreter, checked before any model is built."""
+    if not fastdllm:
+        raise FileNotFoundError("no Fast-dLLM checkout given: pass --fastdllm DIR, the folder of a checkout of "
+                                "https://github.com/NVlabs/Fast-dLLM (git clone https://github.com/NVlabs/Fast-dLLM "
+                                "DIR, or from a bare mirror: mkdir -p DIR && git --git-dir=MIRROR archive HEAD llada | tar -x -C DIR)")
+    root = Path(fastdllm).expanduser()
+    for rel in ("llada/generate.py", "llada/model/modeling_llada.py"):
+        if not (root / rel).is_file():
+            raise FileNotFoundError(f"Fast-dLLM checkout {root} has no {rel}: --fastdllm must name the folder that "
+                                    f"holds llada/generate.py (git clone https://github.com/NVlabs/Fast-dLLM {root})")
+    python = Path(peer_python).expanduser()
+    if not python.is_file() or not os.access(python, os.X_OK):
+        venv = python.parent.parent if python.parent.name == "bin" else Path("runs/peers-venv")
+        raise FileNotFoundError(f"no peer Python at {python}: build the peer environment with "
+                                f"`bash benchmarks/peers/setup_env.sh {venv}`, or pass --peer-python PATH")
+    return root.resolve(), python
+
+
+def peer_commit(root: Path, git_dir: str | None) -> str:
+    """The Fast-dLLM commit: `git --git-dir GIT_DIR rev-parse HEAD`, else the checkout's own, else "unknown"."""
+    cmd = (["git", "--git-dir", git_dir, "rev-parse", "HEAD"] if git_dir
+           else ["git", "-C", str(root), "rev-parse", "HEAD"] if (root / ".git").exists() else None)
+    if cmd is None:
+        return "unknown"
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def our_commit() -> tuple[str | None, bool | None]:
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip() != ""
+        return head, dirty
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+
+
+# -- dllm's side -----------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def dllm_request(name: str, args) -> dict:
+    _, sampler, cache, uses_threshold = CONFIGS[name]
+    req = dict(gen_length=args.gen_length, block_length=args.block_length, sampler=sampler, cache=cache,
+               score_dtype="float64", temperature=0.0)
+    if uses_threshold:
+        req["sampler_kwargs"] = {"tau": args.threshold}
+    else:
+        req["steps"] = args.steps
+    return req
+
+
+def run_dllm(model, prompts, request: dict, device, warmup_runs: int, repeats: int) -> dict:
+    """Every prompt alone (batch 1), `warmup_runs` untimed times, then `repeats` timed times."""
+    def run_all():
+        tokens, forwards = [], []
+        gc.collect()
+        sync(device)
+        start = time.perf_counter()
+        for p in prompts:
+            out = dllm.generate(model, None, [p], **request)
+            tokens.append(out.generated[0].tolist())
+            forwards.append(out.forwards)
+        sync(device)
+        return time.perf_counter() - start, tokens, forwards
+
+    warmup = [run_all()[0] for _ in range(warmup_runs)]
+    seconds, tokens = [], None
+    for _ in range(repeats):
+        s, again, forwards = run_all()
+        seconds.append(s)
+        if tokens is not None and again != tokens:
+            raise RuntimeError("dllm gave different tokens on a repeat; the comparison needs deterministic runs")
+        tokens = again
+    return {"tokens": tokens, "forwards": forwards, "seconds": statistics.median(seconds), "seconds_all": seconds,
+            "warmup_seconds": warmup}
+
+
+def first_difference(a: list[list[int]], b: list[list[int]]) -> tuple[int | None, int | None, int]:
+    """(prompt index, position in the generated region) of the first differing token, and the
+    number of differing tokens over all prompts."""
+    first, count = (None, None), 0
+    for i, (ra, rb) in enumerate(zip(a, b)):
+        diff = [j for j, (x, y) in enumerate(zip(ra, rb)) if x != y] + list(range(min(len(ra), len(rb)),
+                                                                                max(len(ra), len(rb))))
+        count += len(diff)
+        if diff and first == (None, None):
+            first = (i, diff[0])
+    return first[0], first[1], count
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fastdllm", help="Fast-dLLM checkout (the folder holding llada/generate.py)")
+    ap.add_argument("--fastdllm-git", help="git dir of that checkout (e.g. a bare mirror), for its commit")
+    ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON,
+                    help=f"python of the peer environment (default {DEFAULT_PEER_PYTHON}; "
+                         f"built by benchmarks/peers/setup_env.sh)")
+    ap.add_argument("--preset", default=None, help="dllm ModelConfig preset of the random checkpoint "
+                                                   "(default llada-compute; llada-tiny with --quick)")
+    ap.add_argument("--checkpoint", help="a LLaDA checkpoint folder instead of a random preset")
+    ap.add_argument("--seed", type=int, default=0, help="weights and prompts seed")
+    ap.add_argument("--prompts", type=int, default=1, help="prompts, each decoded alone (batch 1)")
+    ap.add_argument("--prompt-ids", help="JSON file with a list of prompt token-id lists, used instead of random "
+                                         "prompts (e.g. task prompts for a trained --checkpoint)")
+    ap.add_argument("--prompt-length", type=int, default=None, help="default 256 (32 with --quick)")
+    ap.add_argument("--gen-length", type=int, default=None, help="default 256 (64 with --quick)")
+    ap.add_argument("--block-length", type=int, default=None, help="default 32 (16 with --quick)")
+    ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps of the low_confidence configuration (default gen_length)")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma list of {', '.join(CONFIGS)}")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per side and configuration (median)")
+    ap.add_argument("--warmup-runs", type=int, default=1, help="untimed runs before them")
+    ap.add_argument("--dtype", default="float32", choices=DTYPES)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default torch's)")
+    ap.add_argument("--workdir", default=DEFAULT_WORKDIR, help=f"checkpoint, request and peer result "
+                                                               f"(default {DEFAULT_WORKDIR})")
+    ap.add_argument("--out", help="append one JSON row per configuration to this file")
+    ap.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(f"{k} {v}" for k, v in QUICK.items()))
+    args = ap.parse_args(argv)
+
+    base = QUICK if args.quick else dict(preset="llada-compute", prompt_length=256, gen_length=256, block_length=32)
+    for key, value in base.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.steps is None:
+        args.steps = args.gen_length
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in args.configs if c not in CONFIGS]
+    if bad or not args.configs:
+        raise ValueError(f"unknown configuration(s) {', '.join(bad) or '(none given)'}; valid: {', '.join(CONFIGS)}")
+    for name in ("prompts", "prompt_length", "gen_length", "block_length", "steps", "repeats"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if args.warmup_runs < 0:
+        raise ValueError(f"--warmup-runs must be >= 0, got {args.warmup_runs}")
+    if args.gen_length % args.block_length:
+        raise ValueError(f"--block-length {args.block_length} does not divide --gen-length {args.gen_length} "
+                         f"(Fast-dLLM asserts it)")
+    blocks = args.gen_length // args.block_length
+    if "low_confidence" in args.configs and args.steps % blocks:
+        raise ValueError(f"--steps {args.steps} is not a multiple of the {blocks} blocks (Fast-dLLM asserts it)")
+    if not 0 <= args.threshold <= 1:
+        raise ValueError(f"--threshold must lie in [0, 1], got {args.threshold}")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device} asked for, but CUDA is not available here; use cpu")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    root, python = check_peer(args.fastdllm, args.peer_python)
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.checkpoint:
+        ckpt = Path(args.checkpoint).expanduser()
+        if not (ckpt / "config.json").is_file():
+            raise FileNotFoundError(f"no config.json in --checkpoint {ckpt}; pass a LLaDA checkpoint folder")
+        label = str(args.checkpoint)
+    else:
+        ckpt, label = preset_checkpoint(args.preset, workdir, args.seed), args.preset
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    # dllm's side, in this process.
+    model = load_model(ckpt, dtype=args.dtype, device=device)
+    cfg = model.config
+    if cfg.family != "llada":
+        raise ValueError(f"{ckpt} holds a {cfg.family} model; Fast-dLLM's llada/ code runs LLaDA only")
+    if args.prompt_ids:
+        prompts = read_prompt_ids(args.prompt_ids, cfg)
+        args.prompts, args.prompt_length = len(prompts), len(prompts[0])
+    else:
+        prompts = make_prompts(cfg, args.prompts, args.prompt_length, args.seed)
+    Lp, G = len(prompts[0]), args.gen_length
+    logit_positions = sorted({Lp - 1, Lp, Lp + 1, Lp + G // 2, Lp + G - 1})
+    canvas = torch.full((1, Lp + G), cfg.mask_token_id, dtype=torch.long, device=device)
+    canvas[0, :Lp] = torch.tensor(prompts[0], device=device)
+    with torch.no_grad():
+        our_logits = model(canvas)[0, logit_positions].float().cpu()
+    load_before = os.getloadavg()[0]
+    ours = {}
+    for name in args.configs:
+        ours[name] = run_dllm(model, prompts, dllm_request(name, args), device, args.warmup_runs, args.repeats)
+        print(f"dllm {name}: forwards {ours[name]['forwards']}, {ours[name]['seconds']:.2f} s", flush=True)
+    del model
+    gc.collect()
+
+    # The peer's side, in its own environment.
+    request = {"prompts": prompts, "gen_length": G, "block_length": args.block_length, "steps": G,
+               "threshold": args.threshold, "mask_id": cfg.mask_token_id, "temperature": 0.0,
+               "remasking": "low_confidence", "repeats": args.repeats, "warmup_runs": args.warmup_runs,
+               "device": args.device, "dtype": args.dtype, "threads": args.threads,
+               "logit_positions": logit_positions,
+               "functions": [{"name": n, "function": CONFIGS[n][0], **({} if CONFIGS[n][3]
+                                                                      else {"threshold": None, "steps": args.steps})}
+                             for n in args.configs]}
+    req_path, res_path = workdir / "request.json", workdir / "peer_result.json"
+    req_path.write_text(json.dumps(request) + "\n")
+    res_path.unlink(missing_ok=True)
+    cmd = [str(python), str(DRIVER), "--fastdllm", str(root), "--checkpoint", str(ckpt.resolve()),
+           "--request", str(req_path), "--out", str(res_path)]
+    print("running the peer:", " ".join(cmd), flush=True)
+    done = subprocess.run(cmd)
+    if done.returncode != 0 or not res_path.is_file():
+        raise RuntimeError(f"the Fast-dLLM driver failed (exit status {done.returncode}); its messages are above")
+    load_after = os.getloadavg()[0]
+    peer = json.loads(res_path.read_text())
+    peer_logits = torch.load(str(res_path) + ".logits.pt", weights_only=True)["logits"]
+    logit_diff = float((our_logits - peer_logits).abs().max())
+    logit_scale = float(our_logits.abs().max())
+
+    commit = peer_commit(root, args.fastdllm_git)
+    head, dirty = our_commit()
+    shared = {"timestamp": timestamp(), "versions": versions(), "peer_versions": peer["versions"],
+              "hardware": hardware(), "git_commit": head, "git_dirty": dirty, "peer": "NVlabs/Fast-dLLM",
+              "peer_commit": commit, "peer_files_sha256": peer["fastdllm_files_sha256"],
+              "load_avg_1m": [load_before, load_after], "checkpoint": label, "n_params": cfg.n_params,
+              "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "seed": args.seed,
+              "batch": 1, "prompts": args.prompts, "prompt_length": Lp, "prompt_lengths": [len(p) for p in prompts],
+              "prompt_source": args.prompt_ids or f"random (seed {args.seed})", "gen_length": G,
+              "block_length": args.block_length, "threshold": args.threshold, "dtype": args.dtype,
+              "device": args.device, "threads": torch.get_num_threads(), "peer_threads": peer["threads"],
+              "repeats": args.repeats, "warmup_runs": args.warmup_runs, "logit_positions": logit_positions,
+              "logits_max_abs_diff": logit_diff, "logits_max_abs": logit_scale}
+    rows = []
+    lengths = sorted({len(p) for p in prompts})
+    shown = lengths[0] if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
+    print(f"\n{label}: prompt {shown}, gen {G}, block {args.block_length}, threshold {args.threshold}, "
+          f"{args.dtype}, {args.device}, batch 1, {args.prompts} prompt(s); Fast-dLLM {commit[:12]}")
+    print(f"full forward on the first canvas: max |logit difference| {logit_diff:.3g} "
+          f"(max |logit| {logit_scale:.3g})")
+    print(f"{'config':<15} {'Fast-dLLM function':<28} {'identical':<12} {'forwards':>15} "
+          f"{'dllm s':>9} {'peer s':>9} {'dllm/peer':>9}")
+    for entry in peer["results"]:
+        name = entry["name"]
+        mine = ours[name]
+        row_i, pos, count = first_difference(mine["tokens"], entry["tokens"])
+        same = count == 0
+        ratio = mine["seconds"] / entry["seconds"] if entry["seconds"] > 0 else float("inf")
+        req = dllm_request(name, args)
+        row = {**shared, "config": name, "peer_function": entry["function"], "peer_kwargs": entry["kwargs"],
+               "dllm_request": req, "tokens_identical": same, "first_diff_prompt": row_i,
+               "first_diff_position": pos, "mismatched_tokens": count,
+               "dllm_forwards": mine["forwards"], "peer_forwards": entry["forwards"], "peer_nfe": entry["nfe"],
+               "dllm_seconds": mine["seconds"], "peer_seconds": entry["seconds"],
+               "dllm_seconds_all": mine["seconds_all"], "peer_seconds_all": entry["seconds_all"],
+               "dllm_warmup_seconds": mine["warmup_seconds"], "peer_warmup_seconds": entry["warmup_seconds"],
+               "ratio": ratio}
+        rows.append(row)
+        ident = "yes" if same else f"no @{pos}" + (f" (p{row_i})" if args.prompts > 1 else "")
+        fw = f"{sum(mine['forwards'])} / {sum(entry['forwards'])}"
+        print(f"{name:<15} {entry['function']:<28} {ident:<12} {fw:>15} {mine['seconds']:>9.2f} "
+              f"{entry['seconds']:>9.2f} {ratio:>9.3f}")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        print(f"appended {len(rows)} row(s) to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Run NVlabs/Fast-dLLM's own LLaDA decoding functions on a checkpoint and report tokens, forwards and
+seconds: the peer side of `benchmarks/bench_peers.py`.
+
+This script runs INSIDE the peer virtual environment (`benchmarks/peers/setup_env.sh`: torch,
+transformers 4.x, einops), not in dllm's: it imports nothing from dllm. Fast-dLLM's code is
+imported at run time from the checkout given with `--fastdllm DIR` (`DIR/llada/generate.py`,
+`DIR/llada/model/modeling_llada.py`); none of it is part of this repository.
+
+    python benchmarks/peers/fastdllm_driver.py --fastdllm ~/Fast-dLLM --checkpoint CKPT \
+        --request request.json --out result.json
+
+The request (JSON) holds:
+
+    prompts       list of lists of prompt token ids; each is decoded alone (batch 1, as
+                  Fast-dLLM's functions build a one-row canvas)
+    gen_length, block_length, steps
+    threshold     confidence threshold, or null for LLaDA's fixed per-step counts
+    functions     names in llada/generate.py to run: generate, generate_with_prefix_cache,
+                  generate_with_dual_cache; an entry may also be an object {"name": ...,
+                  "function": ..., "threshold": ..., "steps": ...} overriding the shared settings
+    mask_id       the mask token id (LLaDA: 126336)
+    temperature   0 (greedy) unless given; remasking "low_confidence" unless given
+    repeats       timed runs per function (median reported), default 1
+    warmup_runs   untimed runs before them, default 1
+    device, dtype "cpu" / "cuda", "float32" / "bfloat16" / "float16"
+    threads       torch.set_num_threads on the CPU (null: torch's default)
+    max_forwards  forwards per prompt after which a run is an error (default 4 * gen_length + 64)
+    logit_positions  canvas columns whose logits of one full forward on the first prompt's
+                  canvas (prompt + masks) are written to OUT with suffix .logits.pt, so that the
+                  caller can compare the two implementations' arithmetic
+
+The result (JSON) holds the versions of this environment, the load time and per function:
+`tokens` (the generated region of every prompt), `forwards` (calls of the model's forward per
+prompt, counted by wrapping it), `nfe` (the count the function itself returns), `seconds` (median
+over repeats of the summed time over prompts), `seconds_all` and `warmup_seconds`.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import inspect
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16", "float16")
+FUNCTIONS = ("generate", "generate_with_prefix_cache", "generate_with_dual_cache")
+
+
+def fail(message: str) -> None:
+    print(f"fastdllm_driver: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def import_fastdllm(root: Path):
+    """Fast-dLLM's `llada/generate.py` as a module, with `root/llada` on sys.path (its own import
+    is `from model.modeling_llada import LLaDAModelLM`), and that LLaDAModelLM class."""
+    llada = root / "llada"
+    gen_path, model_path = llada / "generate.py", llada / "model" / "modeling_llada.py"
+    for p in (gen_path, model_path):
+        if not p.is_file():
+            fail(f"{p} not found: --fastdllm must be a checkout of https://github.com/NVlabs/Fast-dLLM "
+                 f"(the folder holding llada/generate.py)")
+    sys.path.insert(0, str(llada))
+    spec = importlib.util.spec_from_file_location("fastdllm_llada_generate", gen_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from model.modeling_llada import LLaDAModelLM  # noqa: E402  (the same module generate.py imported)
+    files = {"llada/generate.py": sha256(gen_path), "llada/model/modeling_llada.py": sha256(model_path)}
+    return module, LLaDAModelLM, files
+
+
+def check_signature(fn, kwargs: dict) -> None:
+    """Every keyword we pass must be a parameter of Fast-dLLM's function (read from its code)."""
+    params = inspect.signature(fn).parameters
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        fail(f"{fn.__name__}{inspect.signature(fn)} takes no argument(s) {', '.join(unknown)}; "
+             f"this checkout of Fast-dLLM differs from the one the driver was written for")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fastdllm", required=True, type=Path, help="Fast-dLLM checkout (holds llada/generate.py)")
+    ap.add_argument("--checkpoint", required=True, type=Path, help="LLaDA checkpoint folder (HF layout)")
+    ap.add_argument("--request", required=True, type=Path, help="request JSON (see the module docstring)")
+    ap.add_argument("--out", required=True, type=Path, help="result JSON")
+    args = ap.parse_args(argv)
+
+    if not (args.checkpoint / "config.json").is_file():
+        fail(f"no config.json in checkpoint folder {args.checkpoint}")
+    req = json.loads(args.request.read_text())
+    for key in ("prompts", "gen_length", "block_length", "steps", "functions", "mask_id"):
+        if key not in req:
+            fail(f"request {args.request} lacks {key!r}")
+    if req.get("dtype", "float32") not in DTYPES:
+        fail(f"dtype {req['dtype']!r} is not one of {', '.join(DTYPES)}")
+
+    import torch  # after the argument checks: the peer environment's torch
+
+    module, model_cls, files = import_fastdllm(args.fastdllm.resolve())
+    import transformers
+
+    if req.get("threads"):
+        torch.set_num_threads(int(req["threads"]))
+    device = torch.device(req.get("device", "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail("device 'cuda' asked for, but this environment's torch has no CUDA")
+    dtype = getattr(torch, req.get("dtype", "float32"))
+
+    t0 = time.perf_counter()
+    # from_pretrained(torch_dtype=...) as in Fast-dLLM's own scripts (transformers 4.57 prints a
+    # deprecation note for the name; it still honours it).
+    model = model_cls.from_pretrained(str(args.checkpoint), torch_dtype=dtype).to(device).eval()
+    load_seconds = time.perf_counter() - t0
+
+    # Count forwards: an instance attribute shadows the class's forward, and nn.Module.__call__
+    # looks the name up on the instance.
+    # A cap on forwards per prompt turns a loop that cannot finish into an error: Fast-dLLM's
+    # functions loop until the block holds no mask, and a committed argmax equal to the mask id
+    # (which they do not exclude) leaves the canvas as it was.
+    calls = [0]
+    inner = model.forward
+    cap = int(req.get("max_forwards") or 4 * int(req["gen_length"]) + 64)
+
+    def counted_forward(*a, **kw):
+        calls[0] += 1
+        if calls[0] > cap:
+            raise RuntimeError(f"more than {cap} forwards for one prompt; the decoding loop does not finish")
+        return inner(*a, **kw)
+
+    model.forward = counted_forward
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    prompts = [torch.tensor([p], dtype=torch.long, device=device) for p in req["prompts"]]
+    G = int(req["gen_length"])
+    results = []
+    for entry in req["functions"]:
+        entry = {"name": entry, "function": entry} if isinstance(entry, str) else dict(entry)
+        fname = entry.get("function", entry["name"])
+        fn = getattr(module, fname, None)
+        if fn is None or fname not in FUNCTIONS:
+            fail(f"unknown function {fname!r}; valid: {', '.join(FUNCTIONS)}")
+        kwargs = dict(steps=int(entry.get("steps", req["steps"])), gen_length=G,
+                      block_length=int(entry.get("block_length", req["block_length"])),
+                      temperature=float(req.get("temperature", 0.0)),
+                      remasking=req.get("remasking", "low_confidence"), mask_id=int(req["mask_id"]),
+                      threshold=entry.get("threshold", req.get("threshold")))
+        check_signature(fn, kwargs)
+
+        def run_all():
+            tokens, forwards, nfes = [], [], []
+            sync()
+            start = time.perf_counter()
+            for prompt in prompts:
+                calls[0] = 0
+                out = fn(model, prompt, **kwargs)
+                x, nfe = out if isinstance(out, tuple) else (out, None)
+                forwards.append(calls[0])
+                nfes.append(None if nfe is None else int(nfe))
+                tokens.append(x[0, prompt.shape[1]:prompt.shape[1] + G].tolist())
+            sync()
+            return time.perf_counter() - start, tokens, forwards, nfes
+
+        warmup = [run_all()[0] for _ in range(int(req.get("warmup_runs", 1)))]
+        seconds, tokens = [], None
+        for _ in range(max(1, int(req.get("repeats", 1)))):
+            s, again, forwards, nfes = run_all()
+            seconds.append(s)
+            if tokens is not None and again != tokens:
+                fail(f"{fname} gave different tokens on a repeat; the comparison needs deterministic runs")
+            tokens = again
+        results.append({"name": entry["name"], "function": fname, "kwargs": kwargs, "tokens": tokens,
+                        "forwards": forwards, "nfe": nfes, "warmup_seconds": warmup,
+                        "seconds": statistics.median(seconds), "seconds_all": seconds})
+        print(f"fastdllm_driver: {entry['name']}: forwards {forwards}, "
+              f"{results[-1]['seconds']:.2f} s", file=sys.stderr)
+
+    positions = req.get("logit_positions") or []
+    if positions:
+        p = prompts[0]
+        canvas = torch.full((1, p.shape[1] + G), int(req["mask_id"]), dtype=torch.long, device=device)
+        canvas[:, :p.shape[1]] = p
+        with torch.no_grad():
+            logits = model(canvas).logits[0, positions].float().cpu()
+        torch.save({"positions": positions, "logits": logits}, str(args.out) + ".logits.pt")
+
+    info = {
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "threads": torch.get_num_threads(), "device": str(device), "dtype": req.get("dtype", "float32"),
+        "fastdllm_files_sha256": files, "load_seconds": load_seconds, "results": results,
+    }
+    args.out.write_text(json.dumps(info) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
