@@ -85,29 +85,38 @@ QUICK = dict(preset="llada-tiny", prompt_length=32, gen_length=64, block_length=
 
 
 # -- the checkpoint ------------------------------------------------------------------------------
-def write_checkpoint(cfg: ModelConfig, folder: str | Path, *, seed: int = 0, init_std: float = 0.02) -> Path:
-    """A random-weight LLaDA model of `cfg` (`dllm.build_model(cfg, seed=seed)`, float32) written
-    in the LLaDA Hugging Face layout: `model.safetensors` with the published weight names and a
-    `config.json` with the published key set (no tokenizer: both sides take token ids)."""
+def write_checkpoint(cfg: ModelConfig, folder: str | Path, *, seed: int = 0, init_std: float = 0.02,
+                     dtype: str = "float32", device: str = "cpu") -> Path:
+    """A random-weight LLaDA model of `cfg` (`dllm.build_model(cfg, seed=seed)`, drawn on `device`
+    in `dtype`) written in the LLaDA Hugging Face layout: `model.safetensors` with the published
+    weight names and a `config.json` with the published key set (no tokenizer: both sides take
+    token ids)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    model = dllm.build_model(cfg, seed=seed, init_std=init_std)
+    model = dllm.build_model(cfg, seed=seed, init_std=init_std, dtype=getattr(torch, dtype), device=device)
     state = model.state_dict()
-    tensors = {hf: state[ours].detach().contiguous() for hf, ours in hf_names(cfg).items()}
+    tensors = {hf: state[ours].detach().to("cpu").contiguous() for hf, ours in hf_names(cfg).items()}
+    del model, state
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config_to_hf(cfg, torch_dtype="float32"), indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(config_to_hf(cfg, torch_dtype=dtype), indent=2) + "\n")
     return folder
 
 
-def preset_checkpoint(preset: str, workdir: Path, seed: int) -> Path:
-    """The checkpoint folder of `preset` under `workdir`, written unless a complete one is there."""
-    folder = workdir / f"ckpt-{preset}-seed{seed}"
+def preset_checkpoint(preset: str, workdir: Path, seed: int, dtype: str = "float32", device: str = "cpu") -> Path:
+    """The checkpoint folder of `preset` under `workdir`, written unless a complete one is there.
+    Float32 weights are drawn on the CPU; other dtypes on `device` (a GPU draws a model of the
+    published shape in seconds)."""
+    device = "cpu" if dtype == "float32" else device
+    suffix = "" if dtype == "float32" else f"-{dtype}-{torch.device(device).type}"
+    folder = workdir / f"ckpt-{preset}-seed{seed}{suffix}"
     stamp = folder / "dllm_build.json"
     identity = {"preset": preset, "seed": seed, "init_std": 0.02, "dllm": dllm.__version__}
+    if suffix:
+        identity.update(dtype=dtype, device=torch.device(device).type)
     if stamp.is_file() and json.loads(stamp.read_text()) == identity and (folder / "model.safetensors").is_file():
         return folder
     print(f"writing the {preset} checkpoint (seed {seed}) to {folder}")
-    write_checkpoint(ModelConfig.from_name(preset), folder, seed=seed)
+    write_checkpoint(ModelConfig.from_name(preset), folder, seed=seed, dtype=dtype, device=device)
     stamp.write_text(json.dumps(identity) + "\n")
     return folder
 
@@ -314,7 +323,7 @@ def main(argv=None) -> int:
             raise FileNotFoundError(f"no config.json in --checkpoint {ckpt}; pass a LLaDA checkpoint folder")
         label = str(args.checkpoint)
     else:
-        ckpt, label = preset_checkpoint(args.preset, workdir, args.seed), args.preset
+        ckpt, label = preset_checkpoint(args.preset, workdir, args.seed, args.dtype, args.device), args.preset
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
