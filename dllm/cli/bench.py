@@ -5,7 +5,6 @@ import sys
 
 from dllm.distributed import is_main_process
 from dllm.eval import data, generators, report, runner
-from dllm.eval.tasks import GROUPS, TASKS, select_tasks
 
 from .options import (add_benchmark_options, add_model_option, add_request_options, add_runtime_options,
                       generation_config)
@@ -56,11 +55,9 @@ def print_report(rows, levels, run_ids=None) -> None:
 
 
 def _write_data(args) -> int:
-    can = [t for t in TASKS if t in set(generators.generator_tasks())]
-    chosen = select_tasks(args.tasks, can) if args.tasks else [t for t in can if t in GROUPS["pure"]]
-    opts = {k: v for k, v in (("sort_key", args.sort_key), ("index_base", args.index_base))
-            if v != {"sort_key": "full_name", "index_base": 0}[k]}
-    recs = {t: generators.make_records(t, split="test", **opts)[:args.limit] for t in chosen}
+    cfg = bench_config(args)
+    opts = runner.generator_options(cfg)
+    recs = {t: generators.make_records(t, split="test", **opts)[:args.limit] for t in runner.generated_tasks(cfg)}
     folder = data.write_official_layout(args.write_data, recs)
     print(f"wrote {sum(map(len, recs.values()))} records of {len(recs)} task(s) to {folder}")
     return 0

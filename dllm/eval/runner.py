@@ -201,15 +201,23 @@ def load_dataset(cfg: BenchConfig) -> Dataset:
         default = [t for t in found if t in GROUPS["all"]] or found
         tasks = default if cfg.tasks is None else select_tasks(cfg.tasks, found)
         return load_official(cfg.data_dir, tasks, cfg.limit)
+    return load_generated(generated_tasks(cfg), cfg.limit, **generator_options(cfg))
+
+
+def generated_tasks(cfg: BenchConfig) -> list[str]:
+    """The generated tasks `cfg.tasks` selects (default: the Waiting Line and Puzzle tasks)."""
     can = [t for t in TASKS if t in set(generators.generator_tasks())]
-    default = [t for t in can if t in GROUPS["pure"]]
-    tasks = default if cfg.tasks is None else select_tasks(cfg.tasks, can)
+    return [t for t in can if t in GROUPS["pure"]] if cfg.tasks is None else select_tasks(cfg.tasks, can)
+
+
+def generator_options(cfg: BenchConfig) -> dict:
+    """The generators' options of `cfg` that differ from the official files' conventions."""
     options = {}
     if cfg.sort_key != "full_name":
         options["sort_key"] = cfg.sort_key
     if cfg.index_base != 0:
         options["index_base"] = cfg.index_base
-    return load_generated(tasks, cfg.limit, **options)
+    return options
 
 
 def text_backends(cfg: BenchConfig, dataset: Dataset) -> text_metrics.Backends:
