@@ -59,12 +59,11 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 import dllm
 from dllm.config import ModelConfig
-from dllm.models.llada import config_to_hf, hf_names
 from dllm.models.loading import load_model
+from dllm.train import save_pretrained
 from dllm.provenance import hardware, timestamp, versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,15 +90,8 @@ def write_checkpoint(cfg: ModelConfig, folder: str | Path, *, seed: int = 0, ini
     in `dtype`) written in the LLaDA Hugging Face layout: `model.safetensors` with the published
     weight names and a `config.json` with the published key set (no tokenizer: both sides take
     token ids)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     model = dllm.build_model(cfg, seed=seed, init_std=init_std, dtype=getattr(torch, dtype), device=device)
-    state = model.state_dict()
-    tensors = {hf: state[ours].detach().to("cpu").contiguous() for hf, ours in hf_names(cfg).items()}
-    del model, state
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config_to_hf(cfg, torch_dtype=dtype), indent=2) + "\n")
-    return folder
+    return save_pretrained(model, None, folder)
 
 
 def preset_checkpoint(preset: str, workdir: Path, seed: int, dtype: str = "float32", device: str = "cpu") -> Path:

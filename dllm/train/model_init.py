@@ -180,7 +180,8 @@ def check_start_shape(init_from: str, have, want) -> None:
 
 
 def save_pretrained(model, tokenizer, folder: str | Path, generation_defaults: dict | None = None) -> Path:
-    """Write `model` and `tokenizer` in the LLaDA Hugging Face layout."""
+    """Write `model` and `tokenizer` (None: weights and configs only) in the LLaDA Hugging Face
+    layout."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = model.config
@@ -189,7 +190,8 @@ def save_pretrained(model, tokenizer, folder: str | Path, generation_defaults: d
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     dtype = str(next(iter(tensors.values())).dtype).replace("torch.", "")
     (folder / "config.json").write_text(json.dumps(config_to_hf(cfg, torch_dtype=dtype), indent=2) + "\n")
-    tokenizer.save_pretrained(str(folder))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
     gen = {"_from_model_config": True, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
            "pad_token_id": cfg.pad_token_id, **(generation_defaults or {})}
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
