@@ -29,11 +29,16 @@ Policy lifecycle (the generation loop calls these and nothing else):
 * `setup(state, model)` once per request, before the first step: resolves model-dependent
   defaults, (re)allocates `self.kv` (a `KVCache`, or None for `none`) and resets the per-row state.
   Idempotent: a policy instance can serve many requests.
-* `plan(state, rows, scored)` once per step, right before the forward, for the unfinished rows
-  `rows` (B',) (finished rows drop out and never come back): returns the (B', P) columns to
-  recompute, or None for a full refresh of every row. `scored` (B', L) bool marks the columns
-  whose logits the sampler asked for. The policy may update its per-row state here: the canvas
-  `state.x[rows]` is exactly what the forward will see.
+* `needs(state, rows, scored)` once or more per step, before the forward, for the unfinished
+  rows `rows` (B',) (finished rows drop out and never come back): a `Needs` (which rows refresh
+  every column, and the (B', L) bool columns each row recomputes), or None for a policy that
+  stores nothing. `scored` (B', L) bool marks the columns whose logits the sampler asked for.
+  It changes nothing and reads nothing back from the device, so the loop can fold its sizes
+  into the one read of the step.
+* `advance(state, rows, needs)` once per step, for the `Needs` the forward follows: the
+  policy's per-row bookkeeping (the canvas `state.x[rows]` is exactly what the forward sees).
+* `plan(state, rows, scored)`: both at once, returning the (B', P) columns to recompute or None
+  for a full refresh of every row (a convenience that reads the plan's width from the device).
 
 * `observe(state, rows, positions, valid, prob)` once per step, after the scoring and before the
   commits: the confidence `prob` (B', Q) of the candidate at each scored column. Only called
@@ -57,6 +62,20 @@ import torch
 from .state import DecodeState, select_positions
 
 
+@dataclass
+class Needs:
+    """What a storing policy recomputes at a step, for rows `rows` (B',) of `CachePolicy.needs`.
+
+    full:    (B',) bool, rows that refresh every column (their K/V are all rewritten).
+    columns: (B', L) bool, the columns each row recomputes (all of them where `full`).
+    unsure:  (B',) bool, rows refreshed by the `guard` only (None without a guard).
+    """
+
+    full: torch.Tensor
+    columns: torch.Tensor
+    unsure: torch.Tensor | None = None
+
+
 class KVCache:
     """Per-layer key/value buffers of shape (B, H_kv, L, D).
 
@@ -71,6 +90,7 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.length = length
+        self.head_index = torch.arange(n_kv_heads, device=device).view(1, -1, 1)    # (1, H_kv, 1)
 
     @classmethod
     def for_model(cls, model, batch: int, length: int) -> "KVCache":
@@ -110,6 +130,7 @@ class KVCache:
         view.k = [t[:, :, :width] for t in self.k]       # (B, H_kv, W, D) views
         view.v = [t[:, :, :width] for t in self.v]
         view.length = width
+        view.head_index = self.head_index
         return view
 
     def reset(self) -> None:
@@ -131,8 +152,15 @@ class KVCache:
             every_row = rows.shape[0] == self.k[0].shape[0]
         return every_column, every_row
 
+    def write_index(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The index of the buffer entries (B', H_kv, P) that `update` writes for `positions` (B', P)
+        of `rows` (B',); a forward builds it once for all its layers."""
+        return rows.view(-1, 1, 1), self.head_index, positions.unsqueeze(1)
+
     def update(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               layout: tuple[bool, bool] | None = None):
+               layout: tuple[bool, bool] | None = None, index: tuple[torch.Tensor, ...] | None = None):
+        """Write k, v (B', H_kv, P, D) at `positions` of `rows` and return the K/V the rows attend
+        over; `layout` and `index` (`write_index`) when the forward has them already."""
         kb, vb = self.k[layer], self.v[layer]
         every_column, every_row = layout if layout is not None else self.layout(rows, positions)
         if every_column:
@@ -144,9 +172,9 @@ class KVCache:
                 kb.index_copy_(0, rows, k)
                 vb.index_copy_(0, rows, v)
             return k, v
-        r = rows[:, None]                               # (B', 1) broadcasts against (B', P)
-        kb[r, :, positions] = k.transpose(1, 2)         # indexed view: (B', P, H_kv, D)
-        vb[r, :, positions] = v.transpose(1, 2)
+        index = self.write_index(rows, positions) if index is None else index
+        kb.index_put_(index, k)                         # entries (B', H_kv, P) <- (B', H_kv, P, D)
+        vb.index_put_(index, v)
         if every_row:
             return kb, vb
         return kb[rows], vb[rows]                       # (B', H_kv, L, D)
@@ -196,8 +224,21 @@ class CachePolicy:
     def setup(self, state: DecodeState, model) -> None:
         """Prepare for a request (idempotent); storing policies allocate or reset `self.kv`."""
 
-    def plan(self, state: DecodeState, rows: torch.Tensor, scored: torch.Tensor | None = None):
+    def needs(self, state: DecodeState, rows: torch.Tensor, scored: torch.Tensor | None = None) -> Needs | None:
+        """This step's `Needs` for `rows`, or None when the policy stores nothing (every step is full)."""
         raise NotImplementedError
+
+    def advance(self, state: DecodeState, rows: torch.Tensor, needs: Needs | None) -> None:
+        """Record the step whose forward follows `needs`."""
+
+    def plan(self, state: DecodeState, rows: torch.Tensor, scored: torch.Tensor | None = None):
+        """`needs` and `advance` at once: the (B', P) columns to recompute (`plan_columns`), or None
+        for a full refresh of every row."""
+        needs = self.needs(state, rows, scored)
+        self.advance(state, rows, needs)
+        if needs is None or bool(needs.full.all()):
+            return None
+        return plan_columns(needs.columns)
 
     def observe(self, state: DecodeState, rows: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
                 prob: torch.Tensor) -> None:
@@ -218,7 +259,7 @@ class NoCache(CachePolicy):
     name = "none"
     needs_storage = False
 
-    def plan(self, state, rows, scored=None):
+    def needs(self, state, rows, scored=None):
         return None
 
 
@@ -277,23 +318,25 @@ class StoringPolicy(CachePolicy):
         r = rows[:, None].expand_as(positions)
         self.confidence[r[valid], positions[valid]] = prob[valid].float()
 
-    def plan(self, state, rows, scored=None):
+    def needs(self, state, rows, scored=None):
         x = state.x[rows]                                                   # (B', L)
         changed = x != self.seen[rows]
-        self.seen[rows] = x
         full = self._full(state, rows)                                      # (B',)
+        unsure = None
         if self.guard is not None:
             unsure = self._unsure(state, rows, scored) & ~full
-            self.guarded[rows] += unsure.long()
             full = full | unsure
-        self.refreshes[rows] += full.long()
-        self.partial_steps[rows] += (~full).long()
-        if bool(full.all()):
-            return None
-        need = self._columns(state, rows, changed, scored) | full[:, None]  # (B', L)
+        columns = self._columns(state, rows, changed, scored) | full[:, None]  # (B', L)
         if self.twins:
-            need |= same_token_columns(x, changed)
-        return plan_columns(need)
+            columns |= same_token_columns(x, changed)
+        return Needs(full, columns, unsure)
+
+    def advance(self, state, rows, needs):
+        self.seen[rows] = state.x[rows]
+        if needs.unsure is not None:
+            self.guarded[rows] += needs.unsure.long()
+        self.refreshes[rows] += needs.full.long()
+        self.partial_steps[rows] += (~needs.full).long()
 
     def _unsure(self, state, rows, scored) -> torch.Tensor:
         """(B',) bool: no masked column the sampler scores now was `guard` confident when last scored."""

@@ -4,7 +4,7 @@
     until every row is finished or the forward cap is hit:
         rows      = unfinished rows (finished rows cost nothing)
         positions = the columns the sampler wants scored
-        plan      = cache_policy.plan(state, rows, scored) which columns to recompute
+        plan      = cache_policy.needs(state, rows, scored) which columns to recompute
         logits    = model(x[rows], positions, plan)      only at the scored columns
         scores    = token_scores(logits)
         decision  = sampler.step(state, rows, positions, scores)
@@ -24,8 +24,9 @@ from . import samplers
 from .cache import CachePolicy, get_policy
 from .config import GenerationConfig
 from .kernels import token_scores
+from .models.transformer import hidden_source, source_columns
 from .samplers import Sampler
-from .state import DecodeState, Decision, SpecialIds, select_positions
+from .state import DecodeState, Decision, SpecialIds, cover_columns, select_positions
 
 _SCORE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -161,7 +162,8 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
     if cfg.seed is not None:
         gen = torch.Generator(device=device).manual_seed(cfg.seed)
     return DecodeState(x=x.to(device), gen_start=lp, gen_length=cfg.gen_length, block_length=block_length,
-                       pad_len=pad_len.to(device), ids=ids, temperature=float(cfg.temperature), generator=gen,
+                       pad_len=pad_len.to(device), padded=lp > min(len(r) for r in rows), ids=ids,
+                       temperature=float(cfg.temperature), generator=gen,
                        score_dtype=_score_dtype(cfg.score_dtype, model), steps=cfg.resolved_steps,
                        family=mc.family,
                        source=getattr(model, "checkpoint_dir", None) or getattr(model, "name_or_path", None))
@@ -225,26 +227,30 @@ def resolve_request(model, cfg: GenerationConfig) -> Request:
 
 # -- the loop ---------------------------------------------------------------------------------
 def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
-    """Move rows whose active block has no mask left to their next block."""
-    while rows.numel():
-        done = ~state.masked_in_block(rows).any(1) & ~state.finished[rows]
-        moving = rows[done]
-        if moving.numel() == 0:
-            return
-        state.block_start[moving] = state.block_end[moving]
-        state.step_in_block[moving] = 0
-        ended = state.block_start[moving] >= state.row_end[moving]
-        state.finished[moving[ended]] = True
-        moving = moving[~ended]
-        state.block_end[moving] = torch.minimum(state.block_start[moving] + state.block_length, state.row_end[moving])
-        if moving.numel():
-            sampler.begin_block(state, moving)
-        rows = moving
+    """Move the rows whose active block has no mask left to their next block (or finish them), for
+    every row at once without reading the device. A row whose next block has no mask either is
+    moved again at the loop's next read (`_stale_blocks`)."""
+    done = ~state.masked_in_block(rows).any(1) & ~state.finished[rows]             # (B',)
+    start = torch.where(done, state.block_end[rows], state.block_start[rows])
+    row_end = state.row_end[rows]
+    ended = done & (start >= row_end)
+    opening = done & ~ended
+    state.block_start[rows] = start
+    state.block_end[rows] = torch.where(opening, torch.minimum(start + state.block_length, row_end),
+                                        state.block_end[rows])
+    state.step_in_block[rows] = state.step_in_block[rows].masked_fill(done, 0)
+    state.finished[rows] = state.finished[rows] | ended
+    sampler.begin_blocks(state, rows, opening)
+
+
+def _stale_blocks(state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
+    """(B',) bool: unfinished rows whose active block has no mask (`_open_blocks` moves them)."""
+    return ~state.masked_in_block(rows).any(1) & ~state.finished[rows]
 
 
 def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Decision, flush: bool) -> torch.Tensor:
-    """Write the allowed commits of `dec`; with `flush`, returns the rows whose masks the cap
-    flushed (None otherwise)."""
+    """Write the allowed commits of `dec`; with `flush`, returns (B',) bool, the rows whose masks
+    the cap flushed (None otherwise)."""
     x = state.x
     cols_masked = x[rows].gather(1, positions) == state.ids.mask                 # (B', Q)
     # The sampler's tokens where it committed; commits the loop forces (progress, cap flush) take
@@ -273,7 +279,7 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     _write_commits(state, rows, positions, commit, tokens)
     if dec.truncate_at is not None:  # after the commits: a cut may keep a position committed just now
         state.truncate(rows, dec.truncate_at)
-    return None if forced is None else rows[forced]
+    return forced
 
 
 def _write_commits(state: DecodeState, rows, positions, commit, tokens) -> None:
@@ -289,7 +295,14 @@ def _write_commits(state: DecodeState, rows, positions, commit, tokens) -> None:
     state.commit_step[rows] = steps.scatter_add(1, cols, delta)
 
 
-def _width_groups(plan: torch.Tensor) -> list[tuple[torch.Tensor, int]] | None:
+def _narrow_rows(counts: torch.Tensor, width):
+    """(B',) columns each row recomputes, padded to `width` -> the rows that need at most half of
+    it (B',) bool, how many there are and the most columns one of them needs (0-dim tensors)."""
+    narrow = counts <= width // 2
+    return narrow, narrow.sum(), counts.masked_fill(~narrow, 0).max()
+
+
+def _width_groups(plan: torch.Tensor, sizes: tuple[int, int] | None = None) -> list[tuple[torch.Tensor, int]] | None:
     """Split the rows of a cache plan (B', P) into a wide and a narrow group, each with the width
     its own forward needs, when one forward would make the narrow rows compute at most half of
     the width they are padded to; None to run the rows together.
@@ -297,20 +310,22 @@ def _width_groups(plan: torch.Tensor) -> list[tuple[torch.Tensor, int]] | None:
     A plan lists each row's columns in increasing order and pads a shorter row by repeating its
     first column, so a row needs 1 + (entries after the first that differ from it) columns. In a
     ragged batch the rows reach their block starts (full refreshes) at different steps; without
-    the split every such step costs every row the whole canvas."""
+    the split every such step costs every row the whole canvas. `sizes`: the number of narrow
+    rows and their width (`_narrow_rows`), when the caller has read them already."""
     B, P = plan.shape
     if B < 2:
         return None
     counts = 1 + (plan[:, 1:] != plan[:, :1]).sum(1)                  # (B',) columns each row needs
-    narrow = counts <= P // 2
-    n_narrow, narrow_width = torch.stack([narrow.sum(), counts.masked_fill(~narrow, 0).max()]).tolist()
+    narrow, n_narrow, narrow_width = _narrow_rows(counts, P)
+    n_narrow, narrow_width = sizes if sizes is not None else torch.stack([n_narrow, narrow_width]).tolist()
     if n_narrow in (0, B):
         return None
     return [(narrow.logical_not().nonzero(as_tuple=True)[0], P), (narrow.nonzero(as_tuple=True)[0], narrow_width)]
 
 
 def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv, cfg_scale: float,
-             width: int | None = None):
+             width: int | None = None, logits_from: torch.Tensor | None = None,
+             group_sizes: tuple[int, int] | None = None):
     """Logits (B', Q, V) at `positions` for the rows `rows`, on the canvas columns [0, width)
     (truncated rows need no more); with classifier-free guidance the prompt-masked copy runs in
     the same batched forward."""
@@ -321,14 +336,15 @@ def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv,
     if kv is not None and width < kv.length:
         kv = kv.narrow(width)
     if cfg_scale <= 0:
-        groups = _width_groups(plan) if kv is not None and plan is not None else None
+        groups = _width_groups(plan, group_sizes) if kv is not None and plan is not None else None
         if groups is None:
             return model(x, positions, positions=plan, position_ids=pos_ids, key_valid=key_valid, cache=kv,
-                         rows=rows if kv is not None else None)
+                         rows=rows if kv is not None else None, logits_from=logits_from)
         logits = None
         for g, w in groups:  # rows refreshing every column apart from rows recomputing a few
             part = model(x[g], positions[g], positions=plan[g, :w], position_ids=pos_ids[g],
-                         key_valid=None if key_valid is None else key_valid[g], cache=kv, rows=rows[g])
+                         key_valid=None if key_valid is None else key_valid[g], cache=kv, rows=rows[g],
+                         logits_from=None if logits_from is None else logits_from[g])
             if logits is None:
                 logits = part.new_empty(len(rows), *part.shape[1:])
             logits[g] = part
@@ -342,63 +358,112 @@ def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv,
     return unc + (cfg_scale + 1) * (cond - unc)
 
 
+@dataclass
+class _Step:
+    """What one step decides before its read: the scored columns and the cache policy's needs."""
+
+    score_mask: torch.Tensor               # (B', L) bool
+    row_end: torch.Tensor                  # (B',)
+    needs: Any = None                      # dllm.cache.Needs, or None without stored K/V
+    recompute: torch.Tensor | None = None  # (B', L) bool: the needs' columns plus the logit sources
+
+
+def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _Step:
+    score_mask = sampler.score_mask(state, rows)
+    if flush:  # last allowed forward: score every remaining mask so it can be filled
+        score_mask = score_mask | (state.is_mask[rows] & state.in_generation()[None, :])
+    # Columns after a truncation cut are gone: never scored, and the forward stops at the longest kept row.
+    row_end = state.row_end[rows]
+    in_reach = state.columns()[None, :] < row_end[:, None]
+    score_mask = score_mask & in_reach
+    step = _Step(score_mask, row_end, policy.needs(state, rows, score_mask))
+    if step.needs is not None:
+        # The forward also recomputes the columns whose hidden states give the scored logits; a
+        # row that scores nothing reads column 0.
+        nothing = ~score_mask.any(1, keepdim=True) & (state.columns()[None, :] == 0)
+        sources = source_columns(score_mask | nothing, model.config.logit_shift)
+        step.recompute = (step.needs.columns | sources) & (state.columns()[None, :] < row_end.max())
+    return step
+
+
+def _read(state: DecodeState, rows, step: _Step, finite: torch.Tensor) -> dict[str, int]:
+    """The step's one host read: whether some or all rows finished or must move blocks, whether the last
+    scores were finite, the shortest and longest kept row, the most columns a row scores, and
+    the widths of the recompute plan."""
+    counts = step.recompute.sum(1) if step.recompute is not None else step.row_end.new_ones(1)
+    full = step.needs.full.all() if step.needs is not None else finite.new_ones(())
+    finished = state.finished[rows]
+    _, n_narrow, narrow_width = _narrow_rows(counts, counts.max())
+    values = torch.stack([finished.any().long(), finished.all().long(), _stale_blocks(state, rows).any().long(),
+                          finite.long(), *torch.aminmax(step.row_end), step.score_mask.sum(1).max(),
+                          full.long(), counts.max(), counts.min(), n_narrow, narrow_width]).tolist()
+    names = ("finished", "all_finished", "stale", "finite", "shortest", "width", "most", "all_full", "plan_width",
+             "plan_min", "n_narrow", "narrow_width")
+    return dict(zip(names, values))
+
+
 @torch.no_grad()
 def decode(model, state: DecodeState, request: Request,
            on_step: Callable[[DecodeState], None] | None = None) -> int:
-    """Run the denoising loop of `request` on `state` in place; returns the number of batched forwards."""
+    """Run the denoising loop of `request` on `state` in place; returns the number of batched forwards.
+
+    A step reads the device once (`_read`); at batch 1 that is the only read, and a batch reads
+    once more each time rows finish (to drop them)."""
     sampler, policy, cfg = request.sampler, request.policy, request.config
     if not sampler.uses_blocks:
         state.block_length = state.gen_length
         state.block_end = (state.block_start + state.gen_length).clamp(max=state.gen_end)
     sampler.setup(state)
-    all_rows = torch.arange(state.batch_size, device=state.x.device)
-    sampler.begin_block(state, all_rows)
+    rows = torch.arange(state.batch_size, device=state.x.device)
+    sampler.begin_block(state, rows)
     policy.setup(state, model)
     kv = policy.kv if policy.needs_storage else None
     observe = policy.wants_confidence
     cap = cfg.resolved_max_forwards
-    padded = bool((state.pad_len > 0).any())  # without padding or truncation, attention needs no mask
-    forwards = 0
-    _open_blocks(state, sampler, all_rows)
+    padded = state.padded  # without padding or truncation, attention needs no mask
+    forwards, scores = 0, None
+    _open_blocks(state, sampler, rows)
     while True:
-        rows = (~state.finished).nonzero(as_tuple=True)[0]
-        if rows.numel() == 0:
-            break
         flush = forwards == cap - 1
-        score_mask = sampler.score_mask(state, rows)
-        if flush:  # last allowed forward: score every remaining mask so it can be filled
-            score_mask = score_mask | (state.is_mask[rows] & state.in_generation()[None, :])
-        # Columns after a truncation cut are gone: never scored, and the forward stops at the
-        # longest kept row.
-        row_end = state.row_end[rows]
-        score_mask = score_mask & (state.columns()[None, :] < row_end[:, None])
-        # One device sync reads the shortest and longest kept row and the most columns a row scores.
-        shortest, width, most = torch.stack([*torch.aminmax(row_end), score_mask.sum(1).max()]).tolist()
-        positions, valid = select_positions(score_mask, most)
-        plan = policy.plan(state, rows, score_mask)
+        step = _prepare(model, state, sampler, policy, rows, flush)
+        finite = scores.finite() if scores is not None else state.finished.new_ones(())
+        read = _read(state, rows, step, finite)
+        if not read["finite"]:
+            scores.raise_not_finite()
+        scores = None
+        if read["all_finished"]:
+            break
+        if read["stale"]:
+            _open_blocks(state, sampler, rows)
+            continue
+        if read["finished"]:
+            rows = (~state.finished).nonzero(as_tuple=True)[0]
+            if rows.numel() == 0:
+                break
+            continue
+        policy.advance(state, rows, step.needs)
+        positions, valid = select_positions(step.score_mask, read["most"])
         # With stored K/V every column the forward runs is re-stored: padding entries repeat a
         # scored column rather than column 0, so a row's cache never depends on its batch.
         at = positions if kv is None else torch.where(valid, positions, positions[:, :1])
-        if plan is not None and width < state.length:  # planned columns past every cut are not needed
-            plan = torch.where(plan < width, plan, at[:, :1])
-        mask_keys = padded or shortest < width
-        logits = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width)
+        plan = logits_from = None
+        width = read["width"]
+        if kv is not None and not read["all_full"] and read["plan_min"] < width:
+            plan, logits_from = cover_columns(step.recompute, hidden_source(at, model.config.logit_shift), read["plan_width"])
+        mask_keys = padded or read["shortest"] < width
+        logits = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
+                          (read["n_narrow"], read["narrow_width"]))
         forwards += 1
         state.nfe[rows] += 1
-        # The mask token is never a candidate: a trained model gives it no mass, and committing
-        # it would leave the position masked (the references then end with a mask on the canvas).
-        logits[..., state.ids.mask] = float("-inf")
-        logits = sampler.process_logits(state, rows, logits)
-        fields = sampler.score_fields | ({"prob"} if not sampler.fixed_schedule or observe else set())
-        scores = token_scores(logits, temperature=state.temperature if sampler.gumbel_candidates else 0.0,
-                              generator=state.generator, score_dtype=state.score_dtype, fields=fields,
-                              keep_logits=sampler.needs_logits)
+        scores = _score(state, sampler, rows, logits, observe)
         if observe:
             policy.observe(state, rows, positions, valid, scores.prob)
         dec = sampler.step(state, rows, positions, valid, scores)
         flushed = _apply(state, sampler, rows, positions, valid, scores, dec, flush)
         if flush:
-            state.extra["hit_cap"] = flushed
+            hit = torch.zeros_like(state.finished)
+            hit[rows] = flushed
+            state.extra["hit_cap"] = hit
         state.step_in_block[rows] += 1
         state.global_step += 1
         _open_blocks(state, sampler, rows)
@@ -409,6 +474,17 @@ def decode(model, state: DecodeState, request: Request,
             on_step(state)
     return forwards
 
+
+def _score(state: DecodeState, sampler, rows, logits, observe: bool):
+    """The step's `TokenScores`; their finiteness is checked at the next read."""
+    # The mask token is never a candidate: a trained model gives it no mass, and committing
+    # it would leave the position masked (the references then end with a mask on the canvas).
+    logits[..., state.ids.mask] = float("-inf")
+    logits = sampler.process_logits(state, rows, logits)
+    fields = sampler.score_fields | ({"prob"} if not sampler.fixed_schedule or observe else set())
+    return token_scores(logits, temperature=state.temperature if sampler.gumbel_candidates else 0.0,
+                        generator=state.generator, score_dtype=state.score_dtype, fields=fields,
+                        keep_logits=sampler.needs_logits, check_finite=False)
 
 def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | None = None, *,
              attention_mask: torch.Tensor | None = None, on_step: Callable[[DecodeState], None] | None = None,
@@ -466,7 +542,8 @@ def _output(state: DecodeState, tokenizer, request: Request, forwards: int, seco
             texts.append(tokenizer.decode(row[:n], skip_special_tokens=True))
     committed = (state.commit_step >= 0).sum(1)
     nfe = state.nfe.tolist()
-    capped = set(state.extra.get("hit_cap", torch.empty(0, dtype=torch.long)).tolist())
+    hit = state.extra.get("hit_cap")
+    capped = set() if hit is None else set(hit.nonzero().flatten().tolist())
     return GenerationOutput(
         sequences=state.x, generated=generated, texts=texts, nfe=nfe, forwards=forwards, steps=forwards,
         tokens_per_forward=[c / max(n, 1) for c, n in zip(committed.tolist(), nfe)], answer_lengths=lengths,

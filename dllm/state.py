@@ -74,9 +74,12 @@ class DecodeState:
     row_end: torch.Tensor = None       # (B,) end of each row's canvas: gen_end, or one past a truncation cut
     global_step: int = 0
     extra: dict = field(default_factory=dict)   # sampler-owned state
+    padded: bool | None = None         # whether any row is left-padded (None: read from pad_len)
 
     def __post_init__(self):
         B, dev = self.x.shape[0], self.x.device
+        if self.padded is None:
+            self.padded = bool((self.pad_len > 0).any())
         zeros = lambda: torch.zeros(B, dtype=torch.long, device=dev)  # noqa: E731
         self.block_start = torch.full((B,), self.gen_start, dtype=torch.long, device=dev)
         self.block_end = (self.block_start + self.block_length).clamp(max=self.gen_end)
@@ -174,3 +177,17 @@ def select_positions(mask: torch.Tensor, most: int | None = None) -> tuple[torch
     order = keys.argsort(dim=1)[:, :q]                                  # (B, Q)
     valid = torch.arange(q, device=mask.device)[None, :] < counts[:, None]
     return torch.where(valid, order, torch.zeros_like(order)), valid
+
+
+def cover_columns(need: torch.Tensor, sources: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columns a forward recomputes, and where its logit sources sit among them.
+
+    need: (B, L) bool, every column to recompute, `sources` included; width: the largest count
+    of any row (read by the caller, so nothing here reads the device); sources: (B, Q) columns.
+    Returns columns (B, width) in increasing order, a shorter row padded by repeating its first
+    column, and index (B, Q): the position of each source in its row's columns.
+    """
+    cols, valid = select_positions(need, width)
+    ordered = cols.masked_fill(~valid, need.shape[1]).contiguous()    # padding sorts last
+    index = torch.searchsorted(ordered, sources.contiguous())
+    return torch.where(valid, cols, cols[:, :1]), index

@@ -59,6 +59,7 @@ class TokenScores:
     entropy:   entropy of the softmax, in nats
     logit_gap: raw top-1 minus top-2 logit
     logits:    (B, Q, V) the aligned logits, only when asked for
+    top:       the largest logit in `score_dtype` (NaN where a logit is NaN); `finite()` checks it
     """
 
     token: torch.Tensor
@@ -67,6 +68,17 @@ class TokenScores:
     entropy: torch.Tensor | None = None
     logit_gap: torch.Tensor | None = None
     logits: torch.Tensor | None = None
+    top: torch.Tensor | None = None
+
+    def finite(self) -> torch.Tensor:
+        """A 0-dim bool tensor, False when a position had a NaN or +inf logit or no finite one
+        (read it, or pass it to `raise_not_finite`, when the scoring was asked not to check)."""
+        return torch.isfinite(self.top).all()
+
+    def raise_not_finite(self) -> None:
+        """Raise the FloatingPointError a checking scoring raises, if `finite()` is False."""
+        if self.top.numel() and not bool(self.finite()):
+            _raise_not_finite(self.top)
 
 
 def _raise_not_finite(top: torch.Tensor) -> None:
@@ -77,12 +89,14 @@ def _raise_not_finite(top: torch.Tensor) -> None:
 
 def token_scores_ref(logits: torch.Tensor, *, temperature: float = 0.0, generator: torch.Generator | None = None,
                      score_dtype: torch.dtype = torch.float32, fields=OPTIONAL_FIELDS,
-                     keep_logits: bool = False) -> TokenScores:
+                     keep_logits: bool = False, check_finite: bool = True) -> TokenScores:
     """Reference scoring. logits: (B, Q, V) in any float dtype; -inf marks a suppressed token.
 
     fields: which statistics besides the token to compute ("prob", "margin", "entropy", "logit_gap");
         the softmax is materialised only when one of them needs it.
-    NaN or +inf logits (or a position whose every logit is -inf) raise FloatingPointError.
+    NaN or +inf logits (or a position whose every logit is -inf) raise FloatingPointError, read
+    on the host; with check_finite=False the caller checks `TokenScores.finite()` when it reads
+    the device anyway.
     """
     fields = frozenset(fields)
     unknown = fields - OPTIONAL_FIELDS
@@ -90,14 +104,14 @@ def token_scores_ref(logits: torch.Tensor, *, temperature: float = 0.0, generato
         raise ValueError(f"unknown score field(s) {sorted(unknown)}; valid: {sorted(OPTIONAL_FIELDS)}")
     lf = logits.to(score_dtype)                                           # (B, Q, V)
     top1, argmax = lf.max(dim=-1)                                         # NaN propagates into top1
-    if lf.numel() and not bool(torch.isfinite(top1).all()):
+    if check_finite and lf.numel() and not bool(torch.isfinite(top1).all()):
         _raise_not_finite(top1)
     if temperature > 0:
         u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
         token = (logits.double() - temperature * torch.log(-torch.log(u))).argmax(-1)  # (B, Q)
     else:
         token = argmax                                                    # first maximum on ties
-    out = TokenScores(token=token, logits=logits if keep_logits else None)
+    out = TokenScores(token=token, logits=logits if keep_logits else None, top=top1)
     probs = torch.softmax(lf, dim=-1) if fields & {"prob", "margin", "entropy"} else None  # (B, Q, V)
     if "prob" in fields:
         out.prob = probs.gather(-1, token[..., None]).squeeze(-1)
@@ -352,7 +366,7 @@ def _check_temperature(temperature) -> float:
 
 def token_scores_triton(logits: torch.Tensor, *, temperature: float = 0.0, generator: torch.Generator | None = None,
                         seed: int | None = None, score_dtype: torch.dtype = torch.float32, fields=OPTIONAL_FIELDS,
-                        keep_logits: bool = False) -> TokenScores:
+                        keep_logits: bool = False, check_finite: bool = True) -> TokenScores:
     """`token_scores_ref` in one fused pass over the vocabulary (Triton).
 
     logits: (B, Q, V) float16, bfloat16 or float32, any strides; -inf marks a suppressed token.
@@ -361,7 +375,8 @@ def token_scores_triton(logits: torch.Tensor, *, temperature: float = 0.0, gener
         None); the tokens follow softmax(l / T) but differ from the reference's draws.
     score_dtype: dtype of the returned statistics (computed in fp32 whatever it is).
     fields / keep_logits: as in `token_scores_ref`; statistics not asked for are None.
-    NaN or +inf logits (or a position whose every logit is -inf) raise FloatingPointError.
+    NaN or +inf logits (or a position whose every logit is -inf) raise FloatingPointError (with
+    check_finite=False the caller checks `TokenScores.finite()`, as for the reference).
     Runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1.
     """
     fields = _check_fields(fields)
@@ -384,9 +399,9 @@ def token_scores_triton(logits: torch.Tensor, *, temperature: float = 0.0, gener
         seed_t = (torch.tensor([seed], dtype=torch.int64, device=logits.device) if seed is not None
                   else _draw_seed(generator, logits.device))
     token, prob, margin, entropy, gap, top = token_scores_fwd(logits, temperature=temperature, seed=seed_t)
-    if top.numel() and not bool(torch.isfinite(top).all()):
+    if check_finite and top.numel() and not bool(torch.isfinite(top).all()):
         _raise_not_finite(top)
-    out = TokenScores(token=token, logits=logits if keep_logits else None)
+    out = TokenScores(token=token, logits=logits if keep_logits else None, top=top.to(score_dtype))
     for name, value in (("prob", prob), ("margin", margin), ("entropy", entropy), ("logit_gap", gap)):
         if name in fields:
             setattr(out, name, value.to(score_dtype))
@@ -400,7 +415,7 @@ def token_scores(logits: torch.Tensor, *, impl: str | None = None, **kwargs) -> 
         torch reference otherwise), "torch", or "triton" (the kernel, e.g. on CPU tensors under
         TRITON_INTERPRET=1; an error where it cannot run). None reads DLLM_SCORING (default "auto").
     Other keyword arguments are those of `token_scores_ref` (temperature, generator, score_dtype,
-    fields, keep_logits). The kernel's sampled tokens differ from the reference's (module docstring).
+    fields, keep_logits, check_finite). The kernel's sampled tokens differ from the reference's (module docstring).
     """
     source = "impl"
     if impl is None:

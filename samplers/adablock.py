@@ -131,6 +131,10 @@ class AdaBlock(Sampler):
     def begin_block(self, state, rows):
         state.extra["adablock"]["pending"][rows] = True
 
+    def begin_blocks(self, state, rows, opening):
+        pending = state.extra["adablock"]["pending"]
+        pending[rows] = pending[rows] | opening
+
     def score_mask(self, state, rows):
         ex = state.extra["adablock"]
         start = state.block_start[rows]                                            # (B',)

@@ -48,6 +48,14 @@ class Sampler:
     def begin_block(self, state: DecodeState, rows: torch.Tensor) -> None:
         """Called when the rows `rows` open a new block (their block bounds are already set)."""
 
+    def begin_blocks(self, state: DecodeState, rows: torch.Tensor, opening: torch.Tensor) -> None:
+        """Called after every step for the rows `rows` (B',); `opening` (B',) bool marks the ones
+        that have just opened a new block. The default runs `begin_block` on those rows, which
+        selects them with a host sync when the sampler defines one; a sampler whose block setup can
+        be computed for every row and kept where `opening` holds overrides this (no sync)."""
+        if type(self).begin_block is not Sampler.begin_block:
+            self.begin_block(state, rows[opening])
+
     def process_logits(self, state: DecodeState, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Transform the (B', Q, V) logits before scoring (may edit them in place). Default: none."""
         return logits

@@ -80,6 +80,19 @@ class _DreamBase(Sampler):
             conf, token = probs.max(dim=-1)
         return self.confidence(probs, conf), token
 
+    def _sample_at(self, state, logits, valid):
+        """(confidence, token) (B', Q) at the valid positions of logits (B', Q, V); -inf confidence
+        elsewhere. A sampled run draws at the valid positions only, in order, as the reference
+        does; a greedy one scores every position, reading nothing back from the device."""
+        if state.temperature > 0:
+            conf_flat, tok_flat = self._sample(state, logits[valid])       # (N,)
+            conf = torch.full(valid.shape, float("-inf"), dtype=conf_flat.dtype, device=valid.device)
+            tokens = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
+            conf[valid], tokens[valid] = conf_flat, tok_flat
+            return conf, tokens
+        conf, tokens = self._sample(state, logits.reshape(-1, logits.shape[-1]))
+        return conf.view(valid.shape).masked_fill(~valid, float("-inf")), tokens.view(valid.shape)
+
     def confidence(self, probs, conf):
         return conf
 
@@ -92,10 +105,7 @@ class _DreamBase(Sampler):
 
     def step(self, state, rows, positions, valid, scores):
         t, s, last = self._times(state, rows)
-        conf_flat, tok_flat = self._sample(state, scores.logits[valid])       # (N,)
-        conf = torch.full(valid.shape, float("-inf"), dtype=conf_flat.dtype, device=valid.device)
-        tokens = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
-        conf[valid], tokens[valid] = conf_flat, tok_flat
+        conf, tokens = self._sample_at(state, scores.logits, valid)
         n = valid.sum(1)                                                       # (B',)
         k = (n.float() * (1 - s / t)).long()                                   # float32 as the reference
         k = torch.where(last, n, k)

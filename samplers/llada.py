@@ -67,11 +67,20 @@ class LowConfidence(Sampler):
         state.extra["steps_per_block"] = per_block
         state.extra["counts"] = torch.zeros(state.batch_size, per_block, dtype=torch.long, device=state.x.device)
 
-    def begin_block(self, state, rows):
+    def block_counts(self, state, rows) -> torch.Tensor:
+        """(B', steps per block): the tokens each step of the rows' active blocks commits, their
+        masks spread evenly with the remainder on the first steps (LLaDA's get_num_transfer_tokens)."""
         per_block = state.extra["steps_per_block"]
         n = state.masked_in_block(rows).sum(1)                                       # (B',)
         j = torch.arange(per_block, device=n.device)
-        state.extra["counts"][rows] = n[:, None] // per_block + (j[None, :] < (n % per_block)[:, None]).long()
+        return n[:, None] // per_block + (j[None, :] < (n % per_block)[:, None]).long()
+
+    def begin_block(self, state, rows):
+        state.extra["counts"][rows] = self.block_counts(state, rows)
+
+    def begin_blocks(self, state, rows, opening):
+        counts = state.extra["counts"]
+        counts[rows] = torch.where(opening[:, None], self.block_counts(state, rows), counts[rows])
 
     def process_logits(self, state, rows, logits):
         if self.logits_eos_inf:

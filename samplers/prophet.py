@@ -126,6 +126,9 @@ class Prophet(Sampler):
     def begin_block(self, state, rows):
         self.base.begin_block(state, rows)
 
+    def begin_blocks(self, state, rows, opening):
+        self.base.begin_blocks(state, rows, opening)
+
     def process_logits(self, state, rows, logits):
         return self.base.process_logits(state, rows, logits)
 

@@ -7,7 +7,8 @@ import torch
 
 import dllm
 from dllm import samplers
-from dllm.cache import (CachePolicy, KVCache, available_policies, get_policy, same_token_columns, window_columns)
+from dllm.cache import (CachePolicy, KVCache, available_policies, get_policy, plan_columns, same_token_columns,
+                        window_columns)
 from dllm.cli import main
 from dllm.state import Decision
 from tests.reference.cache_ref import fastdllm_generate_ref
@@ -241,21 +242,36 @@ def test_prefix_and_dual_equal_the_fastdllm_loops(family_model, mode, rule):
 
 
 # -- plans --------------------------------------------------------------------------------------
+def on_plans(policy: CachePolicy, check) -> None:
+    """Call `check(state, rows, scored, plan)` at every step the loop takes, before the policy's
+    own bookkeeping, with the plan the step follows: None for a full refresh of every row, else the
+    (B', P) columns the policy names (`plan_columns` of its `Needs`)."""
+    inner_needs, inner_advance = policy.needs, policy.advance
+    asked = {}
+
+    def needs(state, rows, scored=None):
+        asked["scored"] = scored
+        return inner_needs(state, rows, scored)
+
+    def advance(state, rows, n):
+        check(state, rows, asked["scored"], None if bool(n.full.all()) else plan_columns(n.columns))
+        inner_advance(state, rows, n)
+
+    policy.needs, policy.advance = needs, advance
+
+
 def recording(policy: CachePolicy) -> list[dict]:
-    """Wrap `policy.plan` to log, per step, what it saw and what it returned."""
-    log, inner = [], policy.plan
+    """Log, per step, what the policy saw and the plan the step followed."""
+    log = []
 
-    def plan(state, rows, scored=None):
-        entry = dict(step=state.global_step, rows=rows.clone(), x=state.x.clone(), scored=scored.clone(),
-                     step_in_block=state.step_in_block[rows].clone(), block_start=state.block_start[rows].clone(),
-                     block_end=state.block_end[rows].clone(), position_ids=state.position_ids.clone(),
-                     key_valid=state.key_valid.clone(), gen_start=state.gen_start)
-        out = inner(state, rows, scored)
-        entry["plan"] = out if out is None else out.clone()
-        log.append(entry)
-        return out
+    def record(state, rows, scored, out):
+        log.append(dict(step=state.global_step, rows=rows.clone(), x=state.x.clone(), scored=scored.clone(),
+                        step_in_block=state.step_in_block[rows].clone(), block_start=state.block_start[rows].clone(),
+                        block_end=state.block_end[rows].clone(), position_ids=state.position_ids.clone(),
+                        key_valid=state.key_valid.clone(), gen_start=state.gen_start,
+                        plan=out if out is None else out.clone()))
 
-    policy.plan = plan
+    on_plans(policy, record)
     return log
 
 
@@ -318,15 +334,11 @@ def test_twins_add_the_columns_holding_a_changed_token(family_model):
 
 
 def _check_twins(model, policy, checked):
-    inner = policy.plan
-
-    def plan(state, rows, scored=None):
-        x = state.x[rows].clone()
-        seen = policy.seen[rows].clone()
-        out = inner(state, rows, scored)
+    def check(state, rows, scored, out):
         if out is None:
-            return out
-        changed = x != seen
+            return
+        x = state.x[rows]
+        changed = x != policy.seen[rows]
         rule = policy._columns(state, rows, changed, scored) | policy._full(state, rows)[:, None]
         for k in range(len(rows)):
             row = x[k].tolist()
@@ -336,9 +348,8 @@ def _check_twins(model, policy, checked):
             assert set(out[k].tolist()) == want, (state.global_step, int(rows[k]))
             checked["partial"] += 1
             checked["extra"] += len(twins - set(rule[k].nonzero().flatten().tolist()))
-        return out
 
-    policy.plan = plan
+    on_plans(policy, check)
     # prompts that repeat tokens, so a commit's twins include prompt columns
     dllm.generate(model, None, TWIN_PROMPTS, cache=policy, gen_length=12, block_length=6, steps=12,
                   sampler="low_confidence")
@@ -401,7 +412,7 @@ def _guard_run(model, policy_name, guard, sampler):
     column by column, from what the loop passes to `observe`; a column never scored counts as 0."""
     policy = get_policy(policy_name, refresh=4, guard=guard)
     seen: dict[tuple[int, int], float] = {}
-    inner_observe, inner_plan = policy.observe, policy.plan
+    inner_observe = policy.observe
     checked = {"guarded": 0, "partial": 0, "best": []}
 
     def observe(state, rows, positions, valid, prob):
@@ -411,9 +422,8 @@ def _guard_run(model, policy_name, guard, sampler):
                     seen[(r, int(positions[k, q]))] = float(prob[k, q])
         inner_observe(state, rows, positions, valid, prob)
 
-    def plan(state, rows, scored=None):
+    def check(state, rows, scored, out):
         periodic = policy._full(state, rows)
-        out = inner_plan(state, rows, scored)
         L = state.length
         for k, r in enumerate(rows.tolist()):
             cand = [c for c in range(L) if scored[k, c] and state.x[r, c] == state.ids.mask]
@@ -428,9 +438,9 @@ def _guard_run(model, policy_name, guard, sampler):
             else:
                 assert out is not None and len(set(out[k].tolist())) < L, (state.global_step, r)
                 checked["partial"] += 1
-        return out
 
-    policy.observe, policy.plan = observe, plan
+    policy.observe = observe
+    on_plans(policy, check)
     out = dllm.generate(model, None, PROMPTS, cache=policy, gen_length=16, block_length=8, steps=16,
                         sampler=sampler, sampler_kwargs={"tau": 0.3} if sampler == "threshold" else {})
     return out, policy, checked

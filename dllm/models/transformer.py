@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..attention import get_backend
 from ..config import ModelConfig
+from ..state import cover_columns
 from .graphs import ForwardGraphs
 
 
@@ -116,7 +117,7 @@ class Attention(nn.Module):
         q = apply_rope(q, ctx.cos, ctx.sin, cfg.rope_fp32)
         k = apply_rope(k, ctx.cos, ctx.sin, cfg.rope_fp32)
         if ctx.cache is not None:
-            k, v = ctx.cache.update(layer, ctx.rows, ctx.positions, k, v, ctx.layout)  # (B, H_kv, L, D)
+            k, v = ctx.cache.update(layer, ctx.rows, ctx.positions, k, v, ctx.layout, ctx.write_index)
         out = ctx.attn(q, k, v, ctx.key_valid, 1.0 / math.sqrt(cfg.head_dim))  # (B, H, P, D)
         return self.o(out.transpose(1, 2).reshape(B, P, cfg.d_model))
 
@@ -154,22 +155,36 @@ class _ForwardContext:
         self.attn, self.cos, self.sin = attn, cos, sin
         self.key_valid, self.cache, self.rows, self.positions = key_valid, cache, rows, positions
         self.layout = layout                    # KVCache.layout of (rows, positions), or None
+        self.write_index = None                 # KVCache.write_index of a partial write, built once
+        if cache is not None and layout is not None and not layout[0]:
+            self.write_index = cache.write_index(rows, positions)
 
 
 def _union(positions: torch.Tensor, src: torch.Tensor, L: int):
     """Columns to recompute: the plan (B, P) and the logit sources (B, Q), each once, in increasing
     order; a row with fewer repeats its first column. Returns (columns (B, P'), index (B, Q) of
-    every source column in them, pointing at its first occurrence)."""
+    every source column in them). Reads the width P' from the device."""
     B = positions.shape[0]
     need = torch.zeros(B, L, dtype=torch.bool, device=positions.device)
     need.scatter_(1, positions, True).scatter_(1, src, True)
-    counts = need.sum(1)                                                    # (B,)
-    width = int(counts.max())
-    cols = torch.arange(L, device=positions.device)
-    order = ((~need).long() * L + cols).argsort(dim=1)[:, :width]          # (B, P') selected first, in order
-    valid = torch.arange(width, device=positions.device)[None, :] < counts[:, None]
-    at = torch.searchsorted(order.masked_fill(~valid, L).contiguous(), src.contiguous())  # (B, Q)
-    return torch.where(valid, order, order[:, :1]), at
+    return cover_columns(need, src, int(need.sum(1).max()))
+
+
+def hidden_source(logits_at: torch.Tensor, logit_shift: bool) -> torch.Tensor:
+    """Column whose hidden state predicts each requested column: itself, or with the family's
+    one-position logit shift (Dream) its left neighbour (column 0 predicts itself)."""
+    return (logits_at - 1).clamp(min=0) if logit_shift else logits_at
+
+
+def source_columns(wanted: torch.Tensor, logit_shift: bool) -> torch.Tensor:
+    """(B, L) bool -> (B, L) bool: the columns whose hidden states give the logits of the marked
+    ones (`hidden_source` as a mask)."""
+    if not logit_shift:
+        return wanted
+    out = torch.zeros_like(wanted)
+    out[:, :-1] = wanted[:, 1:]
+    out[:, 0] |= wanted[:, 0]
+    return out
 
 
 def _drop_graphs(model, incompatible_keys) -> None:
@@ -237,7 +252,8 @@ class DiffusionTransformer(nn.Module):
     # -- forward ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, logits_at: torch.Tensor | None = None, *,
                 positions: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                key_valid: torch.Tensor | None = None, cache=None, rows: torch.Tensor | None = None):
+                key_valid: torch.Tensor | None = None, cache=None, rows: torch.Tensor | None = None,
+                logits_from: torch.Tensor | None = None):
         """Logits at the requested canvas columns.
 
         x:            (B, L) token ids of the whole canvas.
@@ -253,12 +269,22 @@ class DiffusionTransformer(nn.Module):
         key_valid:    (B, L) bool, False for padding keys; None = all valid.
         cache:        a `dllm.cache.KVCache`; the recomputed K/V are written into it.
         rows:         (B,) cache rows of this batch, distinct and increasing (None: 0..B-1).
+        logits_from:  (B, Q) with a subset `positions` only: the index in `positions` of the column
+                      whose hidden state gives each requested logit (`hidden_source`), when the
+                      caller built the plan to hold those columns (`dllm.state.cover_columns`) and
+                      it is not every column of every row. The forward then reads nothing from the
+                      device; without it, it unites the plan and the sources itself, reading the
+                      width of the union.
         Returns (B, Q, V) logits in the model dtype.
         """
         B, L = x.shape
         if positions is not None and cache is None:
             raise ValueError("recomputing a subset of positions needs a KVCache holding the other columns' K/V; "
                              "pass cache=... or positions=None")
+        if logits_from is not None and (positions is None or logits_at is None
+                                        or tuple(logits_from.shape) != tuple(logits_at.shape)):
+            raise ValueError("logits_from indexes the requested logits' sources in a recompute plan: give it with "
+                             "positions=PLAN and logits_at of its shape (B, Q)")
         for name, t in (("position_ids", position_ids), ("key_valid", key_valid)):
             if t is not None and tuple(t.shape) != (B, L):
                 raise ValueError(f"{name} must have the canvas shape {(B, L)} of x, got {tuple(t.shape)}")
@@ -272,7 +298,7 @@ class DiffusionTransformer(nn.Module):
             if graphs is None or logits_at is None:
                 return self.head_logits(self.hidden_at(x, logits_at, position_ids=position_ids, key_valid=key_valid))
             positions = torch.arange(L, device=x.device).expand(B, L)
-            at = self._hidden_source(logits_at)
+            at = self.hidden_source(logits_at)
             tokens = x
         else:
             every_row = None
@@ -284,13 +310,16 @@ class DiffusionTransformer(nn.Module):
                 positions = torch.arange(L, device=x.device).expand(B, L)
             if logits_at is None:
                 logits_at = torch.arange(L, device=x.device).expand(B, L)
-            src = self._hidden_source(logits_at)
+            src = self.hidden_source(logits_at)
             if full:
                 at = src
+                every_column = True if L == cache.length else None
+            elif logits_from is not None:
+                at, every_column = logits_from, False
             else:  # recompute the plan and the logit sources once each
                 positions, at = _union(positions, src, L)
-            layout = cache.layout(rows, positions, every_column=True if full and L == cache.length else None,
-                                  every_row=every_row)
+                every_column = None
+            layout = cache.layout(rows, positions, every_column=every_column, every_row=every_row)
             tokens = x if full else x.gather(1, positions)
         pos = positions if position_ids is None else position_ids.gather(1, positions)
         inputs = dict(tokens=tokens, positions=positions, pos=pos, key_valid=key_valid, rows=rows, at=at)
@@ -321,7 +350,7 @@ class DiffusionTransformer(nn.Module):
         pos = positions if position_ids is None else position_ids
         hidden = self._run(x, positions, pos, key_valid, None, None)  # (B, L, d)
         if at is not None:
-            src = self._hidden_source(at)
+            src = self.hidden_source(at)
             hidden = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
         elif self.config.logit_shift:
             hidden = torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
@@ -331,11 +360,9 @@ class DiffusionTransformer(nn.Module):
         """Logits of hidden states returned by `hidden_at` (any leading shape)."""
         return self.head(normed) if self.head is not None else linear(normed, self.embed.weight)
 
-    def _hidden_source(self, logits_at):
+    def hidden_source(self, logits_at: torch.Tensor) -> torch.Tensor:
         """Column whose hidden state predicts each requested column (Dream: the left neighbour)."""
-        if self.config.logit_shift:
-            return (logits_at - 1).clamp_(min=0)
-        return logits_at
+        return hidden_source(logits_at, self.config.logit_shift)
 
     def _run(self, tokens, positions, pos, key_valid, cache, rows, layout=None):
         # tokens: (B, P) ids at `positions`, `pos` their rotary positions; returns final hidden
