@@ -68,7 +68,8 @@ def bench_config(args) -> runner.BenchConfig:
     return runner.BenchConfig(
         model=args.model, tasks=args.tasks, data_dir=args.data_dir, generated=args.generated, limit=args.limit,
         out=args.out, generation=generation_config(args), batch_size=args.batch_size, dtype=args.dtype,
-        device=args.device, attention=args.attention, cuda_graphs=args.cuda_graphs, grammar_url=args.grammar_url,
+        device=args.device, attention=args.attention, cuda_graphs=args.cuda_graphs, compile=args.compile,
+        grammar_url=args.grammar_url,
         bertscore_model=args.bertscore_model, sort_key=args.sort_key, index_base=args.index_base)
 
 

@@ -53,7 +53,7 @@ def run(args) -> int:
     try:
         request = with_instances(generation_config(args).for_length())    # fails before the model load
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device, attention=args.attention,
-                                     cuda_graphs=args.cuda_graphs)
+                                     cuda_graphs=args.cuda_graphs, compile=args.compile)
         on_step = _show(tokenizer, sys.stdout) if args.show else None
         out = dllm.generate(model, tokenizer, args.prompt, request, on_step=on_step)
     except (ValueError, FileNotFoundError, FloatingPointError) as err:

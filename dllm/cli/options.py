@@ -55,7 +55,7 @@ def add_model_option(p) -> None:
 
 
 def add_runtime_options(p) -> None:
-    """Where and how the model runs: --dtype, --device, --attention, --cuda-graphs."""
+    """Where and how the model runs: --dtype, --device, --attention, --cuda-graphs, --compile."""
     g = p.add_argument_group("model runtime")
     g.add_argument("--dtype", action=_Given, default="auto", help="auto | float32 | float16 | bfloat16")
     g.add_argument("--device", action=_Given, default="auto",
@@ -63,6 +63,8 @@ def add_runtime_options(p) -> None:
     g.add_argument("--attention", action=_Given, default="auto",
                    help="attention backend: auto (the fastest measured: sdpa) | sdpa | eager | triton")
     _flag(g, "--cuda-graphs", help="replay the model's forwards as CUDA graphs, one per input layout (CUDA only)")
+    _flag(g, "--compile", help="run the model's forwards through torch.compile, one graph per input layout "
+                               "(each layout's first forward compiles it)")
 
 
 def add_sampling_options(p) -> None:

@@ -77,6 +77,7 @@ class BenchConfig:
     device: str = "auto"
     attention: str = "auto"
     cuda_graphs: bool = False
+    compile: bool = False
     grammar_url: str | None = None
     bertscore_model: str | None = None
     sort_key: str = "full_name"
@@ -282,7 +283,7 @@ def _start_run(cfg: BenchConfig, dist: Distributed, model, tokenizer) -> tuple[_
     if model is None:
         device = resolve_device(cfg.device, auto=dist.device)
         model, tokenizer = dllm.load(cfg.model, dtype=cfg.dtype, device=device, attention=cfg.attention,
-                                     cuda_graphs=cfg.cuda_graphs)
+                                     cuda_graphs=cfg.cuda_graphs, compile=cfg.compile)
     model_name = getattr(model, "name_or_path", None) or cfg.model
     sampler = resolve_sampler(model, generation)
     generation = generation.replace(sampler=sampler)

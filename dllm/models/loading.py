@@ -292,7 +292,7 @@ def _token_id(tokenizer, token: str) -> int | None:
 
 
 def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu", attention: str = "auto",
-         cuda_graphs: bool = False):
+         cuda_graphs: bool = False, compile: bool = False):
     """Load a LLaDA or Dream checkpoint: returns (model, tokenizer).
 
     path_or_id: a folder in the Hugging Face layout, the name of a shipped model
@@ -304,6 +304,8 @@ def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu"
         fastest, sdpa on CPU and CUDA; "triton" = the Triton kernel (forward-only: use "sdpa" to train).
     cuda_graphs: replay inference forwards as CUDA graphs (`DiffusionTransformer.set_cuda_graphs`);
         needs a CUDA device.
+    compile: run inference forwards through torch.compile, one graph per input layout
+        (`DiffusionTransformer.set_compile`); each layout's first forward compiles it.
 
     Example::
 
@@ -318,6 +320,8 @@ def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu"
         raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
     if cuda_graphs and torch.device(device).type != "cuda":
         raise ValueError(f"cuda_graphs=True needs a CUDA device, got device {str(device)!r}")
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
     folder = resolve_checkpoint(path_or_id)
     model = load_model(folder, dtype=dtype, device=device, attention=attention)
     tokenizer = load_tokenizer(folder, model.config.family)
@@ -339,4 +343,6 @@ def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu"
     model.checkpoint_dir = str(folder)   # the local folder (shipped files such as a Learn2PD filter)
     if cuda_graphs:
         model.set_cuda_graphs(True)
+    if compile:
+        model.set_compile(True)
     return model, tokenizer

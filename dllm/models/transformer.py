@@ -29,7 +29,7 @@ from .graphs import ForwardGraphs
 # path when the output has few rows (timings: docs/kernels.md §Small-row products and §Measurements).
 # The order of a dot product's additions can differ between the two paths, so results agree to
 # float32 rounding, not bit for bit. `benchmarks/bench_linear.py` measures both on the machine at hand.
-SMALL_ROWS = (8, 48)            # rows (all leading dimensions together) that take W @ x^T on CPU
+SMALL_ROWS = (2, 48)            # rows (all leading dimensions together) that take W @ x^T on CPU
 SMALL_ROWS_MIN_WEIGHT = 1 << 20  # entries of the smallest weight that does
 
 
@@ -204,6 +204,7 @@ class DiffusionTransformer(nn.Module):
         super().__init__()
         self.config = cfg
         self._graphs: ForwardGraphs | None = None
+        self._compiled_run = None
         self.register_load_state_dict_post_hook(_drop_graphs)   # assign=True gives the weights new storage
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -229,6 +230,31 @@ class DiffusionTransformer(nn.Module):
         if enabled and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device; it is on {self.device}")
         self._graphs = ForwardGraphs(max_graphs, capture_after) if enabled else None
+
+    def set_compile(self, enabled: bool = True, max_layouts: int = 64) -> None:
+        """Run the transformer body of inference forwards (no autograd) through `torch.compile`
+        (inductor, static shapes): one compiled graph per input layout (canvas width, recomputed
+        columns, batch rows, how the cache is written), at most `max_layouts` (torch._dynamo's
+        recompile limit is raised to it); later layouts run eagerly. The LM head and the choice of
+        scored columns stay eager, so the number of scored columns never recompiles. A layout's
+        first forward compiles it. Combines with `set_cuda_graphs`: a captured forward replays the
+        compiled kernels. Training forwards stay eager."""
+        if not isinstance(enabled, bool):
+            raise ValueError(f"enabled must be True or False, got {enabled!r}")
+        if isinstance(max_layouts, bool) or not isinstance(max_layouts, int) or max_layouts < 1:
+            raise ValueError(f"max_layouts must be an integer >= 1, got {max_layouts!r}")
+        self._compiled_run = None
+        if enabled:
+            import torch._dynamo
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_layouts)
+            self._compiled_run = torch.compile(self._run, dynamic=False)
+        if self._graphs is not None:
+            self._graphs.clear()
+
+    @property
+    def compiled(self) -> bool:
+        """Whether inference forwards run through `torch.compile` (`set_compile`)."""
+        return self._compiled_run is not None
 
     @property
     def cuda_graphs(self) -> ForwardGraphs | None:
@@ -295,7 +321,8 @@ class DiffusionTransformer(nn.Module):
         rows_given = rows is not None
         layout = None
         if cache is None:
-            if graphs is None or logits_at is None:
+            compiled = self._compiled_run is not None and not torch.is_grad_enabled()
+            if (graphs is None and not compiled) or logits_at is None:
                 return self.head_logits(self.hidden_at(x, logits_at, position_ids=position_ids, key_valid=key_valid))
             positions = torch.arange(L, device=x.device).expand(B, L)
             at = self.hidden_source(logits_at)
@@ -335,7 +362,8 @@ class DiffusionTransformer(nn.Module):
 
     def _logits(self, tokens, positions, pos, key_valid, rows, at, cache, layout):
         """Logits (B, Q, V) at the hidden columns `at`, an index into the recomputed `positions`."""
-        hidden = self._run(tokens, positions, pos, key_valid, cache, rows, layout)
+        run = self._run if self._compiled_run is None or torch.is_grad_enabled() else self._compiled_run
+        hidden = run(tokens, positions, pos, key_valid, cache, rows, layout)
         hidden = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
         return self.head_logits(self.norm(hidden))
 

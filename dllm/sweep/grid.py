@@ -46,6 +46,7 @@ class SweepSettings:
     device: str = "auto"
     attention: str | None = None       # None: the bench runner's default
     cuda_graphs: bool = False
+    compile: bool = False
     seed: int | None = 0
     temperature: float = 0.0
     max_forwards: int | None = None
@@ -69,8 +70,9 @@ class SweepSettings:
         if self.attention is None:
             self.attention = next(f.default for f in dataclasses.fields(BenchConfig) if f.name == "attention")
         get_backend(self.attention)
-        if not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"cuda_graphs {self.cuda_graphs!r} is not allowed; give true or false")
+        for name in ("cuda_graphs", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} {getattr(self, name)!r} is not allowed; give true or false")
         if not isinstance(self.device, str):
             raise ValueError(f"device {self.device!r} is not allowed; give 'auto', 'cpu', 'cuda' or 'cuda:N'")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
@@ -107,8 +109,8 @@ class SweepPoint:
         return BenchConfig(
             model=self.model, tasks=settings.tasks, data_dir=settings.data_dir, limit=settings.limit, out=out,
             generation=generation, batch_size=settings.batch_size, dtype=settings.dtype, device=settings.device,
-            attention=settings.attention, cuda_graphs=settings.cuda_graphs, grammar_url=settings.grammar_url,
-            bertscore_model=settings.bertscore_model)
+            attention=settings.attention, cuda_graphs=settings.cuda_graphs, compile=settings.compile,
+            grammar_url=settings.grammar_url, bertscore_model=settings.bertscore_model)
 
 
 @dataclass
@@ -360,7 +362,7 @@ def grid_from_args(args) -> Grid:
     options given on the command line."""
     data = load_grid_file(args.grid) if args.grid else {}
     source = str(args.grid) if args.grid else "command line"
-    for name in ("tasks", "data_dir", "limit", "batch_size", "dtype", "device", "attention", "cuda_graphs", "seed",
+    for name in ("tasks", "data_dir", "limit", "batch_size", "dtype", "device", "attention", "cuda_graphs", "compile", "seed",
                  "temperature", "max_forwards", "grammar_url", "bertscore_model"):
         if name in getattr(args, "given", ()):
             data[name] = getattr(args, name)

@@ -236,7 +236,7 @@ class _Models:
             s = self.settings
             try:
                 model, tok = dllm.load(spec, dtype=s.dtype, device=resolve_device(s.device, auto=self.dist.device),
-                                       attention=s.attention, cuda_graphs=s.cuda_graphs)
+                                       attention=s.attention, cuda_graphs=s.cuda_graphs, compile=s.compile)
             except CONFIG_ERRORS as err:
                 self.errors[spec] = f"cannot load model {spec or 'default'!r}: {error_text(err)}"
                 raise _LoadError(self.errors[spec]) from None
