@@ -151,6 +151,7 @@ class BenchRow(Provenance):
     dtype: str
     attention: str
     cuda_graphs: bool
+    compile: bool
     sampler: str
     cache: str
     score_dtype: str
@@ -376,6 +377,7 @@ def bench_preset(name: str, p: BenchPreset, batch: int, args, env: dict, device:
     (model, build_s) = timed(lambda: dllm.build_model(cfg, args.attention, dtype=dtype, device=device,
                                                       seed=args.seed, init_std=args.init_std), device)
     model.set_cuda_graphs(args.cuda_graphs, capture_after=1)
+    model.set_compile(args.compile)
     prompt = prompt_batch(cfg, batch, p.prompt_length, args.seed, device)         # (B, Lp)
     ref_softmax = None if args.ref_softmax_dtype == "logits" else torch.float64
     n_blocks = p.gen_length // p.block_length
@@ -436,7 +438,8 @@ def bench_preset(name: str, p: BenchPreset, batch: int, args, env: dict, device:
     return BenchRow(
         **env, preset=name, model=p.model, family=cfg.family, n_params=cfg.n_params, vocab_size=cfg.vocab_size,
         batch=batch, prompt_length=p.prompt_length, gen_length=p.gen_length, block_length=p.block_length,
-        steps=p.steps, dtype=args.dtype, attention=args.attention, cuda_graphs=args.cuda_graphs, sampler=SAMPLER,
+        steps=p.steps, dtype=args.dtype, attention=args.attention, cuda_graphs=args.cuda_graphs,
+        compile=args.compile, sampler=SAMPLER,
         cache="none",
         score_dtype=args.score_dtype, ref_softmax_dtype=args.ref_softmax_dtype, temperature=0.0,
         init_std=args.init_std, seed=args.seed, interpreted=os.environ.get("TRITON_INTERPRET") == "1",
@@ -479,6 +482,7 @@ class CacheBenchRow(Provenance):
     dtype: str
     attention: str
     cuda_graphs: bool
+    compile: bool
     init_std: float
     seed: int
     sampler: str
@@ -546,20 +550,25 @@ def bench_caches(name: str, p: BenchPreset, batch: int, args, env: dict, device:
     cfg = ModelConfig.from_name(p.model)
     model = dllm.build_model(cfg, args.attention, dtype=dtype, device=device, seed=args.seed, init_std=args.init_std)
     model.set_cuda_graphs(args.cuda_graphs, capture_after=1)
+    model.set_compile(args.compile)
     prompt_rows = prompt_batch(cfg, batch, p.prompt_length, args.seed, device).tolist()
     n_blocks = p.gen_length // p.block_length
     # Warm-up at the same canvas length: one full and one partial forward per kind of step.
     filler = prompt_batch(cfg, batch, p.gen_length - p.block_length, args.seed + 1, device)
     warm = torch.cat([torch.tensor(prompt_rows, device=device), filler], dim=1).tolist()
     warm_p = dataclasses.replace(p, gen_length=p.block_length)
+    warm_start = time.perf_counter()
     for cache in ("none", "dual"):
         _run_policy(model, warm, warm_p, args, device, sampler=SAMPLER, sampler_args={}, steps=2, cache=cache)
+    if args.compile:
+        print(f"{name}: warm-up with compilation {time.perf_counter() - warm_start:.1f} s", flush=True)
 
     rows = []
     base_env = dict(env, load_avg_1m=None, cpu_busy=None)
     common = dict(preset=name, model=p.model, family=cfg.family, n_params=cfg.n_params, batch=batch,
                   prompt_length=p.prompt_length, gen_length=p.gen_length, block_length=p.block_length,
-                  dtype=args.dtype, attention=args.attention, cuda_graphs=args.cuda_graphs, init_std=args.init_std,
+                  dtype=args.dtype, attention=args.attention, cuda_graphs=args.cuda_graphs, compile=args.compile,
+                  init_std=args.init_std,
                   seed=args.seed)
 
     def row(comparison, out, secs, full, flops, sampler, sampler_args, steps, baseline_name, base_out, base_secs,
@@ -643,7 +652,8 @@ def main_caches(args, device) -> int:
     done = set()
     if args.resume and Path(args.out).is_file():
         lines = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
-        done = {(r.get("preset"), r.get("batch"), r.get("dtype"), r.get("device"), r.get("cuda_graphs", False))
+        done = {(r.get("preset"), r.get("batch"), r.get("dtype"), r.get("device"), r.get("cuda_graphs", False),
+                 r.get("compile", False))
                 for r in lines if r.get("comparison") == "policies"}
     print(f"dllm {env['dllm_version']} | torch {env['torch_version']} | git {(env['git_commit'] or '?')[:10]}"
           f"{' (dirty)' if env['git_dirty'] else ''} | {env['device_name']} | {env['cpu_cores']} cores, "
@@ -657,7 +667,7 @@ def main_caches(args, device) -> int:
     headline_preset = next((n for n, _ in presets if n in HEADLINE_PRESETS), None) if args.headline else None
     for name, p in presets:
         for batch in args.batches:
-            if (name, batch, args.dtype, device.type, args.cuda_graphs) in done:
+            if (name, batch, args.dtype, device.type, args.cuda_graphs, args.compile) in done:
                 print(f"{name:<14}{batch:>3} (already in {args.out}, skipped)", flush=True)
                 continue
             new = bench_caches(name, p, batch, args, env, device, headline=name == headline_preset)
@@ -723,6 +733,8 @@ def parse_args(argv=None):
     ap.add_argument("--attention", default="sdpa", help="attention backend (dllm.attention.available_backends())")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="replay dllm's forwards as CUDA graphs (model.set_cuda_graphs; CUDA only)")
+    ap.add_argument("--compile", action="store_true",
+                    help="run dllm's forwards through torch.compile (model.set_compile); the warm-up compiles")
     ap.add_argument("--score-dtype", choices=("logits", "float32", "float64"), default="logits",
                     help="dllm's confidence softmax precision (GenerationConfig.score_dtype)")
     ap.add_argument("--ref-softmax-dtype", choices=("float64", "logits"), default="float64",

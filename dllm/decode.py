@@ -24,6 +24,8 @@ from . import samplers
 from .cache import CachePolicy, get_policy
 from .config import GenerationConfig
 from .kernels import token_scores
+from .kernels.head_scoring import head_scores, head_scoring_impl, suppression_bias
+from .kernels.scoring import TokenScores
 from .models.transformer import hidden_source, source_columns
 from .samplers import Sampler
 from .state import DecodeState, Decision, SpecialIds, cover_columns, select_positions
@@ -325,7 +327,7 @@ def _width_groups(plan: torch.Tensor, sizes: tuple[int, int] | None = None) -> l
 
 def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv, cfg_scale: float,
              width: int | None = None, logits_from: torch.Tensor | None = None,
-             group_sizes: tuple[int, int] | None = None):
+             group_sizes: tuple[int, int] | None = None, hidden_only: bool = False):
     """Logits (B', Q, V) at `positions` for the rows `rows`, on the canvas columns [0, width)
     (truncated rows need no more); with classifier-free guidance the prompt-masked copy runs in
     the same batched forward."""
@@ -339,12 +341,12 @@ def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv,
         groups = _width_groups(plan, group_sizes) if kv is not None and plan is not None else None
         if groups is None:
             return model(x, positions, positions=plan, position_ids=pos_ids, key_valid=key_valid, cache=kv,
-                         rows=rows if kv is not None else None, logits_from=logits_from)
+                         rows=rows if kv is not None else None, logits_from=logits_from, hidden_only=hidden_only)
         logits = None
         for g, w in groups:  # rows refreshing every column apart from rows recomputing a few
             part = model(x[g], positions[g], positions=plan[g, :w], position_ids=pos_ids[g],
                          key_valid=None if key_valid is None else key_valid[g], cache=kv, rows=rows[g],
-                         logits_from=None if logits_from is None else logits_from[g])
+                         logits_from=None if logits_from is None else logits_from[g], hidden_only=hidden_only)
             if logits is None:
                 logits = part.new_empty(len(rows), *part.shape[1:])
             logits[g] = part
@@ -422,6 +424,7 @@ def decode(model, state: DecodeState, request: Request,
     cap = cfg.resolved_max_forwards
     padded = state.padded  # without padding or truncation, attention needs no mask
     forwards, scores = 0, None
+    fused = _fuses_head_scoring(sampler, state, cfg, observe)
     _open_blocks(state, sampler, rows)
     while True:
         flush = forwards == cap - 1
@@ -451,11 +454,11 @@ def decode(model, state: DecodeState, request: Request,
         if kv is not None and not read["all_full"] and read["plan_min"] < width:
             plan, logits_from = cover_columns(step.recompute, hidden_source(at, model.config.logit_shift), read["plan_width"])
         mask_keys = padded or read["shortest"] < width
-        logits = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
-                          (read["n_narrow"], read["narrow_width"]))
+        out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
+                       (read["n_narrow"], read["narrow_width"]), hidden_only=fused)
         forwards += 1
         state.nfe[rows] += 1
-        scores = _score(state, sampler, rows, logits, observe)
+        scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out, observe)
         if observe:
             policy.observe(state, rows, positions, valid, scores.prob)
         dec = sampler.step(state, rows, positions, valid, scores)
@@ -473,6 +476,29 @@ def decode(model, state: DecodeState, request: Request,
         if on_step is not None:
             on_step(state)
     return forwards
+
+
+def _fuses_head_scoring(sampler, state: DecodeState, cfg: GenerationConfig, observe: bool) -> bool:
+    """Whether the step scores the final hidden states with the LM head fused in
+    (`dllm.kernels.head_scores`, chosen with DLLM_HEAD_SCORING): a greedy sampler that reads only
+    the candidate and its probability and leaves the logits as they are, without guidance."""
+    if head_scoring_impl() == "unfused":
+        return False
+    reads = sampler.score_fields | ({"prob"} if not sampler.fixed_schedule or observe else set())
+    return (reads <= {"prob"} and not sampler.needs_logits and state.temperature == 0 and cfg.cfg_scale <= 0
+            and type(sampler).process_logits is Sampler.process_logits)
+
+
+def _score_hidden(model, state: DecodeState, hidden: torch.Tensor) -> TokenScores:
+    """`TokenScores` (token, prob) of normed hidden states (B', Q, d), the LM head fused into the
+    scoring; the mask token is suppressed."""
+    weight = model.head_weight()
+    bias = state.extra.get("head_bias")
+    if bias is None:
+        bias = state.extra["head_bias"] = suppression_bias(weight.shape[0], [state.ids.mask], weight.device)
+    token, prob, top = head_scores(hidden.reshape(-1, hidden.shape[-1]), weight, bias, score_dtype=state.score_dtype)
+    shape = hidden.shape[:2]
+    return TokenScores(token=token.view(shape), prob=prob.view(shape), top=top.view(shape))
 
 
 def _score(state: DecodeState, sampler, rows, logits, observe: bool):

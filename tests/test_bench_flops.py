@@ -25,11 +25,19 @@ def bench():
 
 def by_hand(cfg, batch, recomputed, keys, scored):
     """Matrix-product and attention FLOPs (2 per multiply-add) of `batch` rows that recompute
-    `recomputed` columns against `keys` keys and take logits at `scored` columns."""
+    `recomputed` columns against `keys` keys and take logits at `scored` columns: every layer
+    computes the keys and values of the recomputed columns, every layer but the last also their
+    queries, attention output and MLP, and the last layer those of the scored columns only."""
     d, kv, f = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.mlp_hidden
-    per_column = 2 * (d * d + 2 * d * kv + d * d + 3 * d * f)          # q, k, v, o; gate, up, down
-    attention = 2 * 2 * cfg.n_heads * recomputed * keys * cfg.head_dim  # scores and weighted values
-    return batch * (cfg.n_layers * (recomputed * per_column + attention) + scored * 2 * d * cfg.vocab_size)
+    keys_values = 2 * 2 * d * kv                                         # k, v
+    rest = 2 * (d * d + d * d + 3 * d * f)                               # q, o; gate, up, down
+
+    def attention(queries):
+        return 2 * 2 * cfg.n_heads * queries * keys * cfg.head_dim       # scores and weighted values
+
+    layers = (cfg.n_layers - 1) * (recomputed * (keys_values + rest) + attention(recomputed))
+    last = recomputed * keys_values + scored * rest + attention(scored)
+    return batch * (layers + last + scored * 2 * d * cfg.vocab_size)
 
 
 @pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])

@@ -108,18 +108,22 @@ class Attention(nn.Module):
         self.v = Linear(d, kv, bias=cfg.qkv_bias)
         self.o = Linear(d, d, bias=False)
 
-    def forward(self, h, ctx: "_ForwardContext", layer: int):
+    def forward(self, h, ctx: "_ForwardContext", layer: int, keep: torch.Tensor | None = None):
+        """Attention of the columns `h` (B, P, d); with `keep` (B, Q), only the queries of those
+        rows of h (every column's keys and values are still computed and stored): (B, Q, d)."""
         cfg = self.cfg
         B, P, _ = h.shape
-        q = self.q(h).view(B, P, cfg.n_heads, cfg.head_dim).transpose(1, 2)     # (B, H, P, D)
+        hq, cos, sin = (h, ctx.cos, ctx.sin) if keep is None else (take_rows(h, keep), *ctx.rope_at(keep))
+        Q = hq.shape[1]
+        q = self.q(hq).view(B, Q, cfg.n_heads, cfg.head_dim).transpose(1, 2)    # (B, H, Q, D)
         k = self.k(h).view(B, P, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # (B, H_kv, P, D)
         v = self.v(h).view(B, P, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # (B, H_kv, P, D)
-        q = apply_rope(q, ctx.cos, ctx.sin, cfg.rope_fp32)
+        q = apply_rope(q, cos, sin, cfg.rope_fp32)
         k = apply_rope(k, ctx.cos, ctx.sin, cfg.rope_fp32)
         if ctx.cache is not None:
             k, v = ctx.cache.update(layer, ctx.rows, ctx.positions, k, v, ctx.layout, ctx.write_index)
-        out = ctx.attn(q, k, v, ctx.key_valid, 1.0 / math.sqrt(cfg.head_dim))  # (B, H, P, D)
-        return self.o(out.transpose(1, 2).reshape(B, P, cfg.d_model))
+        out = ctx.attn(q, k, v, ctx.key_valid, 1.0 / math.sqrt(cfg.head_dim))  # (B, H, Q, D)
+        return self.o(out.transpose(1, 2).reshape(B, Q, cfg.d_model))
 
 
 class MLP(nn.Module):
@@ -143,13 +147,25 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, ctx, layer):
-        x = x + self.attn(self.attn_norm(x), ctx, layer)
+    def forward(self, x, ctx, layer, keep: torch.Tensor | None = None):
+        """x (B, P, d) -> (B, P, d); with `keep` (B, Q) only those rows go on: (B, Q, d)."""
+        attended = self.attn(self.attn_norm(x), ctx, layer, keep)
+        x = (x if keep is None else take_rows(x, keep)) + attended
         return x + self.mlp(self.mlp_norm(x))
+
+
+def take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """t (B, P, d), index (B, Q) -> (B, Q, d): the rows `index` of each batch entry."""
+    return t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))
 
 
 class _ForwardContext:
     """What every layer of one forward shares."""
+
+    def rope_at(self, keep: torch.Tensor):
+        """cos, sin (B, 1, Q, D) of the columns `keep` (B, Q) of this forward."""
+        index = keep[:, None, :, None].expand(-1, 1, -1, self.cos.shape[-1])
+        return self.cos.gather(2, index), self.sin.gather(2, index)
 
     def __init__(self, attn, cos, sin, key_valid, cache, rows, positions, layout):
         self.attn, self.cos, self.sin = attn, cos, sin
@@ -279,7 +295,7 @@ class DiffusionTransformer(nn.Module):
     def forward(self, x: torch.Tensor, logits_at: torch.Tensor | None = None, *,
                 positions: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 key_valid: torch.Tensor | None = None, cache=None, rows: torch.Tensor | None = None,
-                logits_from: torch.Tensor | None = None):
+                logits_from: torch.Tensor | None = None, hidden_only: bool = False):
         """Logits at the requested canvas columns.
 
         x:            (B, L) token ids of the whole canvas.
@@ -301,6 +317,9 @@ class DiffusionTransformer(nn.Module):
                       it is not every column of every row. The forward then reads nothing from the
                       device; without it, it unites the plan and the sources itself, reading the
                       width of the union.
+        hidden_only:  return the final normed hidden states (B, Q, d) at the requested columns
+                      instead of their logits (`head_weight()` turns them into logits), for a
+                      caller that scores them with the LM head fused in (`dllm.kernels.head_scores`).
         Returns (B, Q, V) logits in the model dtype.
         """
         B, L = x.shape
@@ -323,7 +342,8 @@ class DiffusionTransformer(nn.Module):
         if cache is None:
             compiled = self._compiled_run is not None and not torch.is_grad_enabled()
             if (graphs is None and not compiled) or logits_at is None:
-                return self.head_logits(self.hidden_at(x, logits_at, position_ids=position_ids, key_valid=key_valid))
+                normed = self.hidden_at(x, logits_at, position_ids=position_ids, key_valid=key_valid)
+                return normed if hidden_only else self.head_logits(normed)
             positions = torch.arange(L, device=x.device).expand(B, L)
             at = self.hidden_source(logits_at)
             tokens = x
@@ -351,21 +371,24 @@ class DiffusionTransformer(nn.Module):
         pos = positions if position_ids is None else position_ids.gather(1, positions)
         inputs = dict(tokens=tokens, positions=positions, pos=pos, key_valid=key_valid, rows=rows, at=at)
         if graphs is None:
-            return self._logits(**inputs, cache=cache, layout=layout)
+            return self._logits(**inputs, cache=cache, layout=layout, hidden_only=hidden_only)
         buffers = None if cache is None else (tuple(cache.k[0].shape), tuple(cache.k[0].stride()), cache.k[0].dtype,
                                               tuple(t.data_ptr() for t in cache.k + cache.v))
         key = (x.device, L, rows_given, layout, buffers,
                tuple(None if t is None else (tuple(t.shape), t.dtype) for t in inputs.values()),
-               torch.is_autocast_enabled(x.device.type),
+               torch.is_autocast_enabled(x.device.type), hidden_only,
                torch.is_inference_mode_enabled())    # inference tensors cannot be written outside inference mode
-        return graphs.run(self._logits, key, inputs, cache=cache, layout=layout)
+        return graphs.run(self._logits, key, inputs, cache=cache, layout=layout, hidden_only=hidden_only)
 
-    def _logits(self, tokens, positions, pos, key_valid, rows, at, cache, layout):
-        """Logits (B, Q, V) at the hidden columns `at`, an index into the recomputed `positions`."""
-        run = self._run if self._compiled_run is None or torch.is_grad_enabled() else self._compiled_run
-        hidden = run(tokens, positions, pos, key_valid, cache, rows, layout)
-        hidden = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
-        return self.head_logits(self.norm(hidden))
+    def _logits(self, tokens, positions, pos, key_valid, rows, at, cache, layout, hidden_only=False):
+        """Logits (B, Q, V) at the hidden columns `at`, an index into the recomputed `positions`
+        (with `hidden_only`, the normed hidden states (B, Q, d) there)."""
+        if self._compiled_run is None or torch.is_grad_enabled():
+            hidden = self._run(tokens, positions, pos, key_valid, cache, rows, layout, keep=at)  # (B, Q, d)
+        else:  # the compiled body returns every row, so the number of logits never recompiles it
+            hidden = take_rows(self._compiled_run(tokens, positions, pos, key_valid, cache, rows, layout), at)
+        normed = self.norm(hidden)
+        return normed if hidden_only else self.head_logits(normed)
 
     def hidden_at(self, x: torch.Tensor, at: torch.Tensor | None, *, position_ids: torch.Tensor | None = None,
                   key_valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -376,13 +399,17 @@ class DiffusionTransformer(nn.Module):
         B, L = x.shape
         positions = torch.arange(L, device=x.device).expand(B, L)
         pos = positions if position_ids is None else position_ids
-        hidden = self._run(x, positions, pos, key_valid, None, None)  # (B, L, d)
         if at is not None:
-            src = self.hidden_source(at)
-            hidden = hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, Q, d)
-        elif self.config.logit_shift:
+            hidden = self._run(x, positions, pos, key_valid, None, None, keep=self.hidden_source(at))  # (B, Q, d)
+            return self.norm(hidden)
+        hidden = self._run(x, positions, pos, key_valid, None, None)  # (B, L, d)
+        if self.config.logit_shift:
             hidden = torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
         return self.norm(hidden)
+
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's (V, d) weight (the embedding when tied)."""
+        return self.head.weight if self.head is not None else self.embed.weight
 
     def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Logits of hidden states returned by `hidden_at` (any leading shape)."""
@@ -392,12 +419,14 @@ class DiffusionTransformer(nn.Module):
         """Column whose hidden state predicts each requested column (Dream: the left neighbour)."""
         return hidden_source(logits_at, self.config.logit_shift)
 
-    def _run(self, tokens, positions, pos, key_valid, cache, rows, layout=None):
+    def _run(self, tokens, positions, pos, key_valid, cache, rows, layout=None, keep=None):
         # tokens: (B, P) ids at `positions`, `pos` their rotary positions; returns final hidden
-        # states (B, P, d) before the norm.
+        # states (B, P, d) before the norm, or with `keep` (B, Q) those rows only (B, Q, d): the
+        # last layer then runs its queries, attention output and MLP on those rows alone.
         cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
         ctx = _ForwardContext(self._attn, cos, sin, key_valid, cache, rows, positions, layout)
         h = self.embed(tokens)  # (B, P, d)
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = layer(h, ctx, i)
+            h = layer(h, ctx, i, keep if i == last else None)
         return h

@@ -1,0 +1,180 @@
+"""The LM head and the greedy scoring in one pass over the vocabulary: from final hidden states, the
+candidate token (argmax, first maximum on ties) and its probability, without writing the (N, V)
+logits.
+
+A step of a threshold or low-confidence sampler needs, per scored column, only the argmax of the
+logits and its softmax probability. Both follow from an online pass over vocabulary chunks:
+per row a running maximum m, the first index reaching it, and S = sum exp(l - m), rescaled when
+m grows; then prob = exp(l_argmax - m) / S = 1 / S. Suppressed tokens (the mask id, ...) carry a
+-inf bias.
+
+`head_scores_ref` is the torch statement of it: `chunk` vocabulary rows at a time, statistics in
+`score_dtype` (float64 reproduces a float64 softmax's confidence up to the order of its sum).
+`head_scores_triton` is the Triton kernel `_head_scores_kernel`: each program takes BLOCK_N rows
+and one vocabulary range, multiplies them with `tl.dot` in BLOCK_V x BLOCK_D tiles (fp32
+accumulation), keeps the online statistics per row in fp32, and writes one partial per range;
+the partials are merged in torch. It runs on CUDA tensors, or on CPU tensors under
+TRITON_INTERPRET=1 (the tests).
+
+`head_scores` dispatches on `DLLM_HEAD_SCORING` (or `impl=`): "unfused" (default; the caller
+computes the logits and scores them, as before), "torch" (the chunked reference) or "triton". The
+default stays unfused until the kernel is measured faster on a GPU (docs/kernels.md §11).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import HAS_TRITON, require_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+IMPLS = ("unfused", "torch", "triton")
+
+
+def head_scoring_impl(impl: str | None = None) -> str:
+    """The implementation `impl` names, or DLLM_HEAD_SCORING's (default "unfused"); checked."""
+    source = "impl"
+    if impl is None:
+        impl, source = os.environ.get("DLLM_HEAD_SCORING", "unfused").strip().lower() or "unfused", "DLLM_HEAD_SCORING"
+    if impl not in IMPLS:
+        raise ValueError(f"unknown head scoring implementation {source}={impl!r}; valid: {', '.join(IMPLS)}")
+    return impl
+
+
+def _check(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden (N, d) and weight (V, d) must share d, got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have one entry per vocabulary row ({weight.shape[0]},), got {tuple(bias.shape)}")
+
+
+def suppression_bias(vocab_size: int, suppressed, device, dtype=torch.float32) -> torch.Tensor:
+    """(V,) zeros with -inf at the token ids `suppressed`."""
+    bias = torch.zeros(vocab_size, dtype=dtype, device=device)
+    bias[list(suppressed)] = float("-inf")
+    return bias
+
+
+def head_scores_ref(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                    chunk: int = 8192, score_dtype: torch.dtype = torch.float32):
+    """(token (N,), prob (N,) in score_dtype, top (N,)) of the logits hidden @ weight^T + bias, one
+    `chunk` of vocabulary rows at a time."""
+    _check(hidden, weight, bias)
+    N, V = hidden.shape[0], weight.shape[0]
+    m = torch.full((N,), float("-inf"), dtype=score_dtype, device=hidden.device)
+    s = torch.zeros(N, dtype=score_dtype, device=hidden.device)
+    token = torch.zeros(N, dtype=torch.long, device=hidden.device)
+    for start in range(0, V, chunk):
+        logits = (hidden @ weight[start:start + chunk].t()).to(score_dtype)            # (N, c)
+        if bias is not None:
+            logits = logits + bias[start:start + chunk].to(score_dtype)
+        top, arg = logits.max(dim=1)                                                    # first maximum
+        grows = top > m
+        new_m = torch.maximum(m, top)
+        safe = torch.where(torch.isfinite(new_m), new_m, torch.zeros_like(new_m))
+        s = s * torch.exp(m - safe).nan_to_num(0.0) + torch.exp(logits - safe[:, None]).sum(1)
+        token = torch.where(grows, arg + start, token)
+        m = new_m
+    return token, 1.0 / s, m
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _head_scores_kernel(H, W, BIAS, PartM, PartS, PartI, N, V, D, vocab_per_split,
+                            stride_hn, stride_wv, HAS_BIAS: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+        # One program: BLOCK_N rows against one vocabulary range, BLOCK_V rows of W at a time.
+        pid_n = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        n_splits = tl.num_programs(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        m = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
+        s = tl.zeros([BLOCK_N], dtype=tl.float32)
+        arg = tl.zeros([BLOCK_N], dtype=tl.int32)
+        start = pid_s * vocab_per_split
+        end = tl.minimum(start + vocab_per_split, V)
+        for v0 in range(start, end, BLOCK_V):
+            offs_v = v0 + tl.arange(0, BLOCK_V)
+            mask_v = offs_v < end
+            acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+            for d0 in range(0, D, BLOCK_D):
+                offs_d = d0 + tl.arange(0, BLOCK_D)
+                mask_d = offs_d < D
+                h = tl.load(H + offs_n[:, None].to(tl.int64) * stride_hn + offs_d[None, :],
+                            mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+                w = tl.load(W + offs_v[:, None].to(tl.int64) * stride_wv + offs_d[None, :],
+                            mask=mask_v[:, None] & mask_d[None, :], other=0.0)
+                acc = tl.dot(h, tl.trans(w), acc)
+            if HAS_BIAS:
+                acc += tl.load(BIAS + offs_v, mask=mask_v, other=0.0)[None, :]
+            acc = tl.where(mask_v[None, :], acc, float("-inf"))
+            top = tl.max(acc, 1)
+            first = tl.min(tl.where(acc == top[:, None], offs_v[None, :], 2147483647), 1)
+            new_m = tl.maximum(m, top)
+            safe = tl.where(new_m > float("-inf"), new_m, 0.0)
+            s = s * tl.exp(m - safe) + tl.sum(tl.exp(acc - safe[:, None]), 1)
+            arg = tl.where(top > m, first, arg)
+            m = new_m
+        at = offs_n * n_splits + pid_s
+        tl.store(PartM + at, m, mask=mask_n)
+        tl.store(PartS + at, s, mask=mask_n)
+        tl.store(PartI + at, arg, mask=mask_n)
+
+
+def head_scores_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                       num_splits: int | None = None, score_dtype: torch.dtype = torch.float32):
+    """`head_scores_ref` as a Triton kernel (fp32 accumulation and statistics); hidden and weight
+    of one float dtype, contiguous rows."""
+    _check(hidden, weight, bias)
+    require_triton(hidden.device, "the fused head scoring kernel")
+    hidden, weight = hidden.contiguous(), weight.contiguous()
+    N, D = hidden.shape
+    V = weight.shape[0]
+    block_n = min(64, max(16, triton.next_power_of_2(N)))
+    block_v, block_d = 64, min(64, max(16, triton.next_power_of_2(D)))
+    tiles = triton.cdiv(V, block_v)
+    if num_splits is None:
+        programs = triton.cdiv(N, block_n)
+        sms = torch.cuda.get_device_properties(hidden.device).multi_processor_count if hidden.is_cuda else 1
+        num_splits = max(1, min(triton.cdiv(2 * sms, programs), tiles))
+    per_split = triton.cdiv(tiles, max(1, min(num_splits, tiles))) * block_v
+    splits = triton.cdiv(V, per_split)
+    part_m = torch.empty(N, splits, dtype=torch.float32, device=hidden.device)
+    part_s = torch.empty_like(part_m)
+    part_i = torch.empty(N, splits, dtype=torch.int32, device=hidden.device)
+    bias_arg = bias.float().contiguous() if bias is not None else part_m
+    _head_scores_kernel[(triton.cdiv(N, block_n), splits)](
+        hidden, weight, bias_arg, part_m, part_s, part_i, N, V, D, per_split, hidden.stride(0), weight.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_V=block_v, BLOCK_D=block_d)
+    return merge_partials(part_m, part_s, part_i, score_dtype)
+
+
+def merge_partials(part_m: torch.Tensor, part_s: torch.Tensor, part_i: torch.Tensor, score_dtype: torch.dtype):
+    """Merge per-range (max, sum exp(l - max), first argmax) partials (N, splits), ranges in
+    vocabulary order, into (token, prob, top)."""
+    top = part_m.max(dim=1).values                                                      # (N,)
+    safe = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    s = (part_s * torch.exp(part_m - safe[:, None]).nan_to_num(0.0)).sum(1)
+    first = (part_m == top[:, None]).int().argmax(dim=1)                                # earliest range
+    token = part_i.gather(1, first[:, None]).squeeze(1).long()
+    return token, (1.0 / s).to(score_dtype), top
+
+
+def head_scores(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                impl: str | None = None, score_dtype: torch.dtype = torch.float32):
+    """(token, prob, top) of hidden @ weight^T + bias with the fused implementation `impl` ("torch"
+    or "triton"; None reads DLLM_HEAD_SCORING)."""
+    impl = head_scoring_impl(impl)
+    if impl == "unfused":
+        raise ValueError("head_scores needs a fused implementation: impl='torch' or 'triton' "
+                         "(DLLM_HEAD_SCORING=unfused means the caller scores full logits)")
+    if impl == "triton":
+        return head_scores_triton(hidden, weight, bias, score_dtype=score_dtype)
+    return head_scores_ref(hidden, weight, bias, score_dtype=score_dtype)

@@ -1,0 +1,91 @@
+"""The fused LM head + greedy scoring (`dllm.kernels.head_scoring`) against a plain statement: the
+logits h @ W^T + bias written out, a float64 softmax, the first argmax. The Triton kernel runs on
+CPU under TRITON_INTERPRET=1 (tests/conftest.py) or on CUDA."""
+import pytest
+import torch
+
+import dllm
+from dllm.config import ModelConfig
+from dllm.kernels import triton_runs_on
+from dllm.kernels.head_scoring import (head_scores, head_scores_ref, head_scores_triton, head_scoring_impl,
+                                       suppression_bias)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _plain(hidden, weight, bias):
+    logits = (hidden.double() @ weight.double().t()) + bias.double()
+    probs = torch.softmax(logits, dim=-1)
+    token = logits.argmax(dim=-1)                       # first maximum on ties
+    return token, probs.gather(1, token[:, None]).squeeze(1), logits.max(dim=-1).values
+
+
+def _case(N, d, V, seed, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, d, generator=g)
+    weight = torch.randn(V, d, generator=g) * 0.5
+    if ties:  # equal rows far apart: equal logits, the first must win
+        weight[V - 3] = weight[5]
+        weight[V // 2] = weight[5]
+        hidden[0] = weight[5] * 4
+    bias = suppression_bias(V, [7, V - 1], "cpu")
+    return hidden, weight, bias
+
+
+@pytest.mark.parametrize("N,d,V,chunk", [(1, 8, 50, 16), (7, 24, 301, 64), (5, 33, 1000, 1000), (3, 16, 77, 8)])
+def test_reference_equals_the_written_out_softmax(N, d, V, chunk):
+    hidden, weight, bias = _case(N, d, V, seed=N + V)
+    token, prob, top = head_scores_ref(hidden.double(), weight.double(), bias, chunk=chunk,
+                                       score_dtype=torch.float64)
+    want_token, want_prob, want_top = _plain(hidden, weight, bias)
+    assert torch.equal(token, want_token)
+    torch.testing.assert_close(prob, want_prob, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(top, want_top)
+    assert not torch.isin(token, torch.tensor([7, V - 1])).any()       # suppressed ids never win
+
+
+def test_reference_breaks_ties_to_the_first_token():
+    hidden, weight, bias = _case(2, 16, 200, seed=1, ties=True)
+    token, _, _ = head_scores_ref(hidden.double(), weight.double(), bias, chunk=32, score_dtype=torch.float64)
+    assert int(token[0]) == 5
+
+
+triton_only = pytest.mark.skipif(not triton_runs_on(DEVICE), reason="needs CUDA or TRITON_INTERPRET=1 with triton")
+
+
+@pytest.mark.triton
+@triton_only
+@pytest.mark.parametrize("N,d,V,splits", [(1, 16, 64, 1), (7, 24, 301, None), (20, 40, 515, 3), (2, 16, 200, 4)])
+def test_kernel_matches_the_reference(N, d, V, splits):
+    hidden, weight, bias = _case(N, d, V, seed=N * V, ties=(V == 200))
+    hidden, weight, bias = hidden.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE)
+    token, prob, top = head_scores_triton(hidden, weight, bias, num_splits=splits)
+    want_token, want_prob, want_top = _plain(hidden.cpu(), weight.cpu(), bias.cpu())
+    assert torch.equal(token.cpu(), want_token)
+    torch.testing.assert_close(prob.cpu().double(), want_prob, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(top.cpu().double(), want_top, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=[pytest.mark.triton, triton_only])])
+@pytest.mark.parametrize("sampler,cache", [("threshold", "dual"), ("low_confidence", "none")])
+def test_decoding_with_the_fused_head_gives_the_unfused_tokens(monkeypatch, impl, sampler, cache):
+    """Weights at std 0.3, so predictions are peaked as a trained model's are (fused and unfused
+    sum the head's products in different orders)."""
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), seed=0, init_std=0.3, device=DEVICE)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
+    kw = dict(gen_length=16, block_length=8, sampler=sampler, cache=cache)
+    monkeypatch.setenv("DLLM_HEAD_SCORING", "unfused")
+    want = dllm.generate(model, None, prompts, **kw)
+    monkeypatch.setenv("DLLM_HEAD_SCORING", impl)
+    got = dllm.generate(model, None, prompts, **kw)
+    assert torch.equal(got.sequences, want.sequences) and got.forwards == want.forwards
+
+
+def test_unknown_implementations_are_refused(monkeypatch):
+    monkeypatch.setenv("DLLM_HEAD_SCORING", "fast")
+    with pytest.raises(ValueError, match="DLLM_HEAD_SCORING='fast'.*unfused, torch, triton"):
+        head_scoring_impl()
+    with pytest.raises(ValueError, match="fused implementation"):
+        head_scores(torch.zeros(1, 4), torch.zeros(3, 4), impl="unfused")
+    with pytest.raises(ValueError, match="share d"):
+        head_scores(torch.zeros(1, 4), torch.zeros(3, 5), impl="torch")
