@@ -90,3 +90,24 @@ def test_model_with_large_weights_cached_step_agrees_with_full_forward():
         assert LO <= positions.numel() <= HI
         part = model(x, at, positions=positions, cache=cache)
     torch.testing.assert_close(part, full, atol=2e-4, rtol=2e-4)
+
+
+def test_the_transposed_product_runs_at_padded_row_counts():
+    """Fewer than 4 rows run at 4, 5 to 8 as they are, more than 8 at the next multiple of 8; the
+    zero padding rows are dropped from the result."""
+    assert [transformer.padded_rows(n) for n in (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32, 48)] == \
+        [4, 4, 4, 4, 5, 7, 8, 16, 16, 16, 24, 32, 32, 48]
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(1030, 1024, generator=g) * 0.05
+    seen = []
+    real_mm = torch.mm
+    torch.mm = lambda a, b, **k: seen.append(b.shape[1]) or real_mm(a, b, **k)
+    try:
+        for rows in (3, 13, 31):
+            x = torch.randn(rows, 1024, generator=g)
+            out = linear(x, w)
+            assert out.shape == (rows, 1030)
+            torch.testing.assert_close(out.double(), _reference(x, w, None), atol=1e-4, rtol=1e-4)
+    finally:
+        torch.mm = real_mm
+    assert seen == [4, 16, 32]
