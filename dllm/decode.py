@@ -486,7 +486,7 @@ def _fuses_head_scoring(sampler, state: DecodeState, cfg: GenerationConfig, obse
         return False
     reads = sampler.score_fields | ({"prob"} if not sampler.fixed_schedule or observe else set())
     return (reads <= {"prob"} and not sampler.needs_logits and state.temperature == 0 and cfg.cfg_scale <= 0
-            and type(sampler).process_logits is Sampler.process_logits)
+            and not sampler.edits_logits)
 
 
 def _score_hidden(model, state: DecodeState, hidden: torch.Tensor) -> TokenScores:

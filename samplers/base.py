@@ -60,6 +60,12 @@ class Sampler:
         """Transform the (B', Q, V) logits before scoring (may edit them in place). Default: none."""
         return logits
 
+    @property
+    def edits_logits(self) -> bool:
+        """Whether `process_logits` may change the logits (then the loop scores full logits rather
+        than fusing the LM head into the scoring). Default: whether a subclass overrides it."""
+        return type(self).process_logits is not Sampler.process_logits
+
     def score_mask(self, state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
         """(B', L) bool: the columns of rows `rows` that need scores this step.
         Default: the masked positions of the active block."""

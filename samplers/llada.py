@@ -82,6 +82,10 @@ class LowConfidence(Sampler):
         counts = state.extra["counts"]
         counts[rows] = torch.where(opening[:, None], self.block_counts(state, rows), counts[rows])
 
+    @property
+    def edits_logits(self) -> bool:
+        return self.logits_eos_inf
+
     def process_logits(self, state, rows, logits):
         if self.logits_eos_inf:
             logits[..., state.ids.eos] = float("-inf")

@@ -129,6 +129,10 @@ class Prophet(Sampler):
     def begin_blocks(self, state, rows, opening):
         self.base.begin_blocks(state, rows, opening)
 
+    @property
+    def edits_logits(self) -> bool:
+        return self.base.edits_logits
+
     def process_logits(self, state, rows, logits):
         return self.base.process_logits(state, rows, logits)
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import dllm
+import dllm.decode as decode_module
 from dllm.config import ModelConfig
 from dllm.kernels import triton_runs_on
 from dllm.kernels.head_scoring import (head_scores, head_scores_ref, head_scores_triton, head_scoring_impl,
@@ -77,8 +78,23 @@ def test_decoding_with_the_fused_head_gives_the_unfused_tokens(monkeypatch, impl
     monkeypatch.setenv("DLLM_HEAD_SCORING", "unfused")
     want = dllm.generate(model, None, prompts, **kw)
     monkeypatch.setenv("DLLM_HEAD_SCORING", impl)
+    calls = []
+    real = decode_module.head_scores
+    monkeypatch.setattr(decode_module, "head_scores", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = dllm.generate(model, None, prompts, **kw)
+    assert len(calls) == got.forwards                  # every step scored through the fused head
     assert torch.equal(got.sequences, want.sequences) and got.forwards == want.forwards
+
+
+def test_samplers_that_edit_logits_keep_the_unfused_path(monkeypatch):
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), seed=0, init_std=0.3)
+    monkeypatch.setenv("DLLM_HEAD_SCORING", "torch")
+    calls = []
+    monkeypatch.setattr(decode_module, "head_scores", lambda *a, **k: calls.append(1))
+    dllm.generate(model, None, [[5, 6, 7]], gen_length=8, block_length=8, sampler="low_confidence",
+                  sampler_kwargs={"logits_eos_inf": True})
+    dllm.generate(model, None, [[5, 6, 7]], gen_length=8, block_length=8, sampler="threshold", temperature=0.5)
+    assert calls == []
 
 
 def test_unknown_implementations_are_refused(monkeypatch):
