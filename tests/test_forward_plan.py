@@ -114,3 +114,44 @@ def test_cache_layout_is_what_update_tests():
 def test_unknown_cache_policy():
     with pytest.raises(ValueError, match=r"unknown cache policy 'dual2'.*none"):
         get_policy("dual2")
+
+
+@pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
+def test_a_plan_covering_the_logit_sources_gives_the_united_plans_logits(name):
+    """A caller that builds the plan with the logit sources in it (`cover_columns`) and passes
+    their index (`logits_from`) gets the logits the forward computes when it unites the plan and
+    the sources itself, and the same K/V in the cache; ragged rows, repeated padding."""
+    from dllm.models.transformer import hidden_source
+    from dllm.state import cover_columns
+    model = _model(name)
+    g = torch.Generator().manual_seed(5)
+    B, L = 3, 17
+    x = torch.randint(0, 300, (B, L), generator=g)
+    at = torch.tensor([[4, 9, 9], [5, 6, 11], [0, 2, 16]])
+    plan = torch.tensor([[3, 4, 5, 12, 12], [6, 7, 8, 9, 10], [1, 1, 1, 1, 1]])
+    caches = []
+    for _ in range(2):
+        cache = KVCache.for_model(model, B, L)
+        model(x, at, cache=cache)
+        caches.append(cache)
+    with torch.no_grad():
+        united = model(x, at, positions=plan, cache=caches[0])
+        need = torch.zeros(B, L, dtype=torch.bool).scatter_(1, plan, True)
+        src = hidden_source(at, model.config.logit_shift)
+        need.scatter_(1, src, True)
+        columns, index = cover_columns(need, src, int(need.sum(1).max()))
+        covered = model(x, at, positions=columns, cache=caches[1], logits_from=index)
+    torch.testing.assert_close(covered, united)
+    for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+        torch.testing.assert_close(a, b)
+
+
+def test_logits_from_needs_a_plan_and_logit_columns_of_its_shape():
+    model = _model("llada-tiny")
+    x = torch.randint(0, 300, (1, 9), generator=torch.Generator().manual_seed(6))
+    cache = KVCache.for_model(model, 1, 9)
+    with pytest.raises(ValueError, match="logits_from"):
+        model(x, torch.tensor([[3]]), cache=cache, logits_from=torch.tensor([[0]]))
+    with pytest.raises(ValueError, match="logits_from"):
+        model(x, torch.tensor([[3, 4]]), positions=torch.tensor([[3, 4]]), cache=cache,
+              logits_from=torch.tensor([[0]]))

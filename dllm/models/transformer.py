@@ -363,26 +363,8 @@ class DiffusionTransformer(nn.Module):
             at = self.hidden_source(logits_at)
             tokens = x
         else:
-            every_row = None
-            if rows is None:
-                rows = torch.arange(B, device=x.device)
-                every_row = B == cache.shape[0]
-            full = positions is None
-            if full:
-                positions = torch.arange(L, device=x.device).expand(B, L)
-            if logits_at is None:
-                logits_at = torch.arange(L, device=x.device).expand(B, L)
-            src = self.hidden_source(logits_at)
-            if full:
-                at = src
-                every_column = True if L == cache.length else None
-            elif logits_from is not None:
-                at, every_column = logits_from, False
-            else:  # recompute the plan and the logit sources once each
-                positions, at = _union(positions, src, L)
-                every_column = None
-            layout = cache.layout(rows, positions, every_column=every_column, every_row=every_row)
-            tokens = x if full else x.gather(1, positions)
+            tokens, positions, rows, at, layout = self._cached_inputs(x, logits_at, positions, cache, rows,
+                                                                      logits_from)
         pos = positions if position_ids is None else position_ids.gather(1, positions)
         inputs = dict(tokens=tokens, positions=positions, pos=pos, key_valid=key_valid, rows=rows, at=at)
         if graphs is None:
@@ -394,6 +376,32 @@ class DiffusionTransformer(nn.Module):
                torch.is_autocast_enabled(x.device.type), hidden_only,
                torch.is_inference_mode_enabled())    # inference tensors cannot be written outside inference mode
         return graphs.run(self._logits, key, inputs, cache=cache, layout=layout, hidden_only=hidden_only)
+
+    def _cached_inputs(self, x, logits_at, positions, cache, rows, logits_from):
+        """A forward through `cache`: (tokens, recomputed columns, cache rows, index of the logit
+        sources among the columns, `KVCache.layout`)."""
+        B, L = x.shape
+        every_row = None
+        if rows is None:
+            rows = torch.arange(B, device=x.device)
+            every_row = B == cache.shape[0]
+        full = positions is None
+        if full:
+            positions = torch.arange(L, device=x.device).expand(B, L)
+        if logits_at is None:
+            logits_at = torch.arange(L, device=x.device).expand(B, L)
+        src = self.hidden_source(logits_at)
+        if full:
+            at = src
+            every_column = True if L == cache.length else None
+        elif logits_from is not None:
+            at, every_column = logits_from, False
+        else:  # recompute the plan and the logit sources once each
+            positions, at = _union(positions, src, L)
+            every_column = None
+        layout = cache.layout(rows, positions, every_column=every_column, every_row=every_row)
+        tokens = x if full else x.gather(1, positions)
+        return tokens, positions, rows, at, layout
 
     def _logits(self, tokens, positions, pos, key_valid, rows, at, cache, layout, hidden_only=False):
         """Logits (B, Q, V) at the hidden columns `at`, an index into the recomputed `positions`
