@@ -410,7 +410,8 @@ def decode(model, state: DecodeState, request: Request,
     """Run the denoising loop of `request` on `state` in place; returns the number of batched forwards.
 
     A step reads the device once (`_read`); at batch 1 that is the only read, and a batch reads
-    once more each time rows finish (to drop them)."""
+    once more each time rows finish (to drop them). A fixed schedule whose widths the host knows
+    (`_planned_widths`) reads nothing until its last step is done."""
     sampler, policy, cfg = request.sampler, request.policy, request.config
     if not sampler.uses_blocks:
         state.block_length = state.gen_length
@@ -419,63 +420,89 @@ def decode(model, state: DecodeState, request: Request,
     rows = torch.arange(state.batch_size, device=state.x.device)
     sampler.begin_block(state, rows)
     policy.setup(state, model)
-    kv = policy.kv if policy.needs_storage else None
-    observe = policy.wants_confidence
-    cap = cfg.resolved_max_forwards
-    padded = state.padded  # without padding or truncation, attention needs no mask
-    forwards, scores = 0, None
-    fused = _fuses_head_scoring(sampler, state, cfg, observe)
+    planned = _planned_widths(sampler, policy, state, cfg)
+    forwards, finite = 0, state.finished.new_ones(())   # every score so far finite (0-dim bool)
     _open_blocks(state, sampler, rows)
     while True:
-        flush = forwards == cap - 1
-        step = _prepare(model, state, sampler, policy, rows, flush)
-        finite = scores.finite() if scores is not None else state.finished.new_ones(())
-        read = _read(state, rows, step, finite)
-        if not read["finite"]:
-            scores.raise_not_finite()
-        scores = None
-        if read["all_finished"]:
-            break
-        if read["stale"]:
-            _open_blocks(state, sampler, rows)
-            continue
-        if read["finished"]:
-            rows = (~state.finished).nonzero(as_tuple=True)[0]
-            if rows.numel() == 0:
+        step = _prepare(model, state, sampler, policy, rows, forwards == cfg.resolved_max_forwards - 1)
+        if planned is not None and forwards < len(planned):
+            read = _planned_read(state, step, planned[forwards])
+        else:
+            read = _read(state, rows, step, finite)
+            if not read["finite"]:
+                raise FloatingPointError("model produced NaN/inf logits (or every logit -inf) during the decode; "
+                                         "check the dtype (float16 can overflow) and the checkpoint weights")
+            if read["all_finished"]:
                 break
-            continue
-        policy.advance(state, rows, step.needs)
-        positions, valid = select_positions(step.score_mask, read["most"])
-        # With stored K/V every column the forward runs is re-stored: padding entries repeat a
-        # scored column rather than column 0, so a row's cache never depends on its batch.
-        at = positions if kv is None else torch.where(valid, positions, positions[:, :1])
-        plan = logits_from = None
-        width = read["width"]
-        if kv is not None and not read["all_full"] and read["plan_min"] < width:
-            plan, logits_from = cover_columns(step.recompute, hidden_source(at, model.config.logit_shift), read["plan_width"])
-        mask_keys = padded or read["shortest"] < width
-        out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
-                       (read["n_narrow"], read["narrow_width"]), hidden_only=fused)
+            if read["stale"]:
+                _open_blocks(state, sampler, rows)
+                continue
+            if read["finished"]:
+                rows = (~state.finished).nonzero(as_tuple=True)[0]
+                continue
+        scores = _step(model, state, request, rows, step, read, forwards)
+        finite = finite & scores.finite()
         forwards += 1
-        state.nfe[rows] += 1
-        scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out, observe)
-        if observe:
-            policy.observe(state, rows, positions, valid, scores.prob)
-        dec = sampler.step(state, rows, positions, valid, scores)
-        flushed = _apply(state, sampler, rows, positions, valid, scores, dec, flush)
-        if flush:
-            hit = torch.zeros_like(state.finished)
-            hit[rows] = flushed
-            state.extra["hit_cap"] = hit
-        state.step_in_block[rows] += 1
-        state.global_step += 1
-        _open_blocks(state, sampler, rows)
-        # A row with no mask left in its generation region is done.
-        left = (state.is_mask[rows] & state.in_generation()[None, :]).any(1)
-        state.finished[rows] |= ~left
         if on_step is not None:
             on_step(state)
     return forwards
+
+
+def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: dict, forwards: int) -> TokenScores:
+    """One forward, its scoring and the commits it decides; returns the scores."""
+    sampler, policy, cfg = request.sampler, request.policy, request.config
+    kv = policy.kv if policy.needs_storage else None
+    flush = forwards == cfg.resolved_max_forwards - 1
+    policy.advance(state, rows, step.needs)
+    positions, valid = select_positions(step.score_mask, read["most"])
+    # With stored K/V every column the forward runs is re-stored: padding entries repeat a
+    # scored column rather than column 0, so a row's cache never depends on its batch.
+    at = positions if kv is None else torch.where(valid, positions, positions[:, :1])
+    plan = logits_from = None
+    width = read["width"]
+    if kv is not None and not read["all_full"] and read["plan_min"] < width:
+        sources = hidden_source(at, model.config.logit_shift)
+        plan, logits_from = cover_columns(step.recompute, sources, read["plan_width"])
+    mask_keys = state.padded or read["shortest"] < width   # without padding or cuts, no attention mask
+    fused = _fuses_head_scoring(sampler, state, cfg, policy.wants_confidence)
+    out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
+                   (read["n_narrow"], read["narrow_width"]), hidden_only=fused)
+    state.nfe[rows] += 1
+    scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out,
+                                                                    policy.wants_confidence)
+    if policy.wants_confidence:
+        policy.observe(state, rows, positions, valid, scores.prob)
+    dec = sampler.step(state, rows, positions, valid, scores)
+    flushed = _apply(state, sampler, rows, positions, valid, scores, dec, flush)
+    if flush:
+        hit = torch.zeros_like(state.finished)
+        hit[rows] = flushed
+        state.extra["hit_cap"] = hit
+    state.step_in_block[rows] += 1
+    state.global_step += 1
+    _open_blocks(state, sampler, rows)
+    # A row with no mask left in its generation region is done.
+    left = (state.is_mask[rows] & state.in_generation()[None, :]).any(1)
+    state.finished[rows] |= ~left
+    return scores
+
+
+def _planned_widths(sampler, policy, state: DecodeState, cfg: GenerationConfig) -> list[int] | None:
+    """The most columns any row scores at each step of a fixed schedule the host can follow: the
+    sampler states them (`Sampler.planned_widths`, an upper bound is enough: extra columns are
+    padding), nothing is stored between steps, no guidance, and the forward cap does not end the
+    schedule early (its flush scores every mask). None when the loop has to read them."""
+    if not sampler.fixed_schedule or policy.needs_storage or cfg.cfg_scale > 0:
+        return None
+    widths = sampler.planned_widths(state)
+    return None if widths is None or len(widths) > cfg.resolved_max_forwards else widths
+
+
+def _planned_read(state: DecodeState, step: _Step, most: int) -> dict[str, int]:
+    """What `_read` would bring, known on the host for a step of a planned schedule."""
+    length = state.length
+    return dict(finished=0, all_finished=0, stale=0, finite=1, shortest=length, width=length, most=most,
+                all_full=1, plan_width=length, plan_min=length, n_narrow=0, narrow_width=0)
 
 
 def _fuses_head_scoring(sampler, state: DecodeState, cfg: GenerationConfig, observe: bool) -> bool:

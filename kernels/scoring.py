@@ -72,13 +72,8 @@ class TokenScores:
 
     def finite(self) -> torch.Tensor:
         """A 0-dim bool tensor, False when a position had a NaN or +inf logit or no finite one
-        (read it, or pass it to `raise_not_finite`, when the scoring was asked not to check)."""
+        (for a caller that asked the scoring not to check and reads it later)."""
         return torch.isfinite(self.top).all()
-
-    def raise_not_finite(self) -> None:
-        """Raise the FloatingPointError a checking scoring raises, if `finite()` is False."""
-        if self.top.numel() and not bool(self.finite()):
-            _raise_not_finite(self.top)
 
 
 def _raise_not_finite(top: torch.Tensor) -> None:

@@ -60,6 +60,12 @@ class Sampler:
         """Transform the (B', Q, V) logits before scoring (may edit them in place). Default: none."""
         return logits
 
+    def planned_widths(self, state: DecodeState) -> list[int] | None:
+        """For a fixed schedule: the most columns any row scores at each step of the request, or
+        an upper bound of it, known before the first step (the loop then reads nothing until the
+        schedule is done). Called after `setup`. Default: None (the loop reads it every step)."""
+        return None
+
     @property
     def edits_logits(self) -> bool:
         """Whether `process_logits` may change the logits (then the loop scores full logits rather

@@ -75,6 +75,16 @@ class LowConfidence(Sampler):
         j = torch.arange(per_block, device=n.device)
         return n[:, None] // per_block + (j[None, :] < (n % per_block)[:, None]).long()
 
+    def planned_widths(self, state):
+        """Each block opens with its block_length masks (nothing outside the active block is ever
+        committed) and commits `block_counts` of them per step, so the masks left at each step are
+        known; a block that opened with fewer masks has at most as many left at every step."""
+        per_block = state.extra["steps_per_block"]
+        K = state.block_length
+        counts = [K // per_block + (j < K % per_block) for j in range(per_block)]
+        left = [K - sum(counts[:j]) for j in range(per_block)]
+        return left * (state.gen_length // K)
+
     def begin_block(self, state, rows):
         state.extra["counts"][rows] = self.block_counts(state, rows)
 

@@ -72,9 +72,8 @@ def test_a_cached_step_dispatches_what_a_full_forward_does(preset):
     assert cached <= full + 1, (cached, full)
 
 
-@pytest.mark.parametrize("sampler,cache", [("low_confidence", "none"), ("threshold", "none"), ("threshold", "dual"),
-                                           ("threshold", "prefix"), ("low_confidence", "dkv-decode"),
-                                           ("entropy", "dual")])
+@pytest.mark.parametrize("sampler,cache", [("threshold", "none"), ("threshold", "dual"), ("threshold", "prefix"),
+                                           ("low_confidence", "dkv-decode"), ("entropy", "dual")])
 @pytest.mark.parametrize("prompts", [PROMPTS, [PROMPTS[0]] * 3], ids=["batch1", "batch3"])
 def test_the_loop_reads_the_device_once_per_step(tiny, sampler, cache, prompts):
     """One host read per step, plus the read that finds every row finished; nothing else (a
@@ -83,3 +82,19 @@ def test_the_loop_reads_the_device_once_per_step(tiny, sampler, cache, prompts):
     counts = count_decode(tiny, prompts, GenerationConfig(gen_length=32, block_length=block, sampler=sampler,
                                                           cache=cache))
     assert counts.counts["loop"].syncs == counts.forwards + 1, counts.counts["loop"].sync_sites
+
+
+@pytest.mark.parametrize("sampler", ["low_confidence", "random"])
+@pytest.mark.parametrize("prompts", [PROMPTS, RAGGED], ids=["batch1", "ragged"])
+def test_a_planned_fixed_schedule_reads_the_device_once_per_decode(tiny, sampler, prompts):
+    """LLaDA's fixed schedules without a cache: the host knows every step's width, so the loop
+    reads only once, after the last step (every row finished, every score finite), and decodes
+    what the reading loop decodes."""
+    cfg = GenerationConfig(gen_length=32, block_length=16, steps=16, sampler=sampler, seed=0)
+    counts = count_decode(tiny, prompts, cfg)
+    assert counts.forwards == 16
+    assert counts.counts["loop"].syncs == 1, counts.counts["loop"].sync_sites
+    planned = dllm.generate(tiny, None, prompts, cfg)
+    # a cache refreshed at every step computes what `none` computes, through the reading loop
+    reading = dllm.generate(tiny, None, prompts, cfg.replace(cache="dkv-decode", cache_kwargs={"refresh": 1}))
+    assert torch.equal(planned.sequences, reading.sequences) and planned.forwards == reading.forwards
