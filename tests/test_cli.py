@@ -63,10 +63,11 @@ def test_shared_options_have_one_default():
     """The options generate, bench and sweep share parse to the same defaults."""
     generate, bench = _defaults(["generate", "hi"]), _defaults(["bench"])
     sweep = _defaults(["sweep", "--out-dir", "d"])
-    everywhere = ("temperature", "seed", "max_forwards", "dtype", "device", "attention", "cuda_graphs")
+    everywhere = ("temperature", "seed", "max_forwards", "dtype", "device", "attention", "cuda_graphs", "compile")
     assert {k: generate[k] for k in everywhere} == {k: bench[k] for k in everywhere} == \
         {k: sweep[k] for k in everywhere} == {"temperature": 0.0, "seed": 0, "max_forwards": None, "dtype": "auto",
-                                              "device": "auto", "attention": "auto", "cuda_graphs": False}
+                                              "device": "auto", "attention": "auto", "cuda_graphs": False,
+                                              "compile": False}
     request = ("sampler", "sampler_arg", "cache", "cache_arg", "gen_length", "block_length", "steps",
                "tokens_per_step", "cfg_scale", "score_dtype", "model")
     assert {k: generate[k] for k in request} == {k: bench[k] for k in request}

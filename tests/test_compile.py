@@ -69,3 +69,27 @@ def test_bad_compile_settings_are_refused(bad):
     with pytest.raises(ValueError, match="enabled|max_layouts"):
         model.set_compile(**bad)
     assert not model.compiled
+
+
+def test_load_compile_bench_and_sweep_settings(llada_dir, monkeypatch):
+    """`dllm.load(compile=True)` compiles the loaded model; bench and sweep pass their setting to
+    the load; bad values are refused by name."""
+    model, _ = dllm.load(llada_dir, device="cpu", compile=True)
+    assert model.compiled
+    with pytest.raises(ValueError, match=r"compile must be True or False, got 'yes'"):
+        dllm.load(llada_dir, device="cpu", compile="yes")
+    from dllm.sweep.grid import SweepSettings
+    with pytest.raises(ValueError, match=r"compile 'yes' is not allowed; give true or false"):
+        SweepSettings(compile="yes")
+    from dllm.cli import main
+    from dllm.eval import runner
+    seen = {}
+
+    def fake_load(*args, **kwargs):
+        seen.update(kwargs)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(runner.dllm, "load", fake_load)
+    assert main(["bench", "--model", str(llada_dir), "--compile", "--generated", "--limit", "1",
+                 "--device", "cpu"]) != 0
+    assert seen.get("compile") is True

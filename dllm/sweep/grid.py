@@ -362,8 +362,8 @@ def grid_from_args(args) -> Grid:
     options given on the command line."""
     data = load_grid_file(args.grid) if args.grid else {}
     source = str(args.grid) if args.grid else "command line"
-    for name in ("tasks", "data_dir", "limit", "batch_size", "dtype", "device", "attention", "cuda_graphs", "compile", "seed",
-                 "temperature", "max_forwards", "grammar_url", "bertscore_model"):
+    for name in ("tasks", "data_dir", "limit", "batch_size", "dtype", "device", "attention", "cuda_graphs", "compile",
+                 "seed", "temperature", "max_forwards", "grammar_url", "bertscore_model"):
         if name in getattr(args, "given", ()):
             data[name] = getattr(args, name)
     if args.pb is not None:
