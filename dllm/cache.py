@@ -37,8 +37,6 @@ Policy lifecycle (the generation loop calls these and nothing else):
   into the one read of the step.
 * `advance(state, rows, needs)` once per step, for the `Needs` the forward follows: the
   policy's per-row bookkeeping (the canvas `state.x[rows]` is exactly what the forward sees).
-* `plan(state, rows, scored)`: both at once, returning the (B', P) columns to recompute or None
-  for a full refresh of every row (a convenience that reads the plan's width from the device).
 
 * `observe(state, rows, positions, valid, prob)` once per step, after the scoring and before the
   commits: the confidence `prob` (B', Q) of the candidate at each scored column. Only called
@@ -230,15 +228,6 @@ class CachePolicy:
 
     def advance(self, state: DecodeState, rows: torch.Tensor, needs: Needs | None) -> None:
         """Record the step whose forward follows `needs`."""
-
-    def plan(self, state: DecodeState, rows: torch.Tensor, scored: torch.Tensor | None = None):
-        """`needs` and `advance` at once: the (B', P) columns to recompute (`plan_columns`), or None
-        for a full refresh of every row."""
-        needs = self.needs(state, rows, scored)
-        self.advance(state, rows, needs)
-        if needs is None or bool(needs.full.all()):
-            return None
-        return plan_columns(needs.columns)
 
     def observe(self, state: DecodeState, rows: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
                 prob: torch.Tensor) -> None:
@@ -488,7 +477,7 @@ class DKVGreedy(StoringPolicy):
 
     def _columns(self, state, rows, changed, scored):
         if scored is None:
-            raise ValueError(f"cache policy {self.name!r} needs the scored columns: call plan(state, rows, scored)")
+            raise ValueError(f"cache policy {self.name!r} needs the scored columns: call needs(state, rows, scored)")
         need = scored | changed
         if self.window:
             masked = state.is_mask[rows] & state.in_generation()[None, :]

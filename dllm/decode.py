@@ -228,11 +228,16 @@ def resolve_request(model, cfg: GenerationConfig) -> Request:
 
 
 # -- the loop ---------------------------------------------------------------------------------
+def _stale_blocks(state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
+    """(B',) bool: unfinished rows whose active block has no mask (`_open_blocks` moves them)."""
+    return ~state.masked_in_block(rows).any(1) & ~state.finished[rows]
+
+
 def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
     """Move the rows whose active block has no mask left to their next block (or finish them), for
     every row at once without reading the device. A row whose next block has no mask either is
     moved again at the loop's next read (`_stale_blocks`)."""
-    done = ~state.masked_in_block(rows).any(1) & ~state.finished[rows]             # (B',)
+    done = _stale_blocks(state, rows)                                              # (B',)
     start = torch.where(done, state.block_end[rows], state.block_start[rows])
     row_end = state.row_end[rows]
     ended = done & (start >= row_end)
@@ -243,11 +248,6 @@ def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
     state.step_in_block[rows] = state.step_in_block[rows].masked_fill(done, 0)
     state.finished[rows] = state.finished[rows] | ended
     sampler.begin_blocks(state, rows, opening)
-
-
-def _stale_blocks(state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
-    """(B',) bool: unfinished rows whose active block has no mask (`_open_blocks` moves them)."""
-    return ~state.masked_in_block(rows).any(1) & ~state.finished[rows]
 
 
 def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Decision, flush: bool) -> torch.Tensor:
@@ -421,12 +421,14 @@ def decode(model, state: DecodeState, request: Request,
     sampler.begin_block(state, rows)
     policy.setup(state, model)
     planned = _planned_widths(sampler, policy, state, cfg)
+    fused = _fuses_head_scoring(sampler, state, cfg, policy.wants_confidence)
     forwards, finite = 0, state.finished.new_ones(())   # every score so far finite (0-dim bool)
     _open_blocks(state, sampler, rows)
     while True:
-        step = _prepare(model, state, sampler, policy, rows, forwards == cfg.resolved_max_forwards - 1)
+        flush = forwards == cfg.resolved_max_forwards - 1
+        step = _prepare(model, state, sampler, policy, rows, flush)
         if planned is not None and forwards < len(planned):
-            read = _planned_read(state, step, planned[forwards])
+            read = _planned_read(state, planned[forwards])
         else:
             read = _read(state, rows, step, finite)
             if not read["finite"]:
@@ -440,7 +442,7 @@ def decode(model, state: DecodeState, request: Request,
             if read["finished"]:
                 rows = (~state.finished).nonzero(as_tuple=True)[0]
                 continue
-        scores = _step(model, state, request, rows, step, read, forwards)
+        scores = _step(model, state, request, rows, step, read, flush, fused)
         finite = finite & scores.finite()
         forwards += 1
         if on_step is not None:
@@ -448,11 +450,12 @@ def decode(model, state: DecodeState, request: Request,
     return forwards
 
 
-def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: dict, forwards: int) -> TokenScores:
-    """One forward, its scoring and the commits it decides; returns the scores."""
+def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: dict, flush: bool,
+          fused: bool) -> TokenScores:
+    """One forward (`flush`: the cap's last; `fused`: the LM head fused into the scoring), its
+    scoring and the commits it decides; returns the scores."""
     sampler, policy, cfg = request.sampler, request.policy, request.config
     kv = policy.kv if policy.needs_storage else None
-    flush = forwards == cfg.resolved_max_forwards - 1
     policy.advance(state, rows, step.needs)
     positions, valid = select_positions(step.score_mask, read["most"])
     # With stored K/V every column the forward runs is re-stored: padding entries repeat a
@@ -464,7 +467,6 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         sources = hidden_source(at, model.config.logit_shift)
         plan, logits_from = cover_columns(step.recompute, sources, read["plan_width"])
     mask_keys = state.padded or read["shortest"] < width   # without padding or cuts, no attention mask
-    fused = _fuses_head_scoring(sampler, state, cfg, policy.wants_confidence)
     out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
                    (read["n_narrow"], read["narrow_width"]), hidden_only=fused)
     state.nfe[rows] += 1
@@ -498,7 +500,7 @@ def _planned_widths(sampler, policy, state: DecodeState, cfg: GenerationConfig) 
     return None if widths is None or len(widths) > cfg.resolved_max_forwards else widths
 
 
-def _planned_read(state: DecodeState, step: _Step, most: int) -> dict[str, int]:
+def _planned_read(state: DecodeState, most: int) -> dict[str, int]:
     """What `_read` would bring, known on the host for a step of a planned schedule."""
     length = state.length
     return dict(finished=0, all_finished=0, stale=0, finite=1, shortest=length, width=length, most=most,
@@ -511,9 +513,14 @@ def _fuses_head_scoring(sampler, state: DecodeState, cfg: GenerationConfig, obse
     the candidate and its probability and leaves the logits as they are, without guidance."""
     if head_scoring_impl() == "unfused":
         return False
-    reads = sampler.score_fields | ({"prob"} if not sampler.fixed_schedule or observe else set())
-    return (reads <= {"prob"} and not sampler.needs_logits and state.temperature == 0 and cfg.cfg_scale <= 0
+    return (_score_fields(sampler, observe) <= {"prob"} and not sampler.needs_logits and state.temperature == 0 and cfg.cfg_scale <= 0
             and not sampler.edits_logits)
+
+
+def _score_fields(sampler, observe: bool) -> frozenset:
+    """The statistics a step computes: the sampler's, and the candidate's probability for the
+    progress rule (samplers without a fixed schedule) or a policy's guard (`observe`)."""
+    return sampler.score_fields | ({"prob"} if not sampler.fixed_schedule or observe else set())
 
 
 def _score_hidden(model, state: DecodeState, hidden: torch.Tensor) -> TokenScores:
@@ -534,10 +541,11 @@ def _score(state: DecodeState, sampler, rows, logits, observe: bool):
     # it would leave the position masked (the references then end with a mask on the canvas).
     logits[..., state.ids.mask] = float("-inf")
     logits = sampler.process_logits(state, rows, logits)
-    fields = sampler.score_fields | ({"prob"} if not sampler.fixed_schedule or observe else set())
     return token_scores(logits, temperature=state.temperature if sampler.gumbel_candidates else 0.0,
-                        generator=state.generator, score_dtype=state.score_dtype, fields=fields,
+                        generator=state.generator, score_dtype=state.score_dtype,
+                        fields=_score_fields(sampler, observe),
                         keep_logits=sampler.needs_logits, check_finite=False)
+
 
 def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | None = None, *,
              attention_mask: torch.Tensor | None = None, on_step: Callable[[DecodeState], None] | None = None,

@@ -56,11 +56,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
     rows = flat.shape[0]
-    padded = padded_rows(rows) != rows
-    if padded:
-        flat = torch.cat([flat, flat.new_zeros(padded_rows(rows) - rows, flat.shape[1])])
+    extra = padded_rows(rows) - rows
+    if extra:
+        flat = torch.cat([flat, flat.new_zeros(extra, flat.shape[1])])
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
-    if padded:
+    if extra:
         out = out[:, :rows]
     return out.t().contiguous().view(*x.shape[:-1], weight.shape[0])
 
