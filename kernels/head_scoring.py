@@ -12,13 +12,15 @@ m grows; then prob = exp(l_argmax - m) / S = 1 / S. Suppressed tokens (the mask 
 `score_dtype` (float64 reproduces a float64 softmax's confidence up to the order of its sum).
 `head_scores_triton` is the Triton kernel `_head_scores_kernel`: each program takes BLOCK_N rows
 and one vocabulary range, multiplies them with `tl.dot` in BLOCK_V x BLOCK_D tiles (fp32
-accumulation), keeps the online statistics per row in fp32, and writes one partial per range;
-the partials are merged in torch. It runs on CUDA tensors, or on CPU tensors under
+accumulation; IEEE products for fp32 inputs; for 16-bit inputs each logit is rounded to the input
+dtype, as the unfused product writes it), keeps the online statistics per row in fp32, and writes
+one partial per range; the partials are merged in torch. It runs on CUDA tensors, or on CPU tensors under
 TRITON_INTERPRET=1 (the tests).
 
-`head_scores` dispatches on `DLLM_HEAD_SCORING` (or `impl=`): "unfused" (default; the caller
-computes the logits and scores them, as before), "torch" (the chunked reference) or "triton". The
-default stays unfused until the kernel is measured faster on a GPU (docs/kernels.md §11).
+`head_scores` dispatches on `DLLM_HEAD_SCORING` (or `impl=`): "auto" (default: "triton" on CUDA
+where triton runs, else "unfused"), "unfused" (the caller computes the logits and scores them),
+"torch" (the chunked reference) or "triton". docs/kernels.md §11 has the measurements behind
+"auto".
 """
 from __future__ import annotations
 
@@ -26,22 +28,31 @@ import os
 
 import torch
 
-from . import HAS_TRITON, require_triton
+from . import HAS_TRITON, require_triton, triton_runs_on
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-IMPLS = ("unfused", "torch", "triton")
+IMPLS = ("auto", "unfused", "torch", "triton")
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def head_scoring_impl(impl: str | None = None) -> str:
-    """The implementation `impl` names, or DLLM_HEAD_SCORING's (default "unfused"); checked."""
+def head_scoring_impl(impl: str | None = None, device: torch.device | str | None = None,
+                      dtype: torch.dtype | None = None) -> str:
+    """The implementation `impl` names, or DLLM_HEAD_SCORING's (default "auto"); checked. "auto"
+    resolves to "triton" for a CUDA `device` where triton runs and `dtype` is one the kernel takes,
+    else to "unfused"."""
     source = "impl"
     if impl is None:
-        impl, source = os.environ.get("DLLM_HEAD_SCORING", "unfused").strip().lower() or "unfused", "DLLM_HEAD_SCORING"
+        impl, source = os.environ.get("DLLM_HEAD_SCORING", "auto").strip().lower() or "auto", "DLLM_HEAD_SCORING"
     if impl not in IMPLS:
         raise ValueError(f"unknown head scoring implementation {source}={impl!r}; valid: {', '.join(IMPLS)}")
+    if impl == "auto":
+        device = torch.device(device) if device is not None else None
+        kernel = (device is not None and device.type == "cuda" and dtype in KERNEL_DTYPES
+                  and triton_runs_on(device))
+        impl = "triton" if kernel else "unfused"
     return impl
 
 
@@ -87,7 +98,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _head_scores_kernel(H, W, BIAS, PartM, PartS, PartI, N, V, D, vocab_per_split,
-                            stride_hn, stride_wv, HAS_BIAS: tl.constexpr,
+                            stride_hn, stride_wv, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
         # One program: BLOCK_N rows against one vocabulary range, BLOCK_V rows of W at a time.
         pid_n = tl.program_id(0)
@@ -111,7 +122,12 @@ if HAS_TRITON:
                             mask=mask_n[:, None] & mask_d[None, :], other=0.0)
                 w = tl.load(W + offs_v[:, None].to(tl.int64) * stride_wv + offs_d[None, :],
                             mask=mask_v[:, None] & mask_d[None, :], other=0.0)
-                acc = tl.dot(h, tl.trans(w), acc)
+                if DOT_F32:
+                    acc = tl.dot(h, tl.trans(w), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(h, tl.trans(w), acc)
+            if not DOT_F32:
+                acc = acc.to(H.dtype.element_ty).to(tl.float32)     # the logits' rounding, as unfused
             if HAS_BIAS:
                 acc += tl.load(BIAS + offs_v, mask=mask_v, other=0.0)[None, :]
             acc = tl.where(mask_v[None, :], acc, float("-inf"))
@@ -152,7 +168,7 @@ def head_scores_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     bias_arg = bias.float().contiguous() if bias is not None else part_m
     _head_scores_kernel[(triton.cdiv(N, block_n), splits)](
         hidden, weight, bias_arg, part_m, part_s, part_i, N, V, D, per_split, hidden.stride(0), weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_V=block_v, BLOCK_D=block_d)
+        HAS_BIAS=bias is not None, DOT_F32=hidden.dtype == torch.float32, BLOCK_N=block_n, BLOCK_V=block_v, BLOCK_D=block_d)
     return merge_partials(part_m, part_s, part_i, score_dtype)
 
 
@@ -170,11 +186,11 @@ def merge_partials(part_m: torch.Tensor, part_s: torch.Tensor, part_i: torch.Ten
 def head_scores(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                 impl: str | None = None, score_dtype: torch.dtype = torch.float32):
     """(token, prob, top) of hidden @ weight^T + bias with the fused implementation `impl` ("torch"
-    or "triton"; None reads DLLM_HEAD_SCORING)."""
-    impl = head_scoring_impl(impl)
+    or "triton"; "auto" or None, which reads DLLM_HEAD_SCORING, must resolve to one of them)."""
+    impl = head_scoring_impl(impl, hidden.device, hidden.dtype)
     if impl == "unfused":
         raise ValueError("head_scores needs a fused implementation: impl='torch' or 'triton' "
-                         "(DLLM_HEAD_SCORING=unfused means the caller scores full logits)")
+                         "(DLLM_HEAD_SCORING=unfused, or auto off CUDA, means the caller scores full logits)")
     if impl == "triton":
         return head_scores_triton(hidden, weight, bias, score_dtype=score_dtype)
     return head_scores_ref(hidden, weight, bias, score_dtype=score_dtype)

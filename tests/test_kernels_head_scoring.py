@@ -67,6 +67,20 @@ def test_kernel_matches_the_reference(N, d, V, splits):
     torch.testing.assert_close(top.cpu().double(), want_top, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tl.dot needs CUDA (the interpreter's bf16 is not faithful)")
+@pytest.mark.parametrize("N,d,V", [(32, 256, 5003), (3, 128, 777)])
+def test_bf16_kernel_rounds_the_logits_as_the_unfused_product(N, d, V):
+    hidden, weight, bias = _case(N, d, V, seed=N + d)
+    hidden, weight, bias = hidden.cuda().bfloat16(), weight.cuda().bfloat16(), bias.cuda()
+    token, prob, top = head_scores_triton(hidden, weight, bias)
+    logits = (hidden @ weight.t()).double() + bias.double()         # the bf16 logits the head writes
+    assert torch.equal(token, logits.argmax(dim=-1))
+    want_prob = torch.softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
+    torch.testing.assert_close(prob.double(), want_prob, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(top.double(), logits.max(dim=-1).values)
+
+
 @pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=[pytest.mark.triton, triton_only])])
 @pytest.mark.parametrize("sampler,cache", [("threshold", "dual"), ("low_confidence", "none")])
 def test_decoding_with_the_fused_head_gives_the_unfused_tokens(monkeypatch, impl, sampler, cache):
@@ -97,9 +111,20 @@ def test_samplers_that_edit_logits_keep_the_unfused_path(monkeypatch):
     assert calls == []
 
 
+def test_auto_fuses_on_cuda_only(monkeypatch):
+    monkeypatch.delenv("DLLM_HEAD_SCORING", raising=False)
+    assert head_scoring_impl(None, "cpu", torch.float32) == "unfused"
+    assert head_scoring_impl("auto", "cpu", torch.bfloat16) == "unfused"
+    assert head_scoring_impl("auto", None) == "unfused"
+    assert head_scoring_impl("torch", "cpu") == "torch"
+    if torch.cuda.is_available() and triton_runs_on("cuda"):
+        assert head_scoring_impl(None, "cuda", torch.bfloat16) == "triton"
+        assert head_scoring_impl(None, "cuda", torch.float64) == "unfused"
+
+
 def test_unknown_implementations_are_refused(monkeypatch):
     monkeypatch.setenv("DLLM_HEAD_SCORING", "fast")
-    with pytest.raises(ValueError, match="DLLM_HEAD_SCORING='fast'.*unfused, torch, triton"):
+    with pytest.raises(ValueError, match="DLLM_HEAD_SCORING='fast'.*auto, unfused, torch, triton"):
         head_scoring_impl()
     with pytest.raises(ValueError, match="fused implementation"):
         head_scores(torch.zeros(1, 4), torch.zeros(3, 4), impl="unfused")
