@@ -16,6 +16,12 @@
   two kernel launches alone, without the finiteness check and dtype casts of the public function.
   Reported: GB/s of logits read, the speedup over the float64 path, the share of tokens equal to
   the reference argmax (temperature 0) and the max-abs error of the probability.
+* the LM head with greedy scoring (`dllm.kernels.head_scoring`) at 32 rows of the LLaDA-8B
+  (4096 -> 126,464) and Dream-7B (3584 -> 152,064) heads: `unfused` (the head's product, then
+  `token_scores_ref` in float32, what the decode loop runs by default) against the chunked torch
+  statement (`torch`) and the Triton kernel (`triton`, and `triton[s=N]` at fixed vocabulary
+  splits). Reported: GB/s of head weight read, the speedup over `unfused`, the share of tokens
+  equal to `unfused`'s and the max-abs difference of the probability from it.
 
 Times are `triton.testing.do_bench` medians with the 20th/80th percentiles (warm-up excluded,
 the device synchronised by do_bench). Rows print as a table and, with `--out`, append to a JSONL
@@ -24,6 +30,7 @@ file as `KernelRow`s (provenance columns as in bench_generate.py).
     python benchmarks/bench_kernels.py                       # bfloat16, every shape (~1 min on an H100)
     python benchmarks/bench_kernels.py --dtype float16 --configs --out kernels.jsonl
     python benchmarks/bench_kernels.py --only scoring --batch 4
+    python benchmarks/bench_kernels.py --only head_scoring --positions 32,256
 
 Without CUDA it prints that it needs a CUDA GPU and exits 0: the Triton interpreter proves
 indexing, not speed (the kernel tests run there).
@@ -63,13 +70,16 @@ class ScoreCase:
 
 ATTN_CASES = (AttnCase("llada-8b", 32, 32, 128), AttnCase("dream-7b", 28, 4, 128))
 SCORE_CASES = (ScoreCase("llada-8b", 126464), ScoreCase("dream-7b", 152064))
+HEAD_CASES = ((ScoreCase("llada-8b", 126464), 4096), (ScoreCase("dream-7b", 152064), 3584))
+HEAD_SPLITS = (1, 4, 16, 64)
+KERNELS = ("attention", "scoring", "head_scoring")
 KEYS = "512,1024,2048,4096"
 
 
 @dataclass
 class KernelRow(Provenance):
     # The ordering of the fields is the column order of the output.
-    kernel: str                   # "attention" | "scoring"
+    kernel: str                   # "attention" | "scoring" | "head_scoring"
     model: str
     provider: str                 # triton, sdpa, triton[config], triton-fwd, torch-fp64, torch-fp32
     dtype: str
@@ -82,6 +92,7 @@ class KernelRow(Provenance):
     masked: bool | None
     positions: int | None         # scoring: positions per row
     vocab: int | None
+    d_model: int | None           # head_scoring: hidden size
     temperature: float | None
     ms: float                     # median
     ms_p20: float
@@ -190,12 +201,54 @@ def bench_scoring(case: ScoreCase, batch: int, positions: int, temperature: floa
     return rows
 
 
+# -- LM head + greedy scoring -----------------------------------------------------------------------
+def bench_head_scoring(case: ScoreCase, d_model: int, rows: int, dtype, device, env: dict,
+                       bench=_bench) -> list[KernelRow]:
+    from dllm.kernels.head_scoring import head_scores_ref, head_scores_triton
+    from dllm.kernels.scoring import token_scores_ref
+
+    g = torch.Generator(device).manual_seed(0)
+    hidden = torch.randn(rows, d_model, generator=g, device=device).to(dtype)
+    weight = (torch.randn(case.vocab, d_model, generator=g, device=device) * 0.05).to(dtype)
+
+    def unfused():
+        logits = torch.nn.functional.linear(hidden, weight)[None]
+        scores = token_scores_ref(logits, score_dtype=torch.float32, check_finite=False)
+        return scores.token[0], scores.prob[0]
+
+    ref = unfused()
+
+    providers = {"unfused": unfused,
+                 "torch": lambda: head_scores_ref(hidden, weight)[:2],
+                 "triton": lambda: head_scores_triton(hidden, weight)[:2]}
+    providers.update({f"triton[s={n}]": (lambda n=n: head_scores_triton(hidden, weight, num_splits=n)[:2])
+                      for n in HEAD_SPLITS})
+    nbytes = weight.numel() * weight.element_size()
+    out, base_ms = [], None
+    for name, fn in providers.items():
+        token, prob = fn()
+        same = (token == ref[0]).double().mean().item()
+        err = (prob.double() - ref[1]).abs().max().item()
+        med, p20, p80 = bench(fn)
+        base_ms = med if name == "unfused" else base_ms
+        out.append(_row(env, kernel="head_scoring", model=case.model, provider=name,
+                        dtype=str(dtype).split(".")[-1], batch=1, positions=rows, vocab=case.vocab,
+                        d_model=d_model, temperature=0.0, ms=med, ms_p20=p20, ms_p80=p80,
+                        tflops=2 * rows * d_model * case.vocab / med / 1e9, gbps=nbytes / med / 1e6,
+                        baseline="unfused", speedup=base_ms / med, max_abs_err=err, tokens_equal=same))
+    return out
+
+
 # -- output ------------------------------------------------------------------------------------------
 def format_row(r: KernelRow) -> str:
     if r.kernel == "attention":
         what = f"{r.model} H{r.heads}/{r.kv_heads} P{r.queries} L{r.keys}{' pad' if r.masked else ''}"
         rate = f"{r.tflops:7.1f} TFLOP/s {r.gbps:7.0f} GB/s"
         check = f"err {r.max_abs_err:.2e}"
+    elif r.kernel == "head_scoring":
+        what = f"{r.model} head {r.positions}x{r.d_model}x{r.vocab}"
+        rate = f"{r.tflops:7.1f} TFLOP/s {r.gbps:7.0f} GB/s"
+        check = f"tokens {r.tokens_equal:.1%} err {r.max_abs_err:.1e}"
     else:
         what = f"{r.model} {r.batch}x{r.positions}x{r.vocab} T={r.temperature:g}"
         rate = f"{'':>15} {r.gbps:7.0f} GB/s"
@@ -204,25 +257,33 @@ def format_row(r: KernelRow) -> str:
     return f"{what:<34}{r.provider:<36}{times:<30}{rate}  x{r.speedup:<6.2f} {check}"
 
 
+def _positive_ints(ap: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+    """The comma-separated positive integers of `flag`'s value, or a usage error naming it."""
+    try:
+        values = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        ap.error(f"{flag} must be comma-separated integers, got {text!r}")
+    if not values or min(values) < 1:
+        ap.error(f"{flag} must be positive, got {text!r}")
+    return values
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=("attention", "scoring"), default=None, help="run one kernel's benchmark")
+    ap.add_argument("--only", choices=KERNELS, default=None, help="run one kernel's benchmark")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="input dtype (default bfloat16)")
     ap.add_argument("--batch", type=int, default=1, help="batch rows (default 1)")
     ap.add_argument("--queries", type=int, default=32, help="attention: queries per row and head (a block; 32)")
     ap.add_argument("--keys", default=KEYS, help=f"attention: comma-separated key lengths (default {KEYS})")
-    ap.add_argument("--positions", type=int, default=32, help="scoring: positions per row (default 32)")
+    ap.add_argument("--positions", default="32", help="scoring: positions per row; head_scoring: rows "
+                    "(comma-separated; default 32)")
     ap.add_argument("--configs", action="store_true", help="attention: also time every launch configuration")
     ap.add_argument("--out", default=None, help="append one JSON line per row here")
     args = ap.parse_args(argv)
-    try:
-        args.key_lengths = [int(n) for n in args.keys.split(",") if n.strip()]
-    except ValueError:
-        ap.error(f"--keys must be comma-separated integers, got {args.keys!r}")
-    if not args.key_lengths or min(args.key_lengths) < 1:
-        ap.error(f"--keys must be positive, got {args.keys!r}")
-    for name in ("batch", "queries", "positions"):
+    args.key_lengths = _positive_ints(ap, "--keys", args.keys)
+    args.position_counts = _positive_ints(ap, "--positions", args.positions)
+    for name in ("batch", "queries"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     return args
@@ -245,15 +306,18 @@ def main(argv=None) -> int:
           f"git {(env['git_commit'] or '?')[:10]}{' (dirty)' if env['git_dirty'] else ''} | {env['device_name']} | "
           f"{args.dtype}, batch {args.batch}", flush=True)
     print("median [p20, p80] of triton.testing.do_bench; x = baseline time / this time (attention: sdpa; "
-          "scoring: the float64 torch path)", flush=True)
+          "scoring: the float64 torch path; head_scoring: unfused)", flush=True)
     jobs = []
     if args.only in (None, "attention"):
         jobs += [lambda c=c, n=n, m=m: bench_attention(c, args.batch, args.queries, n, m, dtype, device, env,
                                                        args.configs)
                  for c in ATTN_CASES for n in args.key_lengths for m in (False, True)]
     if args.only in (None, "scoring"):
-        jobs += [lambda c=c, t=t: bench_scoring(c, args.batch, args.positions, t, dtype, device, env)
-                 for c in SCORE_CASES for t in (0.0, 1.0)]
+        jobs += [lambda c=c, t=t, n=n: bench_scoring(c, args.batch, n, t, dtype, device, env)
+                 for c in SCORE_CASES for t in (0.0, 1.0) for n in args.position_counts]
+    if args.only in (None, "head_scoring"):
+        jobs += [lambda c=c, d=d, n=n: bench_head_scoring(c, d, n, dtype, device, env)
+                 for c, d in HEAD_CASES for n in args.position_counts]
     for job in jobs:
         rows = job()
         for r in rows:
