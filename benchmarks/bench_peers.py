@@ -36,7 +36,10 @@ holds no mask); gen_length is passed. Each side runs every configuration once un
 (`--warmup-runs`) and then `--repeats` times; the median is reported. dllm runs first, in this
 process; then the driver runs in a subprocess with `--peer-python` (default
 `runs/peers-venv/bin/python`); never both at once. `--threads` sets torch's thread count on both
-sides (default: torch's own default, the same on both).
+sides (default: torch's own default, the same on both). `--variants` times dllm's side once per
+way of running its forwards, each against the same peer timing: `eager` (default), `graphs`
+(`model.set_cuda_graphs`, CUDA only), `compile` (`model.set_compile`) or `graphs+compile`; the
+untimed runs capture and compile.
 
 Printed per configuration: whether the generated tokens are identical (else the first differing
 position of the generated region), forwards on each side, seconds on each side and the ratio
@@ -80,6 +83,7 @@ CONFIGS = {
     "low_confidence": ("generate", "low_confidence", "none", False),
 }
 DEFAULT_CONFIGS = "threshold,prefix,dual"
+VARIANTS = ("eager", "graphs", "compile", "graphs+compile")
 QUICK = dict(preset="llada-tiny", prompt_length=32, gen_length=64, block_length=16)
 
 
@@ -263,6 +267,8 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=None,
                     help="steps of the low_confidence configuration (default gen_length)")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma list of {', '.join(CONFIGS)}")
+    ap.add_argument("--variants", default="eager",
+                    help=f"comma list of how dllm runs its forwards: {', '.join(VARIANTS)} (default eager)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per side and configuration (median)")
     ap.add_argument("--warmup-runs", type=int, default=1, help="untimed runs before them")
     ap.add_argument("--dtype", default="float32", choices=DTYPES)
@@ -284,6 +290,10 @@ def parse_args(argv=None):
     bad = [c for c in args.configs if c not in CONFIGS]
     if bad or not args.configs:
         raise ValueError(f"unknown configuration(s) {', '.join(bad) or '(none given)'}; valid: {', '.join(CONFIGS)}")
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in args.variants if v not in VARIANTS]
+    if bad or not args.variants:
+        raise ValueError(f"unknown variant(s) {', '.join(bad) or '(none given)'}; valid: {', '.join(VARIANTS)}")
     for name in ("prompts", "prompt_length", "gen_length", "block_length", "steps", "repeats"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
@@ -301,6 +311,8 @@ def parse_args(argv=None):
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device} asked for, but CUDA is not available here; use cpu")
+    if not args.device.startswith("cuda") and any("graphs" in v for v in args.variants):
+        raise ValueError(f"--variants {','.join(args.variants)}: CUDA graphs need --device cuda, got {args.device}")
     return args
 
 
@@ -338,9 +350,14 @@ def main(argv=None) -> int:
         our_logits = model(canvas)[0, logit_positions].float().cpu()
     load_before = os.getloadavg()[0]
     ours = {}
-    for name in args.configs:
-        ours[name] = run_dllm(model, prompts, dllm_request(name, args), device, args.warmup_runs, args.repeats)
-        print(f"dllm {name}: forwards {ours[name]['forwards']}, {ours[name]['seconds']:.2f} s", flush=True)
+    for variant in args.variants:
+        model.set_cuda_graphs("graphs" in variant, capture_after=1)
+        model.set_compile("compile" in variant)
+        for name in args.configs:
+            ours[name, variant] = run_dllm(model, prompts, dllm_request(name, args), device, args.warmup_runs,
+                                           args.repeats)
+            print(f"dllm {name} ({variant}): forwards {ours[name, variant]['forwards']}, "
+                  f"{ours[name, variant]['seconds']:.2f} s", flush=True)
     del model
     gc.collect()
 
@@ -388,16 +405,16 @@ def main(argv=None) -> int:
           f"{args.dtype}, {args.device}, batch 1, {args.prompts} prompt(s); Fast-dLLM {commit[:12]}")
     print(f"full forward on the first canvas: max |logit difference| {logit_diff:.3g} "
           f"(max |logit| {logit_scale:.3g})")
-    print(f"{'config':<15} {'Fast-dLLM function':<28} {'identical':<12} {'forwards':>15} "
+    print(f"{'config':<30} {'Fast-dLLM function':<28} {'identical':<12} {'forwards':>15} "
           f"{'dllm s':>9} {'peer s':>9} {'dllm/peer':>9}")
-    for entry in peer["results"]:
+    for entry, variant in ((e, v) for e in peer["results"] for v in args.variants):
         name = entry["name"]
-        mine = ours[name]
+        mine = ours[name, variant]
         row_i, pos, count = first_difference(mine["tokens"], entry["tokens"])
         same = count == 0
         ratio = mine["seconds"] / entry["seconds"] if entry["seconds"] > 0 else float("inf")
         req = dllm_request(name, args)
-        row = {**shared, "config": name, "peer_function": entry["function"], "peer_kwargs": entry["kwargs"],
+        row = {**shared, "config": name, "dllm_variant": variant, "peer_function": entry["function"], "peer_kwargs": entry["kwargs"],
                "dllm_request": req, "tokens_identical": same, "first_diff_prompt": row_i,
                "first_diff_position": pos, "mismatched_tokens": count,
                "dllm_forwards": mine["forwards"], "peer_forwards": entry["forwards"], "peer_nfe": entry["nfe"],
@@ -408,7 +425,7 @@ def main(argv=None) -> int:
         rows.append(row)
         ident = "yes" if same else f"no @{pos}" + (f" (p{row_i})" if args.prompts > 1 else "")
         fw = f"{sum(mine['forwards'])} / {sum(entry['forwards'])}"
-        print(f"{name:<15} {entry['function']:<28} {ident:<12} {fw:>15} {mine['seconds']:>9.2f} "
+        print(f"{name + ' (' + variant + ')':<30} {entry['function']:<28} {ident:<12} {fw:>15} {mine['seconds']:>9.2f} "
               f"{entry['seconds']:>9.2f} {ratio:>9.3f}")
     if args.out:
         out = Path(args.out)

@@ -79,11 +79,18 @@ def test_missing_checkout_and_peer_python_are_clear_errors(bench, tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def test_variants_are_parsed(bench):
+    assert bench.parse_args(["--variants", "eager, compile"]).variants == ["eager", "compile"]
+    assert bench.parse_args([]).variants == ["eager"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--configs", "threshold,nope"], "unknown configuration"),
     (["--gen-length", "100", "--block-length", "32"], "does not divide"),
     (["--configs", "low_confidence", "--steps", "12"], "not a multiple of the 8 blocks"),
     (["--threshold", "1.5"], r"\[0, 1\]"),
+    (["--variants", "eager,fast"], "unknown variant.*fast.*eager, graphs, compile, graphs\\+compile"),
+    (["--variants", "graphs", "--device", "cpu"], "CUDA graphs need --device cuda"),
 ])
 def test_bad_arguments(bench, argv, message):
     with pytest.raises(ValueError, match=message):
