@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
-# (default runs/gpu-checks). Run from the repository root; needs no network. Two parts, each
+# (default runs/gpu-checks). Run from the repository root; needs no network. Four parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
 # for the rest, and finished rows are kept):
 #   bash benchmarks/gpu/speed_checks.sh generate   # GPU tests; bench_generate at the LLaDA-8B shape,
@@ -10,15 +10,55 @@
 #   bash benchmarks/gpu/speed_checks.sh peers      # bench_peers against Fast-dLLM's own loops; needs a
 #                                                   # checkout at $FASTDLLM and a peer interpreter at
 #                                                   # $PEER_PYTHON (transformers 4.x; benchmarks/peers/)
+#   bash benchmarks/gpu/speed_checks.sh step       # one call: the fused head's tests and timings, and
+#                                                   # single forwards at the LLaDA-8B shape with op
+#                                                   # counts, a profile and torch.compile
+#   bash benchmarks/gpu/speed_checks.sh short      # one call for a short lease: the kernel and graph
+#                                                   # tests, the fused head scoring, single forwards
+#                                                   # (full vs cached step) and bench_peers at the
+#                                                   # LLaDA-8B shape, dllm eager and graphed; needs
+#                                                   # $FASTDLLM and $PEER_PYTHON as `peers`
 set -u
 PART=${1:-generate}
 OUT=${OUT:-runs/gpu-checks}
 mkdir -p "$OUT"
-python -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.csv" 2>&1
-python -c "import torch, transformers; print(torch.__version__, transformers.__version__)" >"$OUT/versions.txt"
+# The machine, the versions and the install's messages go to one file: a device call returns at most 8.
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    python -m pip install -q --no-deps --no-build-isolation -e .
+} >"$OUT/machine.txt" 2>&1
+
+need_peer() {
+    if [ -z "${FASTDLLM:-}" ] || [ -z "${PEER_PYTHON:-}" ]; then
+        echo "set FASTDLLM (a Fast-dLLM checkout) and PEER_PYTHON (the peer interpreter)" >&2
+        exit 2
+    fi
+}
 
 case "$PART" in
+short)
+    need_peer
+    timeout 75 python -m pytest -q -m "gpu or not slow" tests/test_graphs.py tests/test_kernels_head_scoring.py \
+        >"$OUT/pytest-gpu.log" 2>&1
+    timeout 60 python benchmarks/bench_kernels.py --only head_scoring --positions 32,256 \
+        --out "$OUT/head-scoring.jsonl" >"$OUT/head-scoring.log" 2>&1
+    timeout 80 python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 \
+        >"$OUT/forward.log" 2>&1
+    timeout 320 python benchmarks/bench_peers.py --fastdllm "$FASTDLLM" --peer-python "$PEER_PYTHON" \
+        --preset llada-8b --dtype bfloat16 --device cuda --configs dual,threshold --variants eager,graphs \
+        --warmup-runs 1 --repeats 1 --workdir /tmp/bp --out "$OUT/peers.jsonl" >"$OUT/peers.log" 2>&1
+    ;;
+step)
+    # where a cached step's time goes, the fused head after its fixes, and compiled single forwards
+    timeout 60 python -m pytest -q -m "gpu or not slow" tests/test_kernels_head_scoring.py >"$OUT/pytest-gpu.log" 2>&1
+    timeout 40 python benchmarks/bench_kernels.py --only head_scoring --positions 32,256 \
+        --out "$OUT/head-scoring.jsonl" >"$OUT/head-scoring.log" 2>&1
+    timeout 80 python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 --count --profile \
+        >"$OUT/forward.log" 2>&1
+    timeout 170 python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 --compile \
+        >"$OUT/forward-compile.log" 2>&1
+    ;;
 generate)
     timeout 90 python -m pytest -q -m gpu tests >"$OUT/pytest-gpu.log" 2>&1
     for graphs in "" "--cuda-graphs"; do
@@ -31,16 +71,13 @@ generate)
         --out "$OUT/generate-graphs-compile.jsonl" >"$OUT/generate-graphs-compile.log" 2>&1
     ;;
 peers)
-    if [ -z "${FASTDLLM:-}" ] || [ -z "${PEER_PYTHON:-}" ]; then
-        echo "set FASTDLLM (a Fast-dLLM checkout) and PEER_PYTHON (the peer interpreter)" >&2
-        exit 2
-    fi
+    need_peer
     timeout 500 python benchmarks/bench_peers.py --fastdllm "$FASTDLLM" --peer-python "$PEER_PYTHON" \
         --preset llada-8b --dtype bfloat16 --device cuda --configs dual,threshold --warmup-runs 1 \
         --repeats 1 --workdir /tmp/bp --out "$OUT/peers.jsonl" >"$OUT/peers.log" 2>&1
     ;;
 *)
-    echo "unknown part $PART: give generate or peers" >&2
+    echo "unknown part $PART: give step, short, generate or peers" >&2
     exit 2
     ;;
 esac
