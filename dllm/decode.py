@@ -421,7 +421,7 @@ def decode(model, state: DecodeState, request: Request,
     sampler.begin_block(state, rows)
     policy.setup(state, model)
     planned = _planned_widths(sampler, policy, state, cfg)
-    fused = _fuses_head_scoring(sampler, state, cfg, policy.wants_confidence)
+    fused = _fuses_head_scoring(model, sampler, state, cfg, policy.wants_confidence)
     forwards, finite = 0, state.finished.new_ones(())   # every score so far finite (0-dim bool)
     _open_blocks(state, sampler, rows)
     while True:
@@ -507,11 +507,13 @@ def _planned_read(state: DecodeState, most: int) -> dict[str, int]:
                 all_full=1, plan_width=length, plan_min=length, n_narrow=0, narrow_width=0)
 
 
-def _fuses_head_scoring(sampler, state: DecodeState, cfg: GenerationConfig, observe: bool) -> bool:
+def _fuses_head_scoring(model, sampler, state: DecodeState, cfg: GenerationConfig, observe: bool) -> bool:
     """Whether the step scores the final hidden states with the LM head fused in
-    (`dllm.kernels.head_scores`, chosen with DLLM_HEAD_SCORING): a greedy sampler that reads only
-    the candidate and its probability and leaves the logits as they are, without guidance."""
-    if head_scoring_impl() == "unfused":
+    (`dllm.kernels.head_scores`, chosen with DLLM_HEAD_SCORING; by default on CUDA): a model with
+    a head weight, and a greedy sampler that reads only the candidate and its probability and
+    leaves the logits as they are, without guidance."""
+    head_weight = getattr(model, "head_weight", None)
+    if head_weight is None or head_scoring_impl(None, state.x.device, head_weight().dtype) == "unfused":
         return False
     return (_score_fields(sampler, observe) <= {"prob"} and not sampler.needs_logits and state.temperature == 0 and cfg.cfg_scale <= 0
             and not sampler.edits_logits)
