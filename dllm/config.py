@@ -16,7 +16,60 @@ def check_fields(cls, options, what: str) -> None:
     if unknown:
         raise ValueError(f"unknown {what} option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
 
-FAMILIES = ("llada", "dream")
+FAMILIES = ("llada", "dream", "llada-moe")
+ROUTER_SCORES = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The mixture-of-experts MLP of a model whose layers (from `first_dense` on) route each token
+    to `experts_per_token` of `n_experts` SwiGLU experts (docs/architecture.md §MoE).
+
+    The router scores the experts (`score`: softmax or sigmoid of the gate's logits, in fp32),
+    optionally keeps only the best `topk_groups` of `n_groups` expert groups, picks the top
+    `experts_per_token` (ranked with the `expert_bias` buffer added when there is one; the weights
+    stay unbiased), divides the picked weights by their sum when `norm_topk`, and multiplies them by
+    `routed_scale`. `router_fp32`: the gate's product runs on fp32 inputs and weights (else in the
+    model dtype). `sum_fp32`: the weighted expert outputs are summed in fp32 and cast back (else the
+    weights are cast to the model dtype first). A shared SwiGLU expert of `shared_hidden` (0: none)
+    adds its output to every token's.
+    """
+
+    n_experts: int
+    experts_per_token: int
+    expert_hidden: int
+    score: str = "softmax"
+    norm_topk: bool = False
+    n_groups: int = 1
+    topk_groups: int = 1
+    routed_scale: float = 1.0
+    expert_bias: bool = False
+    router_fp32: bool = False
+    sum_fp32: bool = False
+    shared_hidden: int = 0
+    first_dense: int = 0
+
+    def __post_init__(self):
+        for name in ("n_experts", "experts_per_token", "expert_hidden", "n_groups", "topk_groups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"MoEConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("shared_hidden", "first_dense"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"MoEConfig.{name} must be an integer >= 0, got {value!r}")
+        if self.score not in ROUTER_SCORES:
+            raise ValueError(f"MoEConfig.score {self.score!r} is not a router score; valid: {', '.join(ROUTER_SCORES)}")
+        if self.experts_per_token > self.n_experts:
+            raise ValueError(f"MoEConfig.experts_per_token {self.experts_per_token} exceeds n_experts {self.n_experts}")
+        if self.n_experts % self.n_groups:
+            raise ValueError(f"MoEConfig.n_experts {self.n_experts} is not divisible by n_groups {self.n_groups}")
+        if self.topk_groups > self.n_groups:
+            raise ValueError(f"MoEConfig.topk_groups {self.topk_groups} exceeds n_groups {self.n_groups}")
+        per_group = self.n_experts // self.n_groups
+        if self.n_groups > 1 and (per_group < 2 or self.topk_groups * per_group < self.experts_per_token):
+            raise ValueError(f"MoEConfig: {self.topk_groups} of {self.n_groups} groups of {per_group} experts cannot "
+                             f"hold experts_per_token {self.experts_per_token} (groups are scored by their top 2)")
 
 
 @dataclass
@@ -48,6 +101,10 @@ class ModelConfig:
     rope_fp32: bool = True
     # Dream keeps the autoregressive alignment: hidden state i-1 predicts token i.
     logit_shift: bool = False
+    qk_norm: bool = False             # RMSNorm of each head's q and k (over head_dim) before the rotation
+    rotary_dim: int | None = None     # dims of each head that rotate (the first ones); None: all
+    clip_qkv: float | None = None     # q, k and v clamped to [-clip, clip] after the QK norm
+    moe: MoEConfig | None = None      # mixture-of-experts MLP (LLaDA-MoE); None: dense SwiGLU
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -68,6 +125,23 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} = {value} lies outside the vocabulary [0, {self.vocab_size})")
         if self.pad_token_id == self.mask_token_id:
             raise ValueError(f"pad_token_id must differ from mask_token_id (both {self.mask_token_id})")
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise ValueError(f"ModelConfig.rotary_dim must be an even number in (0, {self.head_dim}], "
+                             f"got {self.rotary_dim!r}")
+        if self.clip_qkv is not None and not self.clip_qkv > 0:
+            raise ValueError(f"ModelConfig.clip_qkv must be None or > 0, got {self.clip_qkv!r}")
+        if isinstance(self.moe, dict):
+            self.moe = MoEConfig(**self.moe)
+        if self.moe is not None and self.moe.first_dense > self.n_layers:
+            raise ValueError(f"MoEConfig.first_dense {self.moe.first_dense} exceeds n_layers {self.n_layers}")
+
+    @property
+    def rotary(self) -> int:
+        """The dims of each head that rotate."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer >= self.moe.first_dense
 
     @property
     def head_dim(self) -> int:
@@ -77,10 +151,15 @@ class ModelConfig:
     def n_params(self) -> int:
         d, h = self.d_model, self.mlp_hidden
         kv = self.n_kv_heads * self.head_dim
-        attn = d * d * 2 + 2 * d * kv + (d + 2 * kv if self.qkv_bias else 0)
-        layer = attn + 3 * d * h + 2 * d
+        attn = d * d * 2 + 2 * d * kv + (d + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
+        mlps = sum(self._moe_params() if self.is_moe_layer(i) else 3 * d * h for i in range(self.n_layers))
         head = 0 if self.tie_embeddings else self.vocab_size * d
-        return self.vocab_size * d + self.n_layers * layer + d + head
+        return self.vocab_size * d + self.n_layers * (attn + 2 * d) + mlps + d + head
+
+    def _moe_params(self) -> int:
+        m, d = self.moe, self.d_model
+        return (m.n_experts * 3 * d * m.expert_hidden + m.n_experts * d + 3 * d * m.shared_hidden
+                + (m.n_experts if m.expert_bias else 0))
 
     @classmethod
     def from_name(cls, name: str) -> "ModelConfig":
@@ -100,6 +179,11 @@ _DREAM_IDS = dict(mask_token_id=151666, eos_token_id=151643, pad_token_id=151643
 _LLADA = dict(family="llada", norm_eps=1e-5, rope_theta=500000.0, rope_fp32=True, logit_shift=False)
 _DREAM = dict(family="dream", norm_eps=1e-6, rope_theta=1000000.0, rope_fp32=False, logit_shift=True,
               qkv_bias=True)
+
+_LLADA_MOE_IDS = dict(mask_token_id=156895, eos_token_id=156892, pad_token_id=156892)
+_LLADA_MOE = dict(family="llada-moe", norm_eps=1e-5, rope_theta=50000.0, rope_fp32=False, logit_shift=False,
+                  qk_norm=True)
+_LLADA_MOE_EXPERTS = dict(n_experts=64, experts_per_token=8, expert_hidden=1024)
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Random-init presets that build in milliseconds (tests, benchmarks, demos).
@@ -123,6 +207,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                      mlp_hidden=12288, max_seq_len=4096),
     "dream-7b": dict(_DREAM, **_DREAM_IDS, vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
                      mlp_hidden=18944, max_seq_len=131072),
+    # LLaDA-MoE: tiny; the published layer shape at 4 of its 16 layers (CPU); LLaDA-MoE-7B-A1B.
+    "llada-moe-tiny": dict(_LLADA_MOE, vocab_size=320, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=96,
+                           max_seq_len=512, mask_token_id=304, eos_token_id=301, pad_token_id=301, bos_token_id=300,
+                           eot_token_id=308, moe=dict(n_experts=8, experts_per_token=2, expert_hidden=32)),
+    "llada-moe-compute": dict(_LLADA_MOE, **_LLADA_MOE_IDS, vocab_size=157184, d_model=2048, n_layers=4, n_heads=16,
+                              n_kv_heads=16, mlp_hidden=8192, max_seq_len=8192, moe=_LLADA_MOE_EXPERTS),
+    "llada-moe-7b": dict(_LLADA_MOE, **_LLADA_MOE_IDS, vocab_size=157184, d_model=2048, n_layers=16, n_heads=16,
+                         n_kv_heads=16, mlp_hidden=8192, max_seq_len=8192, moe=_LLADA_MOE_EXPERTS),
 }
 
 

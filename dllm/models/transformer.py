@@ -22,6 +22,7 @@ from ..attention import get_backend
 from ..config import ModelConfig
 from ..state import cover_columns
 from .graphs import ForwardGraphs
+from .moe import MoE
 
 
 # On CPU, float32 products with a few rows (a cached step's block, a block's masked columns at the
@@ -89,8 +90,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float):
-    """cos/sin of the NeoX (rotate-half) layout for integer positions, in fp32.
-    position_ids: (B, P) -> cos, sin: (B, 1, P, D)."""
+    """cos/sin of the NeoX (rotate-half) layout for integer positions, in fp32, over `head_dim`
+    rotated dims (the config's `rotary`). position_ids: (B, P) -> cos, sin: (B, 1, P, D)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device,
                                              dtype=torch.int64).float() / head_dim))  # (D/2,)
     angles = position_ids.float()[..., None] * inv_freq  # (B, P, D/2)
@@ -104,8 +105,12 @@ def _rotate_half(x):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool) -> torch.Tensor:
-    """Rotate x (B, H, P, D). fp32=True rotates in fp32 (LLaDA's `rope_full_precision`); otherwise
-    cos/sin are cast to x's dtype first (Dream/Qwen2)."""
+    """Rotate x (B, H, P, D) by cos/sin (B, 1, P, R): the first R dims (all when R = D; the rest
+    pass unchanged). fp32=True rotates in fp32 (LLaDA's `rope_full_precision`); otherwise cos/sin
+    are cast to x's dtype first (Dream/Qwen2, LLaDA-MoE)."""
+    R = cos.shape[-1]
+    if R < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :R], cos, sin, fp32), x[..., R:]), dim=-1)
     if fp32:
         xf = x.float()
         return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
@@ -122,6 +127,22 @@ class Attention(nn.Module):
         self.k = Linear(d, kv, bias=cfg.qkv_bias)
         self.v = Linear(d, kv, bias=cfg.qkv_bias)
         self.o = Linear(d, d, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+
+    def _project(self, hq: torch.Tensor, h: torch.Tensor):
+        """q (B, Q, H, D) of the query columns `hq`, k and v (B, P, H_kv, D) of every column `h`,
+        after the QK norm and the clamp when the config has them."""
+        cfg = self.cfg
+        q = self.q(hq).view(*hq.shape[:2], cfg.n_heads, cfg.head_dim)
+        k = self.k(h).view(*h.shape[:2], cfg.n_kv_heads, cfg.head_dim)
+        v = self.v(h).view(*h.shape[:2], cfg.n_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if cfg.clip_qkv is not None:
+            q, k, v = (t.clamp(-cfg.clip_qkv, cfg.clip_qkv) for t in (q, k, v))
+        return q, k, v
 
     def forward(self, h, ctx: "_ForwardContext", layer: int, keep: torch.Tensor | None = None):
         """Attention of the columns `h` (B, P, d); with `keep` (B, Q), only the queries of those
@@ -130,9 +151,7 @@ class Attention(nn.Module):
         B, P, _ = h.shape
         hq, cos, sin = (h, ctx.cos, ctx.sin) if keep is None else (take_rows(h, keep), *ctx.rope_at(keep))
         Q = hq.shape[1]
-        q = self.q(hq).view(B, Q, cfg.n_heads, cfg.head_dim).transpose(1, 2)    # (B, H, Q, D)
-        k = self.k(h).view(B, P, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # (B, H_kv, P, D)
-        v = self.v(h).view(B, P, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # (B, H_kv, P, D)
+        q, k, v = (t.transpose(1, 2) for t in self._project(hq, h))  # (B, H, Q, D), (B, H_kv, P, D) x 2
         q = apply_rope(q, cos, sin, cfg.rope_fp32)
         k = apply_rope(k, ctx.cos, ctx.sin, cfg.rope_fp32)
         if ctx.cache is not None:
@@ -144,23 +163,23 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(h)) * up(h))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, d_model: int, hidden: int):
         super().__init__()
-        self.gate = Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
-        self.up = Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
-        self.down = Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+        self.gate = Linear(d_model, hidden, bias=False)
+        self.up = Linear(d_model, hidden, bias=False)
+        self.down = Linear(hidden, d_model, bias=False)
 
     def forward(self, h):
         return self.down(F.silu(self.gate(h)) * self.up(h))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg, MLP) if cfg.is_moe_layer(layer) else MLP(cfg.d_model, cfg.mlp_hidden)
 
     def forward(self, x, ctx, layer, keep: torch.Tensor | None = None):
         """x (B, P, d) -> (B, P, d); with `keep` (B, Q) only those rows go on: (B, Q, d)."""
@@ -238,7 +257,7 @@ class DiffusionTransformer(nn.Module):
         self._compiled_run = None
         self.register_load_state_dict_post_hook(_drop_graphs)   # assign=True gives the weights new storage
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = None if cfg.tie_embeddings else Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.set_attention(attention)
@@ -446,7 +465,7 @@ class DiffusionTransformer(nn.Module):
         # tokens: (B, P) ids at `positions`, `pos` their rotary positions; returns final hidden
         # states (B, P, d) before the norm, or with `keep` (B, Q) those rows only (B, Q, d): the
         # last layer then runs its queries, attention output and MLP on those rows alone.
-        cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
+        cos, sin = rope_cos_sin(pos, self.config.rotary, self.config.rope_theta)
         ctx = _ForwardContext(self._attn, cos, sin, key_valid, cache, rows, positions, layout)
         h = self.embed(tokens)  # (B, P, d)
         last = len(self.layers) - 1
