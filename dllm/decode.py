@@ -37,7 +37,7 @@ def _score_dtype(name: str, model) -> torch.dtype:
     return model.dtype if name == "logits" else _SCORE_DTYPES[name]
 
 
-DEFAULT_SAMPLERS = {"llada": "low_confidence", "dream": "entropy"}
+DEFAULT_SAMPLERS = {"llada": "low_confidence", "dream": "entropy", "llada-moe": "low_confidence"}
 
 
 @dataclass

@@ -45,16 +45,25 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     )
 
 
-def hf_names(cfg: ModelConfig) -> dict[str, str]:
-    """Checkpoint weight name -> internal parameter name, for every weight the checkpoint holds."""
+def qwen2_names(cfg: ModelConfig) -> dict[str, str]:
+    """The names every Qwen2-layout checkpoint shares (Dream, LLaDA-MoE): embedding, final norm,
+    LM head and each layer's two norms, checkpoint name -> internal name."""
     names = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight"}
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = "head.weight"
     for i in range(cfg.n_layers):
         b, o = f"model.layers.{i}.", f"layers.{i}."
+        names[b + "input_layernorm.weight"] = o + "attn_norm.weight"
+        names[b + "post_attention_layernorm.weight"] = o + "mlp_norm.weight"
+    return names
+
+
+def hf_names(cfg: ModelConfig) -> dict[str, str]:
+    """Checkpoint weight name -> internal parameter name, for every weight the checkpoint holds."""
+    names = qwen2_names(cfg)
+    for i in range(cfg.n_layers):
+        b, o = f"model.layers.{i}.", f"layers.{i}."
         names.update({
-            b + "input_layernorm.weight": o + "attn_norm.weight",
-            b + "post_attention_layernorm.weight": o + "mlp_norm.weight",
             b + "self_attn.o_proj.weight": o + "attn.o.weight",
             b + "mlp.gate_proj.weight": o + "mlp.gate.weight", b + "mlp.up_proj.weight": o + "mlp.up.weight",
             b + "mlp.down_proj.weight": o + "mlp.down.weight",

@@ -1,10 +1,11 @@
-"""Load LLaDA and Dream checkpoints in the Hugging Face layout, from a folder or a hub id.
+"""Load LLaDA, LLaDA-MoE and Dream checkpoints in the Hugging Face layout, from a folder or a hub id.
 
 The folder holds `config.json`, `model.safetensors` (or shards listed in
 `model.safetensors.index.json`) and the tokenizer files. No remote code runs: the architectures are
-native (`llada.py`, `dream.py`), the family is chosen from the keys present in config.json (not
-from `model_type` alone, which LLaDA-MoE shares), and the tokenizer is built by `transformers`
-from its data files.
+native (`llada.py`, `llada_moe.py`, `dream.py`), the family is chosen from the keys present in
+config.json (not from `model_type` alone, which LLaDA and LLaDA-MoE share), and the tokenizer is
+built by `transformers` from its data files. A family's name map may send checkpoint tensors to
+slots `name@j` of one stacked parameter (LLaDA-MoE's experts); the loader stacks them.
 """
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ from ..attention import get_backend
 from ..config import ModelConfig
 from .dream import DreamModel
 from .llada import LLaDAModel
+from .llada_moe import LLaDAMoEModel
 from .transformer import DiffusionTransformer
 
-FAMILY_CLASSES: dict[str, type[DiffusionTransformer]] = {"llada": LLaDAModel, "dream": DreamModel}
+FAMILY_CLASSES: dict[str, type[DiffusionTransformer]] = {"llada": LLaDAModel, "dream": DreamModel,
+                                                         "llada-moe": LLaDAMoEModel}
 
 _FAMILY_HELP = ("supported families: 'llada' (LLaDA-8B / LLaDA-1.5: OLMo-style keys d_model, n_layers, n_heads, "
-                "block_type 'llama') and 'dream' (Dream-v0: Qwen2-style keys hidden_size, num_hidden_layers, "
-                "num_attention_heads plus mask_token_id)")
+                "block_type 'llama'), 'llada-moe' (LLaDA-MoE-7B-A1B: keys hidden_size, num_hidden_layers, "
+                "num_experts, expert_intermediate_size) and 'dream' (Dream-v0: Qwen2-style keys hidden_size, "
+                "num_hidden_layers, num_attention_heads plus mask_token_id)")
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -40,7 +44,7 @@ _HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "mode
 
 # End-of-turn token of each family's chat format, and its id in the published vocabularies
 # (recognised by the mask id) for tokenizers that do not register it.
-_EOT_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
+_EOT_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "llada-moe": "<|role_end|>"}
 _KNOWN_EOT = {("llada", 126336): 126348, ("dream", 151666): 151645}
 
 # Checkpoints shipped inside the package (dllm/assets/<name>/); the first is the default model of
@@ -66,17 +70,19 @@ def default_model_path() -> Path:
 
 
 def detect_family(d: dict[str, Any]) -> str:
-    """'llada' or 'dream' from the keys of a config.json; anything else is a clear error."""
+    """'llada', 'llada-moe' or 'dream' from the keys of a config.json; anything else is a clear error."""
     if not isinstance(d, dict):
         raise ValueError(f"config.json must hold a JSON object, got {type(d).__name__}")
     model_type = str(d.get("model_type", ""))
+    archs = [str(a) for a in d.get("architectures") or []]
     if "num_experts" in d or "moe_layer_freq" in d or model_type.lower() == "lladamoe":
-        raise ValueError(f"mixture-of-experts config (model_type {model_type!r}, e.g. LLaDA-MoE) is not supported; "
-                         + _FAMILY_HELP)
+        if "expert_intermediate_size" in d or any(a.startswith("LLaDAMoE") for a in archs):
+            return "llada-moe"
+        raise ValueError(f"mixture-of-experts config (model_type {model_type!r}, architectures {archs}) is not "
+                         f"one dllm reads; " + _FAMILY_HELP)
     if all(k in d for k in ("d_model", "n_layers", "n_heads")):
         return "llada"
     if all(k in d for k in ("hidden_size", "num_hidden_layers", "num_attention_heads")):
-        archs = [str(a) for a in d.get("architectures") or []]
         if model_type.lower() == "dream" or any("Dream" in a for a in archs) or "mask_token_id" in d:
             return "dream"
         raise ValueError(f"config.json (model_type {model_type!r}) looks like an autoregressive Qwen2/Llama model "
@@ -159,7 +165,21 @@ def read_config(folder: Path) -> tuple[ModelConfig, dict[str, Any]]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"corrupt config.json in {folder}: {err}") from None
     family = detect_family(raw)
+    if family == "llada-moe":   # its published config.json names no mask id: the tokenizer's <|mask|> is it
+        return LLaDAMoEModel.config_from_hf(raw, added_tokens(folder)), raw
     return FAMILY_CLASSES[family].config_from_hf(raw), raw
+
+
+def added_tokens(folder: Path) -> dict[str, int]:
+    """{content: id} of the added tokens in the folder's tokenizer.json (empty without one)."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8")).get("added_tokens") or []
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise ValueError(f"corrupt tokenizer.json in {folder}: {err}") from None
+    return {e["content"]: int(e["id"]) for e in entries if isinstance(e, dict) and "content" in e and "id" in e}
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -210,6 +230,25 @@ def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None,
         raise ValueError(f"checkpoint weights in {folder} do not match the architecture: "
                          f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
                          f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}")
+    return stack_slots(out, folder)
+
+
+def stack_slots(tensors: dict[str, torch.Tensor], folder: Path | str = "") -> dict[str, torch.Tensor]:
+    """Tensors named `name@j` stacked along a new first dim into `name`, slots 0..n-1 in order;
+    shapes must agree."""
+    slots: dict[str, dict[int, torch.Tensor]] = {}
+    out = {}
+    for key, t in tensors.items():
+        if "@" not in key:
+            out[key] = t
+            continue
+        base, j = key.rsplit("@", 1)
+        slots.setdefault(base, {})[int(j)] = t
+    for base, parts in slots.items():
+        shapes = {tuple(t.shape) for t in parts.values()}
+        if len(shapes) != 1:
+            raise ValueError(f"the tensors stacked into {base} in {folder} differ in shape: {sorted(shapes)}")
+        out[base] = torch.stack([parts[j] for j in range(len(parts))])
     return out
 
 
@@ -247,8 +286,9 @@ def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "auto
     with torch.device("meta"):
         model = cls(cfg, attention=attention)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    bad = [f"{hf}: checkpoint {tuple(tensors[ours].shape)} vs config {expected[ours]}"
-           for hf, ours in sorted(names.items()) if tuple(tensors[ours].shape) != expected[ours]]
+    source = {ours: hf for hf, ours in names.items()}
+    bad = [f"{source.get(ours, ours + ' (stacked)')}: checkpoint {tuple(t.shape)} vs config {expected[ours]}"
+           for ours, t in sorted(tensors.items()) if tuple(t.shape) != expected[ours]]
     if bad:
         raise ValueError(f"weight shapes in {folder} do not match its config.json: " + "; ".join(bad[:6]))
     model.load_state_dict(tensors, strict=True, assign=True)

@@ -1,0 +1,121 @@
+"""LLaDA-MoE (inclusionAI/LLaDA-MoE-7B-A1B-Base / -Instruct): the config and weight names of the
+published checkpoints, mapped onto the shared bidirectional transformer with its MoE MLP.
+
+Architecture (docs/architecture.md §MoE): pre-norm RMSNorm (eps 1e-5), q/k/v without biases and
+a per-head RMSNorm of q and k before the rotation, NeoX RoPE (theta 50000) on the first
+`partial_rotary_factor` of each head's dims with cos/sin cast to the activation dtype, attention
+never causal; every layer's MLP routes each token to 8 of 64 SwiGLU experts (softmax over the
+gate's logits in fp32, the top 8 weights cast to the activation dtype, never renormalised: the
+published modelling code ignores `norm_topk_prob`), plus a shared expert when
+`shared_expert_intermediate_size` is set; untied `lm_head`, no logit shift.
+
+The published config.json carries no mask id: it is `<|mask|>` of the tokenizer (156895 in the
+published vocabulary of 157,184), and the end of text `<|endoftext|>` (156892) when the config has
+no `eos_token_id`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ModelConfig, MoEConfig
+from .dream import qwen2_names
+from .transformer import DiffusionTransformer
+
+PUBLISHED_VOCAB = 157184
+PUBLISHED_IDS = {"<|mask|>": 156895, "<|endoftext|>": 156892}
+MASK_TOKEN, EOS_TOKEN = "<|mask|>", "<|endoftext|>"
+
+# Keys whose values this implementation does not cover, with the value it needs.
+_REQUIRED = {"hidden_act": "silu", "rope_scaling": None, "attention_bias": False,
+             "moe_router_enable_expert_bias": None, "use_sliding_window": False}
+# Keys read elsewhere or without effect on inference (training losses, caching flags, dtype).
+IGNORED = ("router_aux_loss_coef", "output_router_logits", "initializer_range", "use_cache", "torch_dtype",
+           "transformers_version", "attention_dropout", "architectures", "auto_map", "model_type",
+           "norm_topk_prob", "dense_intermediate_size")
+
+
+def _special_id(d: dict, key: str, token: str, tokens: dict[str, int] | None) -> int:
+    value = d.get(key)
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if value is None and tokens:
+        value = tokens.get(token)
+    if value is None and d.get("vocab_size") == PUBLISHED_VOCAB:
+        value = PUBLISHED_IDS[token]
+    if value is None:
+        raise ValueError(f"LLaDA-MoE config.json has no {key!r} and the tokenizer no {token!r} to take it from")
+    return int(value)
+
+
+def _moe_layers(d: dict) -> None:
+    freq = d.get("moe_layer_freq", 1)
+    layers = d["num_hidden_layers"]
+    dense = freq == 0 if isinstance(freq, int) else (len(freq) != layers or any(f != 1 for f in freq))
+    if dense:
+        raise ValueError(f"LLaDA-MoE config key 'moe_layer_freq' = {freq!r} is not supported (supported: 1, or "
+                         f"{layers} ones: every layer mixture-of-experts)")
+
+
+def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> ModelConfig:
+    """ModelConfig from a LLaDA-MoE `config.json`; `tokens` maps the tokenizer's added tokens to
+    their ids (for the mask id, which the published config lacks)."""
+    for key, want in _REQUIRED.items():
+        value = d.get(key)
+        if value is None or value == want or (want in (None, False) and value in (False, {})):
+            continue
+        raise ValueError(f"LLaDA-MoE config key {key!r} = {value!r} is not supported (supported: {want!r})")
+    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "num_experts",
+                "num_experts_per_tok", "expert_intermediate_size")
+    missing = [k for k in required if d.get(k) is None]
+    if missing:
+        raise ValueError(f"LLaDA-MoE config.json lacks required keys: {', '.join(missing)}")
+    _moe_layers(d)
+    n_heads = d["num_attention_heads"]
+    head_dim = d["hidden_size"] // n_heads
+    factor = d.get("partial_rotary_factor", 1.0)
+    if factor is None or factor <= 0 or factor > 1:
+        raise ValueError(f"LLaDA-MoE config key 'partial_rotary_factor' = {factor!r} must lie in (0, 1]")
+    shared = d.get("shared_expert_intermediate_size")
+    moe = MoEConfig(n_experts=d["num_experts"], experts_per_token=d["num_experts_per_tok"],
+                    expert_hidden=d["expert_intermediate_size"], score="softmax", norm_topk=False,
+                    shared_hidden=shared if shared and shared > 0 else 0)
+    eos = _special_id(d, "eos_token_id", EOS_TOKEN, tokens)
+    return ModelConfig(
+        family="llada-moe", vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
+        n_heads=n_heads, n_kv_heads=d.get("num_key_value_heads") or n_heads,
+        mlp_hidden=d.get("dense_intermediate_size") or d["expert_intermediate_size"],
+        norm_eps=d.get("rms_norm_eps", 1e-5), rope_theta=float(d.get("rope_theta", 10000.0)),
+        max_seq_len=d.get("max_position_embeddings", 8192),
+        mask_token_id=_special_id(d, "mask_token_id", MASK_TOKEN, tokens), eos_token_id=eos,
+        pad_token_id=d.get("pad_token_id") if d.get("pad_token_id") is not None else eos,
+        bos_token_id=d.get("bos_token_id"), tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+        rope_fp32=False, logit_shift=False, qk_norm=bool(d.get("qk_layernorm", True)),
+        rotary_dim=int(head_dim * factor), clip_qkv=d.get("clip_qkv"), moe=moe,
+    )
+
+
+def hf_names(cfg: ModelConfig) -> dict[str, str]:
+    """Checkpoint weight name -> internal parameter name; `name@j` is slot j of a stacked
+    parameter (expert j's projection)."""
+    names = qwen2_names(cfg)
+    for i in range(cfg.n_layers):
+        b, o = f"model.layers.{i}.", f"layers.{i}."
+        names[b + "mlp.gate.weight"] = o + "mlp.router.weight"
+        for proj in ("q", "k", "v", "o"):
+            names[f"{b}self_attn.{proj}_proj.weight"] = f"{o}attn.{proj}.weight"
+        if cfg.qk_norm:
+            names[b + "self_attn.q_norm.weight"] = o + "attn.q_norm.weight"
+            names[b + "self_attn.k_norm.weight"] = o + "attn.k_norm.weight"
+        for j in range(cfg.moe.n_experts):
+            for src, dst in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+                names[f"{b}mlp.experts.{j}.{src}.weight"] = f"{o}mlp.experts.{dst}@{j}"
+        if cfg.moe.shared_hidden:
+            for src, dst in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+                names[f"{b}shared_expert.{src}.weight"] = f"{o}mlp.shared.{dst}.weight"
+    return names
+
+
+class LLaDAMoEModel(DiffusionTransformer):
+    family = "llada-moe"
+    config_from_hf = staticmethod(config_from_hf)
+    hf_names = staticmethod(hf_names)
