@@ -38,6 +38,17 @@ def dream_sharded_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def lladamoe_dir(tmp_path_factory):
+    return _checkpoint(tmp_path_factory, "lladamoe")
+
+
+@pytest.fixture(scope="session")
+def lladamoe(lladamoe_dir):
+    import dllm
+    return dllm.load(lladamoe_dir, dtype="float32")
+
+
+@pytest.fixture(scope="session")
 def llada(llada_dir):
     import dllm
     return dllm.load(llada_dir, dtype="float32")

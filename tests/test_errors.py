@@ -131,8 +131,8 @@ def test_model_config_errors():
 
 
 @pytest.mark.parametrize("cfg,match", [
-    ({"model_type": "llada", "hidden_size": 64, "num_experts": 8}, r"mixture-of-experts .* not supported; "
-                                                                  r"supported families: 'llada'.*'dream'"),
+    ({"model_type": "llada", "hidden_size": 64, "num_experts": 8}, r"mixture-of-experts .* not one dllm reads; "
+                                                                  r"supported families: 'llada'.*'llada-moe'.*'dream'"),
     ({"model_type": "gpt2", "n_embd": 64}, r"cannot tell the model family .*'gpt2'.*supported families"),
     ({"model_type": "qwen2", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1},
      r"autoregressive .* not a masked-diffusion model"),

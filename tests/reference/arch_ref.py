@@ -1,4 +1,5 @@
-"""Plain-torch reference forwards of LLaDA-8B and Dream-v0-7B, from the real state-dict layout.
+"""Plain-torch reference forwards of LLaDA-8B, LLaDA-MoE-7B-A1B and Dream-v0-7B, from the real
+state-dict layout.
 
 Written from the published architectures (docs/fidelity.md §Architectures); independent of
 `dllm`. Functions take the checkpoint's ``state_dict`` (real HF names) and its ``config.json`` dict.
@@ -20,7 +21,13 @@ Numerics, per model (these are the points where the two families differ):
   rows with no admissible key; here it is applied as an additive finfo(float32).min bias, so such
   rows attend uniformly (finite, never NaN). Logits at pad positions are therefore unspecified and
   must not be compared; real positions never see pad keys, so they are unaffected.
-* Heads: LLaDA logits are aligned (row i predicts token i) with width ``embedding_size``; Dream
+* LLaDA-MoE: LLaDA's mask convention; q and k each get an RMSNorm over head_dim before the
+  rotation, which covers the first ``partial_rotary_factor`` of each head's dims with cos/sin cast
+  to the activation dtype. Its MLP is written as the published modelling code runs it: softmax of
+  the gate's logits in fp32, top-k, the k weights cast to the activation dtype (no renormalisation),
+  then expert by expert: the expert's tokens, down(silu(gate) * up), times their weight, added into
+  the output with ``index_add_``.
+* Heads: LLaDA and LLaDA-MoE logits are aligned (row i predicts token i) with width ``embedding_size``; Dream
   returns RAW logits (row i predicts token i + 1). :func:`dream_shift` aligns them.
 """
 
@@ -33,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["dream_forward_ref", "dream_shift", "llada_forward_ref"]
+__all__ = ["dream_forward_ref", "dream_shift", "llada_forward_ref", "lladamoe_forward_ref"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,3 +251,82 @@ def dream_shift(logits: Tensor) -> Tensor:
     (B, L, V) -> (B, L, V). Position 0's value is meaningless and never used (always prompt).
     """
     return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# LLaDA-MoE
+# ---------------------------------------------------------------------------------------------
+
+
+def _moe_mlp(h: Tensor, state_dict: Mapping[str, Tensor], b: str, config: Mapping) -> Tensor:
+    """The routed experts of layer prefix ``b`` on h (T, d), expert by expert."""
+    k, n_experts = config["num_experts_per_tok"], config["num_experts"]
+    probs = F.softmax(F.linear(h, state_dict[b + "mlp.gate.weight"]), dim=-1, dtype=torch.float32)
+    weights, chosen = probs.topk(k, dim=-1)
+    weights = weights.to(h.dtype)
+    out = torch.zeros_like(h)
+    for e in range(n_experts):
+        token, slot = torch.where(chosen == e)
+        if token.numel() == 0:
+            continue
+        x = h[token]
+        p = f"{b}mlp.experts.{e}."
+        y = F.linear(F.silu(F.linear(x, state_dict[p + "gate_proj.weight"])) * F.linear(x, state_dict[p + "up_proj.weight"]),
+                     state_dict[p + "down_proj.weight"])
+        out.index_add_(0, token, y * weights[token, slot, None])
+    if config.get("shared_expert_intermediate_size"):
+        p = b + "shared_expert."
+        out = out + F.linear(F.silu(F.linear(h, state_dict[p + "gate_proj.weight"])) * F.linear(h, state_dict[p + "up_proj.weight"]),
+                             state_dict[p + "down_proj.weight"])
+    return out
+
+
+def lladamoe_forward_ref(
+    state_dict: Mapping[str, Tensor],
+    config: Mapping,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+) -> Tensor:
+    """LLaDA-MoE forward: ``input_ids`` (B, L) -> aligned logits (B, L, V) (row i predicts token i).
+
+    Positions 0..L-1; ``attention_mask`` (B, L) with zeros becomes LLaDA's key-only additive bias.
+    Runs in the dtype of the weights.
+    """
+    d, n_heads, n_kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = d // n_heads
+    rot = int(head_dim * config.get("partial_rotary_factor", 1.0))
+    eps = config["rms_norm_eps"]
+    clip = config.get("clip_qkv")
+    B, L = input_ids.shape
+    x = F.embedding(input_ids, state_dict["model.embed_tokens.weight"])  # (B, L, d)
+    bias = None
+    if attention_mask is not None and bool((attention_mask == 0).any()):
+        m = attention_mask.to(torch.float32).view(B, 1, 1, L)
+        bias = (1.0 - m) * torch.finfo(torch.float32).min
+    angles = _rope_angles(torch.arange(L, device=input_ids.device)[None], rot, config["rope_theta"])
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+    def rotate(t: Tensor) -> Tensor:
+        r, rest = t[..., :rot], t[..., rot:]
+        return torch.cat([r * cos + _rotate_half(r) * sin, rest], dim=-1)
+
+    for i in range(config["num_hidden_layers"]):
+        b = f"model.layers.{i}."
+        a = b + "self_attn."
+        h = _rms_norm(x, state_dict[b + "input_layernorm.weight"], eps)
+        q = F.linear(h, state_dict[a + "q_proj.weight"]).view(B, L, n_heads, head_dim)
+        k = F.linear(h, state_dict[a + "k_proj.weight"]).view(B, L, n_kv, head_dim)
+        if config.get("qk_layernorm", True):
+            q = _rms_norm(q, state_dict[a + "q_norm.weight"], eps)
+            k = _rms_norm(k, state_dict[a + "k_norm.weight"], eps)
+        v = F.linear(h, state_dict[a + "v_proj.weight"]).view(B, L, n_kv, head_dim)
+        if clip is not None:
+            q, k, v = q.clamp(-clip, clip), k.clamp(-clip, clip), v.clamp(-clip, clip)
+        q, k, v = rotate(q.transpose(1, 2)), rotate(k.transpose(1, 2)), v.transpose(1, 2)
+        k, v = _repeat_kv(k, n_heads // n_kv), _repeat_kv(v, n_heads // n_kv)
+        x = x + F.linear(_merge_heads(_attention(q, k, v, bias)), state_dict[a + "o_proj.weight"])
+        h = _rms_norm(x, state_dict[b + "post_attention_layernorm.weight"], eps)
+        x = x + _moe_mlp(h.reshape(B * L, d), state_dict, b, config).view(B, L, d)
+    x = _rms_norm(x, state_dict["model.norm.weight"], eps)
+    head = state_dict["model.embed_tokens.weight"] if config["tie_word_embeddings"] else state_dict["lm_head.weight"]
+    return F.linear(x, head)
