@@ -12,6 +12,8 @@ step32) come from the same run, and each graphed call's logits are compared with
 `--compile` runs the forwards through `model.set_compile` (the untimed calls compile). `--count`
 prints each call's aten operations and host synchronisations (`dllm.overhead.DispatchCounter`);
 `--profile` prints the kernels and host time of three eager `step32` calls (torch.profiler).
+For a mixture-of-experts preset (`llada-moe-*`), the share of each eager call's time spent in
+the MoE MLPs is printed too (timed between hooks around them, the device synchronised at each).
 
     python benchmarks/bench_forward.py --presets llada-compute,llada-8b          # on a GPU
     python benchmarks/bench_forward.py --presets llada-compute --device cpu      # eager only
@@ -41,7 +43,38 @@ def count(name: str, calls: dict) -> None:
         with torch.no_grad(), DispatchCounter() as counter:
             fn()
         bucket = counter.counts[counter.kind]
-        print(f"{name:<14}count   {what:<8} {bucket.ops:6d} ops {bucket.syncs:3d} syncs", flush=True)
+        print(f"{name:<18}count   {what:<8} {bucket.ops:6d} ops {bucket.syncs:3d} syncs", flush=True)
+
+
+def moe_share(name: str, calls: dict, modules: list, device: torch.device, repeats: int = 3) -> None:
+    """Print the share of each eager call's time spent inside `modules` (the MoE MLPs)."""
+    spent = [0.0]
+
+    def enter(module, args):
+        sync(device)
+        module._entered = time.perf_counter()
+
+    def leave(module, args, output):
+        sync(device)
+        spent[0] += time.perf_counter() - module._entered
+
+    handles = [h for m in modules for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    try:
+        with torch.no_grad():
+            for what, fn in calls.items():
+                fn()
+                spent[0] = 0.0
+                sync(device)
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    fn()
+                sync(device)
+                total = time.perf_counter() - start
+                print(f"{name:<18}moe     {what:<8} {spent[0] / total:6.1%} of {total / repeats * 1e3:.2f} ms/call",
+                      flush=True)
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def profile(name: str, fn, device: torch.device) -> None:
@@ -74,6 +107,9 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, calls_timed: int,
         count(name, calls)
     if profiled:
         profile(name, calls["step32"], device)
+    moe_layers = [layer.mlp for i, layer in enumerate(model.layers) if cfg.is_moe_layer(i)]
+    if moe_layers:
+        moe_share(name, calls, moe_layers, device)
     modes = (False, True) if device.type == "cuda" else (False,)
     res = {}
     with torch.no_grad():
@@ -89,14 +125,14 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, calls_timed: int,
                 sync(device)
                 res[graphs, what] = ((time.perf_counter() - start) / calls_timed, out.float())
                 mode = ("graphs" if graphs else "eager") + ("+c" if compiled else "")
-                print(f"{name:<14}{mode:<8}{what:<8} {res[graphs, what][0] * 1e3:9.2f} ms/call", flush=True)
+                print(f"{name:<18}{mode:<8}{what:<8} {res[graphs, what][0] * 1e3:9.2f} ms/call", flush=True)
     for graphs in modes:
         mode = ("graphs" if graphs else "eager") + ("+c" if compiled else "")
-        print(f"{name:<14}{mode:<8}full/step32 {res[graphs, 'full'][0] / res[graphs, 'step32'][0]:.2f}x")
+        print(f"{name:<18}{mode:<8}full/step32 {res[graphs, 'full'][0] / res[graphs, 'step32'][0]:.2f}x")
     if len(modes) == 2:
         for what in calls:
             same = torch.equal(res[False, what][1], res[True, what][1])
-            print(f"{name:<14}{what:<8} eager/graphs {res[False, what][0] / res[True, what][0]:.2f}x, "
+            print(f"{name:<18}{what:<8} eager/graphs {res[False, what][0] / res[True, what][0]:.2f}x, "
                   f"logits equal: {same}")
 
 

@@ -109,6 +109,10 @@ BENCH_PRESETS: dict[str, BenchPreset] = {
     # The published shapes with random weights (16 and 15 GB in bf16): for a GPU, not for CPU runs.
     "llada-8b": BenchPreset("llada-8b", prompt_length=256, gen_length=256, block_length=32, steps=8),
     "dream-7b": BenchPreset("dream-7b", prompt_length=256, gen_length=256, block_length=32, steps=8),
+    # LLaDA-MoE: the published layer shape at 4 layers (CPU), and LLaDA-MoE-7B-A1B (a GPU).
+    "llada-moe-tiny": BenchPreset("llada-moe-tiny", prompt_length=16, gen_length=64, block_length=16, steps=32),
+    "llada-moe-compute": BenchPreset("llada-moe-compute", prompt_length=256, gen_length=256, block_length=32, steps=8),
+    "llada-moe-7b": BenchPreset("llada-moe-7b", prompt_length=256, gen_length=256, block_length=32, steps=8),
 }
 DEFAULT_PRESETS = "tiny,llada-vocab,llada-compute,dream-compute"
 QUICK_PRESETS = "tiny,llada-vocab"

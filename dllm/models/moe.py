@@ -42,6 +42,9 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) ->
 def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     if grouped_mm_runs(x, weight):
         return _GROUPED_MM(x, weight.transpose(1, 2), offs=ends)
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError(f"the MoE experts in {x.dtype} on CUDA read their token counts on the host, which a CUDA "
+                         f"graph cannot capture; load the model in bfloat16 or turn CUDA graphs off")
     out = x.new_empty(x.shape[0], weight.shape[1])
     start = 0
     for e, end in enumerate(ends.tolist()):      # the loop reads the group sizes on the host
