@@ -5,7 +5,8 @@ Every backend has the same signature::
     attn(q, k, v, key_valid, scale) -> out
         q:         (B, H, P, D)     queries of the recomputed positions
         k, v:      (B, H_kv, L, D)  keys (after RoPE) and values of every canvas position
-        key_valid: (B, L) bool or None; False keys (left padding) get no attention
+        key_valid: (B, L) bool or None; False keys (left padding) get no attention. eager and sdpa
+                   also take (B, P, L): a mask per query (a block-causal model's, LLaDA2)
         out:       (B, H, P, D)     in q's dtype
 
 H must be a multiple of H_kv (grouped-query attention). Backends are looked up by name through a
@@ -31,6 +32,11 @@ import torch.nn.functional as F
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", float], torch.Tensor]
 
 
+def _broadcast_mask(key_valid: torch.Tensor) -> torch.Tensor:
+    """(B, L) or (B, P, L) -> (B, 1, 1 or P, L), broadcast over the heads."""
+    return key_valid[:, None, None, :] if key_valid.dim() == 2 else key_valid[:, None]
+
+
 def eager_attention(q, k, v, key_valid, scale):
     """Plain math in fp32, the reference every other backend is compared with."""
     group = q.shape[1] // k.shape[1]
@@ -38,14 +44,14 @@ def eager_attention(q, k, v, key_valid, scale):
     v = v.repeat_interleave(group, dim=1)  # (B, H, L, D)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, H, P, L)
     if key_valid is not None:
-        scores = scores.masked_fill(~key_valid[:, None, None, :], float("-inf"))
+        scores = scores.masked_fill(~_broadcast_mask(key_valid), float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v.float()).to(q.dtype)  # (B, H, P, D)
 
 
 def sdpa_attention(q, k, v, key_valid, scale):
     """torch's fused scaled_dot_product_attention, non-causal."""
-    mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, L)
+    mask = None if key_valid is None else _broadcast_mask(key_valid)  # (B, 1, 1 or P, L)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
 

@@ -268,7 +268,8 @@ def _validate(q, k, v, key_valid, scale, out):
             raise ValueError(f"key_valid must be a bool tensor (B, L), got "
                              f"{key_valid.dtype if isinstance(key_valid, torch.Tensor) else type(key_valid).__name__}")
         if tuple(key_valid.shape) != (B, k.shape[2]):
-            raise ValueError(f"key_valid shape {tuple(key_valid.shape)} != (B, L) = {(B, k.shape[2])}")
+            raise ValueError(f"key_valid shape {tuple(key_valid.shape)} != (B, L) = {(B, k.shape[2])} (a mask per "
+                             f"query, as a block-causal model uses, needs the sdpa or eager backend)")
         if key_valid.device != q.device:
             raise ValueError(f"key_valid is on {key_valid.device}, q on {q.device}")
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):

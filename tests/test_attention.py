@@ -12,8 +12,10 @@ def _reference(q, k, v, key_valid, scale):
     for b in range(B):
         for h in range(H):
             s = q[b, h].double() @ k[b, h // group].double().T * scale       # (P, L)
-            if key_valid is not None:
+            if key_valid is not None and key_valid.dim() == 2:
                 s[:, ~key_valid[b]] = float("-inf")
+            elif key_valid is not None:                                      # a mask per query (P, L)
+                s = s.masked_fill(~key_valid[b], float("-inf"))
             out[b, h] = torch.softmax(s, -1) @ v[b, h // group].double()
     return out
 
@@ -31,6 +33,19 @@ def test_backends_match_fp64_reference(backend, B, H, H_kv, P, L, D):
     key_valid = torch.arange(L)[None, :] >= pad[:, None]
     out = get_backend(backend)(q, k, v, key_valid, D ** -0.5)
     assert out.shape == (B, H, P, D) and out.dtype == q.dtype
+    torch.testing.assert_close(out.double(), _reference(q, k, v, key_valid, D ** -0.5), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_backends_take_a_mask_per_query(backend):
+    """Block-causal masks (LLaDA2): query p sees the keys before the end of its block."""
+    g = torch.Generator().manual_seed(2)
+    B, H, H_kv, P, L, D = 2, 4, 2, 6, 12, 8
+    q, k, v = torch.randn(B, H, P, D, generator=g), torch.randn(B, H_kv, L, D, generator=g), torch.randn(B, H_kv, L, D, generator=g)
+    columns = torch.tensor([[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]])
+    key_valid = torch.arange(L) < ((columns // 4 + 1) * 4)[..., None]        # (B, P, L), blocks of 4
+    key_valid[1, :, 0] = False                                                 # and a padding key
+    out = get_backend(backend)(q, k, v, key_valid, D ** -0.5)
     torch.testing.assert_close(out.double(), _reference(q, k, v, key_valid, D ** -0.5), atol=1e-5, rtol=1e-5)
 
 
