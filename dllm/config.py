@@ -16,7 +16,7 @@ def check_fields(cls, options, what: str) -> None:
     if unknown:
         raise ValueError(f"unknown {what} option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
 
-FAMILIES = ("llada", "dream", "llada-moe")
+FAMILIES = ("llada", "dream", "llada-moe", "llada2")
 ROUTER_SCORES = ("softmax", "sigmoid")
 
 
@@ -104,7 +104,10 @@ class ModelConfig:
     qk_norm: bool = False             # RMSNorm of each head's q and k (over head_dim) before the rotation
     rotary_dim: int | None = None     # dims of each head that rotate (the first ones); None: all
     clip_qkv: float | None = None     # q, k and v clamped to [-clip, clip] after the QK norm
-    moe: MoEConfig | None = None      # mixture-of-experts MLP (LLaDA-MoE); None: dense SwiGLU
+    moe: MoEConfig | None = None      # mixture-of-experts MLP (LLaDA-MoE, LLaDA2); None: dense SwiGLU
+    # Block-causal attention (LLaDA2): column c attends to the columns before the end of its block,
+    # blocks of `attention_block` columns aligned from column 0; None: every column attends to all.
+    attention_block: int | None = None
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -130,6 +133,10 @@ class ModelConfig:
                              f"got {self.rotary_dim!r}")
         if self.clip_qkv is not None and not self.clip_qkv > 0:
             raise ValueError(f"ModelConfig.clip_qkv must be None or > 0, got {self.clip_qkv!r}")
+        if self.attention_block is not None and (isinstance(self.attention_block, bool)
+                                                 or not isinstance(self.attention_block, int)
+                                                 or self.attention_block < 1):
+            raise ValueError(f"ModelConfig.attention_block must be None or an integer >= 1, got {self.attention_block!r}")
         if isinstance(self.moe, dict):
             self.moe = MoEConfig(**self.moe)
         if self.moe is not None and self.moe.first_dense > self.n_layers:
@@ -185,6 +192,11 @@ _LLADA_MOE = dict(family="llada-moe", norm_eps=1e-5, rope_theta=50000.0, rope_fp
                   qk_norm=True)
 _LLADA_MOE_EXPERTS = dict(n_experts=64, experts_per_token=8, expert_hidden=1024)
 
+_LLADA2 = dict(family="llada2", norm_eps=1e-6, rope_theta=600000.0, rope_fp32=False, logit_shift=False, qk_norm=True,
+               attention_block=32)
+_LLADA2_ROUTING = dict(score="sigmoid", norm_topk=True, routed_scale=2.5, expert_bias=True, router_fp32=True,
+                       sum_fp32=True, first_dense=1)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Random-init presets that build in milliseconds (tests, benchmarks, demos).
     "llada-tiny": dict(_LLADA, vocab_size=320, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=96,
@@ -215,6 +227,15 @@ PRESETS: dict[str, dict[str, Any]] = {
                               n_kv_heads=16, mlp_hidden=8192, max_seq_len=8192, moe=_LLADA_MOE_EXPERTS),
     "llada-moe-7b": dict(_LLADA_MOE, **_LLADA_MOE_IDS, vocab_size=157184, d_model=2048, n_layers=16, n_heads=16,
                          n_kv_heads=16, mlp_hidden=8192, max_seq_len=8192, moe=_LLADA_MOE_EXPERTS),
+    # LLaDA2: tiny; LLaDA2.0-mini (16 B parameters, 1.4 B active).
+    "llada2-tiny": dict(_LLADA2, vocab_size=320, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, mlp_hidden=96,
+                        max_seq_len=512, mask_token_id=304, eos_token_id=301, pad_token_id=301, eot_token_id=308,
+                        rotary_dim=8, moe=dict(_LLADA2_ROUTING, n_experts=16, experts_per_token=4, expert_hidden=32,
+                                               n_groups=4, topk_groups=2, shared_hidden=32)),
+    "llada2-mini": dict(_LLADA2, **_LLADA_MOE_IDS, vocab_size=157184, d_model=2048, n_layers=20, n_heads=16,
+                        n_kv_heads=4, mlp_hidden=5120, max_seq_len=32768, rotary_dim=64,
+                        moe=dict(_LLADA2_ROUTING, n_experts=256, experts_per_token=8, expert_hidden=512, n_groups=8,
+                                 topk_groups=4, shared_hidden=512)),
 }
 
 

@@ -218,6 +218,10 @@ class Request:
 def resolve_request(model, cfg: GenerationConfig) -> Request:
     """Resolve `cfg` once for `model`: its length (`DEFAULT_GEN_LENGTH` when None), sampler and
     cache policy."""
+    if model.config.attention_block is not None:
+        raise ValueError(f"{model.config.family} attends block-causally (blocks of {model.config.attention_block} "
+                         f"columns) and decodes with LLaDA2's block rule and token editing, which are not built yet: "
+                         f"its forward runs (model(x), model.hidden_at), dllm.generate does not")
     cfg = with_instances(cfg.for_length())
     sampler = resolve_sampler(model, cfg)
     if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):

@@ -34,7 +34,18 @@ IGNORED = ("router_aux_loss_coef", "output_router_logits", "initializer_range", 
            "norm_topk_prob", "dense_intermediate_size")
 
 
-def _special_id(d: dict, key: str, token: str, tokens: dict[str, int] | None) -> int:
+def check_required(d: dict, required: dict, family: str) -> None:
+    """A ValueError naming the first key of `d` whose value `required` does not allow (an absent
+    key, null, or for a False/None requirement false or {}, is allowed)."""
+    for key, want in required.items():
+        value = d.get(key)
+        if value is None or value == want or (want in (None, False) and value in (False, {})):
+            continue
+        raise ValueError(f"{family} config key {key!r} = {value!r} is not supported (supported: {want!r})")
+
+
+def special_id(d: dict, key: str, token: str, tokens: dict[str, int] | None, family: str = "LLaDA-MoE") -> int:
+    """The id `d[key]`, else the tokenizer's `token`, else its id in the published vocabulary."""
     value = d.get(key)
     if isinstance(value, list):
         value = value[0] if value else None
@@ -43,7 +54,7 @@ def _special_id(d: dict, key: str, token: str, tokens: dict[str, int] | None) ->
     if value is None and d.get("vocab_size") == PUBLISHED_VOCAB:
         value = PUBLISHED_IDS[token]
     if value is None:
-        raise ValueError(f"LLaDA-MoE config.json has no {key!r} and the tokenizer no {token!r} to take it from")
+        raise ValueError(f"{family} config.json has no {key!r} and the tokenizer no {token!r} to take it from")
     return int(value)
 
 
@@ -59,11 +70,7 @@ def _moe_layers(d: dict) -> None:
 def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> ModelConfig:
     """ModelConfig from a LLaDA-MoE `config.json`; `tokens` maps the tokenizer's added tokens to
     their ids (for the mask id, which the published config lacks)."""
-    for key, want in _REQUIRED.items():
-        value = d.get(key)
-        if value is None or value == want or (want in (None, False) and value in (False, {})):
-            continue
-        raise ValueError(f"LLaDA-MoE config key {key!r} = {value!r} is not supported (supported: {want!r})")
+    check_required(d, _REQUIRED, "LLaDA-MoE")
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "num_experts",
                 "num_experts_per_tok", "expert_intermediate_size")
     missing = [k for k in required if d.get(k) is None]
@@ -79,14 +86,14 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     moe = MoEConfig(n_experts=d["num_experts"], experts_per_token=d["num_experts_per_tok"],
                     expert_hidden=d["expert_intermediate_size"], score="softmax", norm_topk=False,
                     shared_hidden=shared if shared and shared > 0 else 0)
-    eos = _special_id(d, "eos_token_id", EOS_TOKEN, tokens)
+    eos = special_id(d, "eos_token_id", EOS_TOKEN, tokens)
     return ModelConfig(
         family="llada-moe", vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
         n_heads=n_heads, n_kv_heads=d.get("num_key_value_heads") or n_heads,
         mlp_hidden=d.get("dense_intermediate_size") or d["expert_intermediate_size"],
         norm_eps=d.get("rms_norm_eps", 1e-5), rope_theta=float(d.get("rope_theta", 10000.0)),
         max_seq_len=d.get("max_position_embeddings", 8192),
-        mask_token_id=_special_id(d, "mask_token_id", MASK_TOKEN, tokens), eos_token_id=eos,
+        mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens), eos_token_id=eos,
         pad_token_id=d.get("pad_token_id") if d.get("pad_token_id") is not None else eos,
         bos_token_id=d.get("bos_token_id"), tie_embeddings=bool(d.get("tie_word_embeddings", False)),
         rope_fp32=False, logit_shift=False, qk_norm=bool(d.get("qk_layernorm", True)),

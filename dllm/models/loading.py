@@ -23,15 +23,18 @@ from ..attention import get_backend
 from ..config import ModelConfig
 from .dream import DreamModel
 from .llada import LLaDAModel
+from .llada2 import ARCHITECTURE as LLADA2_ARCHITECTURE
+from .llada2 import MODEL_TYPES as LLADA2_MODEL_TYPES
+from .llada2 import LLaDA2Model
 from .llada_moe import LLaDAMoEModel
 from .transformer import DiffusionTransformer
 
 FAMILY_CLASSES: dict[str, type[DiffusionTransformer]] = {"llada": LLaDAModel, "dream": DreamModel,
-                                                         "llada-moe": LLaDAMoEModel}
+                                                         "llada-moe": LLaDAMoEModel, "llada2": LLaDA2Model}
 
 _FAMILY_HELP = ("supported families: 'llada' (LLaDA-8B / LLaDA-1.5: OLMo-style keys d_model, n_layers, n_heads, "
                 "block_type 'llama'), 'llada-moe' (LLaDA-MoE-7B-A1B: keys hidden_size, num_hidden_layers, "
-                "num_experts, expert_intermediate_size) and 'dream' (Dream-v0: Qwen2-style keys hidden_size, "
+                "num_experts, expert_intermediate_size), 'llada2' (LLaDA2.0 / 2.1: architecture LLaDA2MoeModelLM) and 'dream' (Dream-v0: Qwen2-style keys hidden_size, "
                 "num_hidden_layers, num_attention_heads plus mask_token_id)")
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -44,7 +47,7 @@ _HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "mode
 
 # End-of-turn token of each family's chat format, and its id in the published vocabularies
 # (recognised by the mask id) for tokenizers that do not register it.
-_EOT_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "llada-moe": "<|role_end|>"}
+_EOT_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "llada-moe": "<|role_end|>", "llada2": "<|role_end|>"}
 _KNOWN_EOT = {("llada", 126336): 126348, ("dream", 151666): 151645}
 
 # Checkpoints shipped inside the package (dllm/assets/<name>/); the first is the default model of
@@ -75,6 +78,8 @@ def detect_family(d: dict[str, Any]) -> str:
         raise ValueError(f"config.json must hold a JSON object, got {type(d).__name__}")
     model_type = str(d.get("model_type", ""))
     archs = [str(a) for a in d.get("architectures") or []]
+    if LLADA2_ARCHITECTURE in archs or model_type.lower() in LLADA2_MODEL_TYPES:
+        return "llada2"
     if "num_experts" in d or "moe_layer_freq" in d or model_type.lower() == "lladamoe":
         if "expert_intermediate_size" in d or any(a.startswith("LLaDAMoE") for a in archs):
             return "llada-moe"
@@ -165,8 +170,8 @@ def read_config(folder: Path) -> tuple[ModelConfig, dict[str, Any]]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"corrupt config.json in {folder}: {err}") from None
     family = detect_family(raw)
-    if family == "llada-moe":   # its published config.json names no mask id: the tokenizer's <|mask|> is it
-        return LLaDAMoEModel.config_from_hf(raw, added_tokens(folder)), raw
+    if family in ("llada-moe", "llada2"):   # their config.json names no mask id: the tokenizer's <|mask|> is it
+        return FAMILY_CLASSES[family].config_from_hf(raw, added_tokens(folder)), raw
     return FAMILY_CLASSES[family].config_from_hf(raw), raw
 
 
@@ -282,12 +287,12 @@ def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "auto
     cfg, _ = read_config(folder)
     cls = FAMILY_CLASSES[cfg.family]
     names = cls.hf_names(cfg)
-    tensors = load_weights(folder, names, resolve_dtype(dtype), device)
+    tensors = cls.adapt_weights(cfg, load_weights(folder, names, resolve_dtype(dtype), device))
     with torch.device("meta"):
         model = cls(cfg, attention=attention)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     source = {ours: hf for hf, ours in names.items()}
-    bad = [f"{source.get(ours, ours + ' (stacked)')}: checkpoint {tuple(t.shape)} vs config {expected[ours]}"
+    bad = [f"{source.get(ours, ours)}: checkpoint {tuple(t.shape)} vs config {expected[ours]}"
            for ours, t in sorted(tensors.items()) if tuple(t.shape) != expected[ours]]
     if bad:
         raise ValueError(f"weight shapes in {folder} do not match its config.json: " + "; ".join(bad[:6]))

@@ -156,7 +156,7 @@ class Attention(nn.Module):
         k = apply_rope(k, ctx.cos, ctx.sin, cfg.rope_fp32)
         if ctx.cache is not None:
             k, v = ctx.cache.update(layer, ctx.rows, ctx.positions, k, v, ctx.layout, ctx.write_index)
-        out = ctx.attn(q, k, v, ctx.key_valid, 1.0 / math.sqrt(cfg.head_dim))  # (B, H, Q, D)
+        out = ctx.attn(q, k, v, ctx.keys_for(keep), 1.0 / math.sqrt(cfg.head_dim))  # (B, H, Q, D)
         return self.o(out.transpose(1, 2).reshape(B, Q, cfg.d_model))
 
 
@@ -201,9 +201,23 @@ class _ForwardContext:
         index = keep[:, None, :, None].expand(-1, 1, -1, self.cos.shape[-1])
         return self.cos.gather(2, index), self.sin.gather(2, index)
 
-    def __init__(self, attn, cos, sin, key_valid, cache, rows, positions, layout):
+    def keys_for(self, keep: torch.Tensor | None):
+        """The key mask of the queries: key_valid (B, L), or with block-causal attention the
+        (B, Q, L) mask of the recomputed columns (of the rows `keep` when given)."""
+        if self.block_keys is None:
+            return self.key_valid
+        return self.block_keys if keep is None else take_rows(self.block_keys, keep)
+
+    def __init__(self, attn, cos, sin, key_valid, cache, rows, positions, layout, attention_block=None):
         self.attn, self.cos, self.sin = attn, cos, sin
         self.key_valid, self.cache, self.rows, self.positions = key_valid, cache, rows, positions
+        self.block_keys = None
+        if attention_block is not None:     # a key is seen by the queries of its block and of later blocks
+            L = cache.length if cache is not None else positions.shape[1]
+            ends = (positions // attention_block + 1) * attention_block                     # (B, P)
+            self.block_keys = torch.arange(L, device=positions.device) < ends[..., None]     # (B, P, L)
+            if key_valid is not None:
+                self.block_keys = self.block_keys & key_valid[:, None, :]
         self.layout = layout                    # KVCache.layout of (rows, positions), or None
         self.write_index = None                 # KVCache.write_index of a partial write, built once
         if cache is not None and layout is not None and not layout[0]:
@@ -261,6 +275,12 @@ class DiffusionTransformer(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = None if cfg.tie_embeddings else Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.set_attention(attention)
+
+    @staticmethod
+    def adapt_weights(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The loaded tensors (internal names) turned into the model's parameters: as they are,
+        unless the family stores them otherwise (LLaDA2's fused q/k/v)."""
+        return tensors
 
     # -- configuration -------------------------------------------------------------------
     def set_attention(self, name: str) -> None:
@@ -466,7 +486,8 @@ class DiffusionTransformer(nn.Module):
         # states (B, P, d) before the norm, or with `keep` (B, Q) those rows only (B, Q, d): the
         # last layer then runs its queries, attention output and MLP on those rows alone.
         cos, sin = rope_cos_sin(pos, self.config.rotary, self.config.rope_theta)
-        ctx = _ForwardContext(self._attn, cos, sin, key_valid, cache, rows, positions, layout)
+        ctx = _ForwardContext(self._attn, cos, sin, key_valid, cache, rows, positions, layout,
+                              self.config.attention_block)
         h = self.embed(tokens)  # (B, P, d)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
