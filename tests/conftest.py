@@ -49,6 +49,11 @@ def lladamoe(lladamoe_dir):
 
 
 @pytest.fixture(scope="session")
+def llada2_dir(tmp_path_factory):
+    return _checkpoint(tmp_path_factory, "llada2")
+
+
+@pytest.fixture(scope="session")
 def llada(llada_dir):
     import dllm
     return dllm.load(llada_dir, dtype="float32")

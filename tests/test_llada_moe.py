@@ -1,7 +1,6 @@
 """LLaDA-MoE: the checkpoint layout, the forward against a plain statement of the published
 modelling code (tests/reference/arch_ref.py), the router and the grouped experts against
 brute-force statements, LLaDA's decoding loop on it, and the errors of bad configs."""
-import json
 import shutil
 
 import pytest
@@ -11,8 +10,8 @@ import dllm
 from dllm.config import ModelConfig, MoEConfig
 from dllm.models.moe import Experts, Router, grouped_linear, grouped_mm_runs, limit_groups
 from dllm.overhead import DispatchCounter
-from tests.fixtures.checkpoints import (LLADAMOE_TINY_SPECIAL_IDS, lladamoe_config, load_state_dict,
-                                        write_lladamoe_checkpoint)
+from tests.fixtures.checkpoints import (LLADAMOE_TINY_SPECIAL_IDS, drop_weight, edit_config, lladamoe_config,
+                                        load_state_dict, write_lladamoe_checkpoint)
 from tests.reference.arch_ref import lladamoe_forward_ref
 from tests.reference.samplers_ref import llada_generate_ref
 from tests.test_generate import PROMPTS, PROMPTS4, _batch
@@ -206,19 +205,14 @@ def test_generate_with_a_chat_prompt(lladamoe):
 ])
 def test_bad_configs_name_the_key(tmp_path, overrides, message):
     folder = write_lladamoe_checkpoint(tmp_path / "m")
-    config = json.loads((folder / "config.json").read_text())
-    config.update(overrides)
-    (folder / "config.json").write_text(json.dumps(config))
+    edit_config(folder, **overrides)
     with pytest.raises(ValueError, match=message):
         dllm.load(folder)
 
 
 def test_missing_expert_weight_and_mask_token_are_named(tmp_path):
-    from safetensors.torch import save_file
     folder = write_lladamoe_checkpoint(tmp_path / "m")
-    state = load_state_dict(folder)
-    del state["model.layers.1.mlp.experts.5.up_proj.weight"]
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    drop_weight(folder, "model.layers.1.mlp.experts.5.up_proj.weight")
     with pytest.raises(ValueError, match=r"missing \['model.layers.1.mlp.experts.5.up_proj.weight'\]"):
         dllm.load(folder)
     other = write_lladamoe_checkpoint(tmp_path / "n")

@@ -27,7 +27,15 @@ Numerics, per model (these are the points where the two families differ):
   the gate's logits in fp32, top-k, the k weights cast to the activation dtype (no renormalisation),
   then expert by expert: the expert's tokens, down(silu(gate) * up), times their weight, added into
   the output with ``index_add_``.
-* Heads: LLaDA and LLaDA-MoE logits are aligned (row i predicts token i) with width ``embedding_size``; Dream
+* LLaDA2: one fused q/k/v product split by heads, LLaDA-MoE's per-head QK norm and partial
+  rotation, GQA, and block-causal attention: the published ``generate`` passes the additive mask
+  log(tril(ones(blocks, blocks))) expanded to blocks of 32 columns from column 0. The first
+  ``first_k_dense_replace`` layers are dense; the others score experts with the sigmoid of the
+  gate's fp32 logits, rank them with ``expert_bias`` added inside the best ``topk_group`` of
+  ``n_group`` groups (a group scores its two best), divide the unbiased weights by their sum (+1e-20),
+  scale them by ``routed_scaling_factor`` and sum the weighted expert outputs in fp32; the shared
+  expert is added after the cast back.
+* Heads: LLaDA, LLaDA-MoE and LLaDA2 logits are aligned (row i predicts token i) with width ``embedding_size``; Dream
   returns RAW logits (row i predicts token i + 1). :func:`dream_shift` aligns them.
 """
 
@@ -40,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["dream_forward_ref", "dream_shift", "llada_forward_ref", "lladamoe_forward_ref"]
+__all__ = ["dream_forward_ref", "dream_shift", "llada2_forward_ref", "llada_forward_ref", "lladamoe_forward_ref"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +266,18 @@ def dream_shift(logits: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
+def _partial_rotation(L: int, rot: int, theta: float, dtype: torch.dtype):
+    """A function rotating the first ``rot`` dims of (B, H, L, D) by positions 0..L-1, cos/sin cast
+    to ``dtype`` (the activation dtype); the other dims pass unchanged."""
+    angles = _rope_angles(torch.arange(L)[None], rot, theta)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def rotate(t: Tensor) -> Tensor:
+        r, rest = t[..., :rot], t[..., rot:]
+        return torch.cat([r * cos + _rotate_half(r) * sin, rest], dim=-1)
+    return rotate
+
+
 def _moe_mlp(h: Tensor, state_dict: Mapping[str, Tensor], b: str, config: Mapping) -> Tensor:
     """The routed experts of layer prefix ``b`` on h (T, d), expert by expert."""
     k, n_experts = config["num_experts_per_tok"], config["num_experts"]
@@ -303,12 +323,7 @@ def lladamoe_forward_ref(
     if attention_mask is not None and bool((attention_mask == 0).any()):
         m = attention_mask.to(torch.float32).view(B, 1, 1, L)
         bias = (1.0 - m) * torch.finfo(torch.float32).min
-    angles = _rope_angles(torch.arange(L, device=input_ids.device)[None], rot, config["rope_theta"])
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-
-    def rotate(t: Tensor) -> Tensor:
-        r, rest = t[..., :rot], t[..., rot:]
-        return torch.cat([r * cos + _rotate_half(r) * sin, rest], dim=-1)
+    rotate = _partial_rotation(L, rot, config["rope_theta"], x.dtype)
 
     for i in range(config["num_hidden_layers"]):
         b = f"model.layers.{i}."
@@ -330,3 +345,77 @@ def lladamoe_forward_ref(
     x = _rms_norm(x, state_dict["model.norm.weight"], eps)
     head = state_dict["model.embed_tokens.weight"] if config["tie_word_embeddings"] else state_dict["lm_head.weight"]
     return F.linear(x, head)
+
+
+# ---------------------------------------------------------------------------------------------
+# LLaDA2
+# ---------------------------------------------------------------------------------------------
+
+
+def _swiglu(x: Tensor, state_dict: Mapping[str, Tensor], p: str) -> Tensor:
+    up = F.linear(x, state_dict[p + "up_proj.weight"])
+    return F.linear(F.silu(F.linear(x, state_dict[p + "gate_proj.weight"])) * up, state_dict[p + "down_proj.weight"])
+
+
+def _llada2_moe(h: Tensor, state_dict: Mapping[str, Tensor], b: str, config: Mapping) -> Tensor:
+    """LLaDA2's routed experts + shared expert on h (T, d)."""
+    T = h.shape[0]
+    E, k = config["num_experts"], config["num_experts_per_tok"]
+    G, keep = config["n_group"], config["topk_group"]
+    scores = torch.sigmoid(F.linear(h.float(), state_dict[b + "mlp.gate.weight"].float()))       # (T, E)
+    choice = scores + state_dict[b + "mlp.gate.expert_bias"].float()
+    group_scores = choice.view(T, G, E // G).topk(2, dim=-1).values.sum(-1)                   # (T, G)
+    groups = group_scores.topk(keep, dim=-1).indices
+    allowed = torch.zeros(T, G, dtype=torch.bool).scatter_(1, groups, True)
+    allowed = allowed[:, :, None].expand(T, G, E // G).reshape(T, E)
+    chosen = choice.masked_fill(~allowed, float("-inf")).topk(k, dim=-1).indices
+    weights = scores.gather(1, chosen)
+    weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) * config["routed_scaling_factor"]
+    out = torch.zeros(T, h.shape[1], dtype=torch.float32)
+    for e in range(E):
+        token, slot = torch.where(chosen == e)
+        if token.numel():
+            y = _swiglu(h[token], state_dict, f"{b}mlp.experts.{e}.")
+            out.index_add_(0, token, y.float() * weights[token, slot, None])
+    out = out.to(h.dtype)
+    if config["num_shared_experts"]:
+        out = out + _swiglu(h, state_dict, b + "mlp.shared_experts.")
+    return out
+
+
+def llada2_forward_ref(
+    state_dict: Mapping[str, Tensor],
+    config: Mapping,
+    input_ids: Tensor,
+    block_length: int = 32,
+) -> Tensor:
+    """LLaDA2 forward with block-causal attention (blocks of ``block_length`` from column 0):
+    ``input_ids`` (B, L) -> aligned logits (B, L, V). Runs in the dtype of the weights."""
+    d, H, H_kv, D = (config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"],
+                     config["head_dim"])
+    rot, eps = config["rotary_dim"], config["rms_norm_eps"]
+    B, L = input_ids.shape
+    x = F.embedding(input_ids, state_dict["model.word_embeddings.weight"])
+    blocks = -(-L // block_length)
+    tril = torch.tril(torch.ones(blocks, blocks))
+    bias = torch.log(tril.repeat_interleave(block_length, 0).repeat_interleave(block_length, 1)[:L, :L])
+    rotate = _partial_rotation(L, rot, config["rope_theta"], x.dtype)
+
+    for i in range(config["num_hidden_layers"]):
+        b = f"model.layers.{i}."
+        a = b + "attention."
+        h = _rms_norm(x, state_dict[b + "input_layernorm.weight"], eps)
+        qkv = F.linear(h, state_dict[a + "query_key_value.weight"]).view(B, L, H + 2 * H_kv, D)
+        q, k, v = qkv.split([H, H_kv, H_kv], dim=2)
+        q = _rms_norm(q, state_dict[a + "query_layernorm.weight"], eps)
+        k = _rms_norm(k, state_dict[a + "key_layernorm.weight"], eps)
+        q, k, v = rotate(q.transpose(1, 2)), rotate(k.transpose(1, 2)), v.transpose(1, 2)
+        k, v = _repeat_kv(k, H // H_kv), _repeat_kv(v, H // H_kv)
+        x = x + F.linear(_merge_heads(_attention(q, k, v, bias)), state_dict[a + "dense.weight"])
+        h = _rms_norm(x, state_dict[b + "post_attention_layernorm.weight"], eps)
+        if i < config["first_k_dense_replace"]:
+            x = x + _swiglu(h, state_dict, b + "mlp.")
+        else:
+            x = x + _llada2_moe(h.reshape(B * L, d), state_dict, b, config).view(B, L, d)
+    x = _rms_norm(x, state_dict["model.norm.weight"], eps)
+    return F.linear(x, state_dict["lm_head.weight"])
