@@ -348,9 +348,10 @@ class StoringPolicy(CachePolicy):
 
     def _from_block_start(self, state, rows) -> torch.Tensor:
         """(B', L) bool: columns >= each row's block start (one further left for a shifted model,
-        whose first block position is predicted by the column before it)."""
+        whose first block position is predicted by the column before it; from the start of the
+        attention block for a block-causal model, `DecodeState.block_first_column`)."""
         cols = state.columns()[None, :]
-        return cols >= state.block_start[rows, None] - int(self.shift)
+        return cols >= state.block_first_column(rows)[:, None] - int(self.shift)
 
 
 class PrefixCache(StoringPolicy):

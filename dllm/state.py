@@ -75,6 +75,9 @@ class DecodeState:
     global_step: int = 0
     extra: dict = field(default_factory=dict)   # sampler-owned state
     padded: bool | None = None         # whether any row is left-padded (None: read from pad_len)
+    # Blocks aligned with the model's attention blocks (LLaDA2): counted from each row's first real
+    # token, so a row's first block ends at the next multiple of block_length after its prompt.
+    aligned_blocks: bool = False
 
     def __post_init__(self):
         B, dev = self.x.shape[0], self.x.device
@@ -82,7 +85,11 @@ class DecodeState:
             self.padded = bool((self.pad_len > 0).any())
         zeros = lambda: torch.zeros(B, dtype=torch.long, device=dev)  # noqa: E731
         self.block_start = torch.full((B,), self.gen_start, dtype=torch.long, device=dev)
-        self.block_end = (self.block_start + self.block_length).clamp(max=self.gen_end)
+        first = self.block_length
+        if self.aligned_blocks:
+            prompt_lengths = self.gen_start - self.pad_len.to(dev)
+            first = self.block_length - prompt_lengths % self.block_length                # (B,), 1..block_length
+        self.block_end = (self.block_start + first).clamp(max=self.gen_end)
         self.step_in_block, self.nfe = zeros(), zeros()
         self.finished = torch.zeros(B, dtype=torch.bool, device=dev)
         self.commit_step = torch.full((B, self.gen_length), -1, dtype=torch.long, device=dev)
@@ -129,6 +136,16 @@ class DecodeState:
             cols = self.columns()
             cached = self.__dict__["_in_generation"] = (key, (cols >= self.gen_start) & (cols < self.gen_end))
         return cached[1]
+
+    def block_first_column(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B',) the first column attending as part of each row's active block: its start, or with
+        `aligned_blocks` the start of its attention block (the first block also holds the prompt's
+        tail, whose keys then change with the block)."""
+        rows = self._rows(rows)
+        start = self.block_start[rows]
+        if not self.aligned_blocks:
+            return start
+        return torch.minimum(start, self.block_end[rows] - self.block_length).clamp(min=0)
 
     def masked_in_block(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         rows = self._rows(rows)

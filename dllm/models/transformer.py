@@ -1,9 +1,11 @@
-"""The bidirectional transformer shared by LLaDA and Dream, written bottom-up:
-RMSNorm -> rotary embedding -> Attention -> MLP -> Block -> DiffusionTransformer.
+"""The transformer shared by every family (LLaDA, LLaDA-MoE, LLaDA2, Dream), written bottom-up:
+RMSNorm -> rotary embedding -> Attention -> MLP (or the MoE MLP, `moe.py`) -> Block ->
+DiffusionTransformer.
 
-Both families are pre-norm SwiGLU transformers with rotary embeddings and non-causal attention;
-their differences (q/k/v biases, the precision of the rotation, Dream's one-position logit shift,
-weight names) are fields of `ModelConfig` and the per-family files `llada.py` and `dream.py`.
+All are pre-norm SwiGLU transformers with rotary embeddings and non-causal (LLaDA2: block-causal)
+attention; their differences (q/k/v biases, QK norm, partial rotation and its precision, Dream's
+one-position logit shift, experts, weight names) are fields of `ModelConfig` and the per-family
+files `llada.py`, `llada_moe.py`, `llada2.py` and `dream.py`.
 
 Forward contract (docs/architecture.md §7): the canvas `x` never moves. A forward recomputes the positions
 a plan names, writes their keys (after RoPE) and values at their absolute canvas columns in a
@@ -208,13 +210,17 @@ class _ForwardContext:
             return self.key_valid
         return self.block_keys if keep is None else take_rows(self.block_keys, keep)
 
-    def __init__(self, attn, cos, sin, key_valid, cache, rows, positions, layout, attention_block=None):
+    def __init__(self, attn, cos, sin, key_valid, cache, rows, positions, layout, attention_block=None, pos=None):
         self.attn, self.cos, self.sin = attn, cos, sin
         self.key_valid, self.cache, self.rows, self.positions = key_valid, cache, rows, positions
         self.block_keys = None
-        if attention_block is not None:     # a key is seen by the queries of its block and of later blocks
+        if attention_block is not None:
+            # Blocks count rotary positions (a left-padded row's from its first real token): a query
+            # at position p sees the keys before position (p // n + 1) * n, i.e. the columns before
+            # that end shifted by the row's padding (column - position).
+            pos = positions if pos is None else pos
             L = cache.length if cache is not None else positions.shape[1]
-            ends = (positions // attention_block + 1) * attention_block                     # (B, P)
+            ends = positions - pos + (pos // attention_block + 1) * attention_block          # (B, P) columns
             self.block_keys = torch.arange(L, device=positions.device) < ends[..., None]     # (B, P, L)
             if key_valid is not None:
                 self.block_keys = self.block_keys & key_valid[:, None, :]
@@ -487,7 +493,7 @@ class DiffusionTransformer(nn.Module):
         # last layer then runs its queries, attention output and MLP on those rows alone.
         cos, sin = rope_cos_sin(pos, self.config.rotary, self.config.rope_theta)
         ctx = _ForwardContext(self._attn, cos, sin, key_valid, cache, rows, positions, layout,
-                              self.config.attention_block)
+                              self.config.attention_block, pos)
         h = self.embed(tokens)  # (B, P, d)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
