@@ -227,11 +227,15 @@ PRESETS: dict[str, dict[str, Any]] = {
                               n_kv_heads=16, mlp_hidden=8192, max_seq_len=8192, moe=_LLADA_MOE_EXPERTS),
     "llada-moe-7b": dict(_LLADA_MOE, **_LLADA_MOE_IDS, vocab_size=157184, d_model=2048, n_layers=16, n_heads=16,
                          n_kv_heads=16, mlp_hidden=8192, max_seq_len=8192, moe=_LLADA_MOE_EXPERTS),
-    # LLaDA2: tiny; LLaDA2.0-mini (16 B parameters, 1.4 B active).
+    # LLaDA2: tiny; the LLaDA2.0-mini layer shape at 4 of its 20 layers (CPU); LLaDA2.0-mini (16 B parameters).
     "llada2-tiny": dict(_LLADA2, vocab_size=320, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, mlp_hidden=96,
                         max_seq_len=512, mask_token_id=304, eos_token_id=301, pad_token_id=301, eot_token_id=308,
                         rotary_dim=8, moe=dict(_LLADA2_ROUTING, n_experts=16, experts_per_token=4, expert_hidden=32,
                                                n_groups=4, topk_groups=2, shared_hidden=32)),
+    "llada2-compute": dict(_LLADA2, **_LLADA_MOE_IDS, vocab_size=157184, d_model=2048, n_layers=4, n_heads=16,
+                           n_kv_heads=4, mlp_hidden=5120, max_seq_len=32768, rotary_dim=64,
+                           moe=dict(_LLADA2_ROUTING, n_experts=256, experts_per_token=8, expert_hidden=512, n_groups=8,
+                                    topk_groups=4, shared_hidden=512)),
     "llada2-mini": dict(_LLADA2, **_LLADA_MOE_IDS, vocab_size=157184, d_model=2048, n_layers=20, n_heads=16,
                         n_kv_heads=4, mlp_hidden=5120, max_seq_len=32768, rotary_dim=64,
                         moe=dict(_LLADA2_ROUTING, n_experts=256, experts_per_token=8, expert_hidden=512, n_groups=8,

@@ -37,7 +37,7 @@ def _score_dtype(name: str, model) -> torch.dtype:
     return model.dtype if name == "logits" else _SCORE_DTYPES[name]
 
 
-DEFAULT_SAMPLERS = {"llada": "low_confidence", "dream": "entropy", "llada-moe": "low_confidence"}
+DEFAULT_SAMPLERS = {"llada": "low_confidence", "dream": "entropy", "llada-moe": "low_confidence", "llada2": "llada2"}
 
 
 @dataclass
@@ -167,7 +167,7 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
                        pad_len=pad_len.to(device), padded=lp > min(len(r) for r in rows), ids=ids,
                        temperature=float(cfg.temperature), generator=gen,
                        score_dtype=_score_dtype(cfg.score_dtype, model), steps=cfg.resolved_steps,
-                       family=mc.family,
+                       family=mc.family, aligned_blocks=mc.attention_block is not None,
                        source=getattr(model, "checkpoint_dir", None) or getattr(model, "name_or_path", None))
 
 
@@ -218,17 +218,30 @@ class Request:
 def resolve_request(model, cfg: GenerationConfig) -> Request:
     """Resolve `cfg` once for `model`: its length (`DEFAULT_GEN_LENGTH` when None), sampler and
     cache policy."""
-    if model.config.attention_block is not None:
-        raise ValueError(f"{model.config.family} attends block-causally (blocks of {model.config.attention_block} "
-                         f"columns) and decodes with LLaDA2's block rule and token editing, which are not built yet: "
-                         f"its forward runs (model(x), model.hidden_at), dllm.generate does not")
     cfg = with_instances(cfg.for_length())
     sampler = resolve_sampler(model, cfg)
+    if model.config.attention_block is not None:
+        return _block_causal_request(model, cfg, sampler)
     if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):
         warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region at once; "
                       f"block_length {cfg.block_length} is ignored", stacklevel=3)
     block_length = cfg.resolved_block_length if sampler.uses_blocks else cfg.gen_length
     return Request(cfg.replace(sampler=sampler), sampler, cfg.cache, block_length)
+
+
+def _block_causal_request(model, cfg: GenerationConfig, sampler: Sampler) -> Request:
+    """A block-causal model (LLaDA2) decodes in its attention blocks: a block sampler, and a block
+    length equal to the model's (the decode's blocks are aligned with them, `DecodeState.aligned_blocks`)."""
+    block = model.config.attention_block
+    if not sampler.uses_blocks:
+        raise ValueError(f"sampler {sampler.name!r} decodes the whole generation region at once, but "
+                         f"{model.config.family} attends block-causally in blocks of {block}; use a block sampler "
+                         f"(llada2, threshold, low_confidence, ...)")
+    length = block if cfg.block_length is None else cfg.block_length
+    if length != block:
+        raise ValueError(f"block_length {cfg.block_length} differs from the {block}-column attention blocks of "
+                         f"{model.config.family}; use block_length={block}")
+    return Request(cfg.replace(sampler=sampler, block_length=block), sampler, cfg.cache, block)
 
 
 # -- the loop ---------------------------------------------------------------------------------

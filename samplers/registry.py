@@ -20,6 +20,7 @@ _SAMPLERS: dict[str, str] = {
     "prophet": "dllm.samplers.prophet:Prophet",
     "eb": "dllm.samplers.eb:EntropyBound",
     "learn2pd": "dllm.samplers.learn2pd:Learn2PD",
+    "llada2": "dllm.samplers.llada2:LLaDA2Block",
 }
 
 

@@ -1,0 +1,76 @@
+"""LLaDA 2.0's block decoding (inclusionAI LLaDA2.0 `generate`; the model card's settings).
+
+Blocks follow the model's attention blocks: `block_length` columns counted from the row's first
+real token, so the first block is the one holding the prompt's tail (`DecodeState.aligned_blocks`).
+Each block takes at most `steps` steps (at most gen_length, as the reference caps it). Step i of a block commits, among the block's masked
+positions, every one whose confidence (the candidate's probability) exceeds `threshold`, and at
+least the n_i most confident, n_i = block_length // steps plus one for the first
+block_length % steps steps (LLaDA2's `get_num_transfer_tokens`), capped by the masks left. A step
+past the schedule commits every mask left.
+
+End of text, as the reference stops: when a block is complete and the generation so far holds an
+EOS, the row stops after that block (the rest is thrown away, `Decision.truncate_at`). With
+`eos_early_stop`, a row stops as soon as it commits an EOS with no mask left before its first EOS.
+
+Published defaults: threshold 0.95, block_length 32, steps 32 per block, temperature 0;
+the model card decodes with eos_early_stop.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Sampler, check_number, top_k_mask
+from .threshold import masked_confidence
+from dllm.state import Decision
+
+
+class LLaDA2Block(Sampler):
+    """LLaDA2.0: per block step, every mask above the threshold and at least the schedule's count."""
+
+    name = "llada2"
+    uses_blocks = True
+    score_fields = frozenset({"prob"})
+
+    def __init__(self, *, threshold: float = 0.95, steps: int | None = None, eos_early_stop: bool = False):
+        check_number("threshold", threshold, low=0, high=1, sampler=self.name)
+        check_number("steps", steps, low=1, integer=True, allow_none=True, sampler=self.name)
+        if not isinstance(eos_early_stop, bool):
+            raise ValueError(f"sampler {self.name!r}: eos_early_stop must be True or False, got {eos_early_stop!r}")
+        self.threshold, self.steps, self.eos_early_stop = float(threshold), steps, eos_early_stop
+        self._args = dict(threshold=threshold, steps=steps, eos_early_stop=eos_early_stop)
+
+    def setup(self, state) -> None:
+        if self.steps is not None and self.steps > state.block_length:
+            raise ValueError(f"sampler {self.name!r}: steps {self.steps} per block exceeds block_length "
+                             f"{state.block_length}")
+
+    def counts(self, state, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """(B',) the least number of commits of this step in each row's block."""
+        steps = min(self.steps or state.block_length, state.gen_length)   # as the reference caps it
+        base, extra = divmod(state.block_length, steps)
+        step = state.step_in_block[rows]
+        n = base + (step < extra).long()
+        left = valid.sum(1)
+        return torch.where(step >= steps, left, torch.minimum(n, left))
+
+    def step(self, state, rows, positions, valid, scores):
+        conf = masked_confidence(scores, valid)                                       # (B', Q)
+        commit = (top_k_mask(conf, self.counts(state, rows, valid)) | (conf > self.threshold)) & valid
+        return Decision(commit=commit, truncate_at=self._stop(state, rows, positions, valid, commit, scores.token))
+
+    def _stop(self, state, rows, positions, valid, commit, token) -> torch.Tensor:
+        """(B',) the last column each row keeps, -1 where it goes on (module docstring)."""
+        canvas = state.x[rows].scatter(1, positions, torch.where(commit, token, state.x[rows].gather(1, positions)))
+        gen = canvas[:, state.gen_start:state.gen_end]                                 # (B', G) after this step
+        eos = gen == state.ids.eos
+        G = gen.shape[1]
+        first = torch.where(eos.any(1), eos.int().argmax(1), torch.full_like(eos[:, 0], G, dtype=torch.long))
+        keep_going = torch.full_like(first, -1)
+        block_done = (valid & ~commit).sum(1) == 0
+        cut = torch.where(block_done & eos.any(1), state.block_end[rows] - 1, keep_going)
+        if self.eos_early_stop:
+            before = torch.arange(G, device=gen.device)[None, :] < first[:, None]
+            settled = ~(before & (gen == state.ids.mask)).any(1)
+            fresh = (commit & (token == state.ids.eos)).any(1)
+            cut = torch.where(fresh & settled & eos.any(1), state.gen_start + first, cut)
+        return cut
