@@ -10,6 +10,7 @@ from dllm.cache import KVCache
 from tests.fixtures.checkpoints import (LLADAMOE_TINY_SPECIAL_IDS, drop_weight, edit_config, llada2_config,
                                         load_state_dict, write_llada2_checkpoint)
 from tests.reference.arch_ref import llada2_forward_ref
+from tests.reference.samplers_ref import llada2_generate_ref
 
 
 def test_config_comes_from_the_checkpoint(llada2_dir):
@@ -80,10 +81,92 @@ def test_cached_block_step_equals_the_full_forward(llada2_dir):
     torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
 
 
-def test_generate_is_refused_with_the_reason(llada2_dir):
-    model, tok = dllm.load(llada2_dir, dtype="float32")
-    with pytest.raises(ValueError, match="block-causally .*blocks of 32.* not built yet"):
-        dllm.generate(model, tok, "hi", gen_length=8)
+# -- decoding ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def eos_heavy(llada2_dir):
+    """The tiny LLaDA2 with an LM head that often prefers EOS, as a model and as reference state."""
+    model, _ = dllm.load(llada2_dir, dtype="float32")
+    state = load_state_dict(llada2_dir)
+    eos = model.config.eos_token_id
+    with torch.no_grad():
+        head = model.head.weight
+        head[eos] += 1.5 * head.mean(0) / head.mean(0).norm() * head.norm(dim=1).mean()
+    state["lm_head.weight"] = model.head.weight.detach().clone()
+    return model, state
+
+
+def _reference(state, model, prompt, gen_length, **options):
+    def logits_fn(x):
+        logits = llada2_forward_ref(state, llada2_config(), x)
+        logits[..., model.config.mask_token_id] = torch.finfo(logits.dtype).min    # never a candidate
+        return logits
+    canvas = llada2_generate_ref(logits_fn, prompt, gen_length=gen_length, mask_id=model.config.mask_token_id,
+                                 eos_id=model.config.eos_token_id, **options)
+    return _until_eos(canvas[0, len(prompt):].tolist(), model.config.eos_token_id)
+
+
+def _until_eos(tokens, eos):
+    return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+PROMPTS2 = [[5, 17, 33, 2, 90], list(range(40, 72)), [7] * 45, [250, 11, 11, 19, 100, 3, 8] * 10]
+
+
+@pytest.mark.parametrize("options", [dict(), dict(threshold=0.3, steps=8), dict(threshold=0.5, eos_early_stop=True)],
+                         ids=["published", "threshold-0.3-steps-8", "early-stop"])
+def test_llada2_loop_equals_the_reference(eos_heavy, options):
+    model, state = eos_heavy
+    sampler_args = {"threshold": 0.95, **options}
+    hit_eos = False
+    for prompt in PROMPTS2:
+        want = _reference(state, model, prompt, 48, **options)
+        out = dllm.generate(model, None, [prompt], gen_length=48, sampler="llada2", sampler_kwargs=sampler_args)
+        got = _until_eos(out.generated[0].tolist(), model.config.eos_token_id)
+        assert got == want, (prompt, got, want)
+        hit_eos |= model.config.eos_token_id in want
+    assert hit_eos, "the fixture must reach an EOS stop"
+
+
+@pytest.mark.parametrize("cache", ["none", "dual", "prefix"])
+def test_rows_decode_alike_alone_and_in_a_ragged_batch(eos_heavy, cache):
+    model, _ = eos_heavy
+    request = dict(gen_length=40, sampler="llada2", sampler_kwargs={"threshold": 0.5}, cache=cache)
+    together = dllm.generate(model, None, PROMPTS2, **request)
+    for b, prompt in enumerate(PROMPTS2):
+        alone = dllm.generate(model, None, [prompt], **request)
+        assert alone.generated[0].tolist() == together.generated[b].tolist()
+
+
+def test_block_causal_caches_are_exact(eos_heavy):
+    """Finished blocks' K/V never change, so `dual` and `prefix` give the tokens of recomputing the
+    whole canvas every step (the first block's recompute starts at its attention block, prompt tail
+    included)."""
+    model, _ = eos_heavy
+    request = dict(gen_length=64, sampler="llada2", sampler_kwargs={"threshold": 0.5})
+    full = dllm.generate(model, None, PROMPTS2, cache="none", **request)
+    for cache in ("dual", "prefix"):
+        cached = dllm.generate(model, None, PROMPTS2, cache=cache, **request)
+        assert torch.equal(cached.sequences, full.sequences)
+        assert cached.forwards == full.forwards
+
+
+def test_the_first_block_ends_at_the_attention_block(eos_heavy):
+    model, _ = eos_heavy
+    out = dllm.generate(model, None, [[5] * 45], gen_length=40, sampler="llada2", trace=True,
+                        sampler_kwargs={"threshold": 1.0})       # one token per step
+    steps = out.trace[0]
+    assert sorted(steps[:19].tolist()) == list(range(19))          # columns 45-63 end the first attention block
+    assert int(steps[19:].min()) == 19
+
+
+def test_block_length_and_sampler_are_checked(llada2_dir):
+    model, _ = dllm.load(llada2_dir, dtype="float32")
+    with pytest.raises(ValueError, match="block_length 16 differs from the 32-column attention blocks"):
+        dllm.generate(model, None, [[5, 6]], gen_length=32, block_length=16)
+    with pytest.raises(ValueError, match="sampler 'entropy' decodes the whole generation region at once"):
+        dllm.generate(model, None, [[5, 6]], gen_length=32, sampler="entropy")
+    with pytest.raises(ValueError, match="steps 40 per block exceeds block_length 32"):
+        dllm.generate(model, None, [[5, 6]], gen_length=64, sampler="llada2", sampler_kwargs={"steps": 40})
 
 
 def test_triton_attention_names_the_per_query_mask(llada2_dir):

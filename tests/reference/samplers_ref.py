@@ -4,6 +4,8 @@
   (docs/samplers.md §2).
 * :func:`dream_generate_ref`: Dream's ``diffusion_generate`` / ``_sample`` from the HF model repo's
   ``generation_utils.py`` (docs/samplers.md §3).
+* :func:`llada2_generate_ref`: LLaDA2.0's ``generate`` of ``modeling_llada2_moe.py`` at temperature 0
+  (batch 1), as redistributed by the dllm training library (docs/samplers.md §11).
 
 Both loops are re-written from the algorithms, step for step in the reference order, with three
 deliberate, documented differences:
@@ -37,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["dream_generate_ref", "llada_generate_ref", "llada_transfer_counts"]
+__all__ = ["dream_generate_ref", "llada2_generate_ref", "llada_generate_ref", "llada_transfer_counts"]
 
 LogitsFn = Callable[[Tensor, "Tensor | None"], Tensor]
 
@@ -360,4 +362,65 @@ def dream_generate_ref(
 
         if tokens_hook is not None:
             x = tokens_hook(i, x, logits)
+    return x
+
+
+def llada2_generate_ref(
+    logits_fn: Callable[[Tensor], Tensor],
+    prompt: list[int],
+    *,
+    gen_length: int,
+    mask_id: int,
+    eos_id: int,
+    block_length: int = 32,
+    steps: int = 32,
+    threshold: float = 0.95,
+    eos_early_stop: bool = False,
+) -> Tensor:
+    """LLaDA2.0's block loop at temperature 0 for one prompt; returns the (1, Lp + G) canvas as it
+    stands when the loop ends (masks may remain after an EOS stop).
+
+    ``logits_fn(x)`` -> (1, W, V) aligned logits of the canvas prefix x (1, W) with LLaDA2's
+    block-causal attention. Blocks are ``block_length`` columns from column 0; decoding starts at
+    the block holding the prompt's end, and each block runs the window up to its end. Each of at
+    most ``steps`` steps: candidates = argmax, confidence = their softmax probability in fp32,
+    masked block positions only; if at least n_i of them exceed ``threshold`` (strictly) they are
+    all committed, else the n_i most confident (n_i: block_length // steps, + 1 for the first
+    block_length % steps steps, at most the masks left). After a block, an EOS anywhere in the
+    generation so far stops the loop; with ``eos_early_stop`` a step that commits an EOS while no
+    mask is left before the first EOS stops it at once.
+    """
+    Lp = len(prompt)
+    total = Lp + gen_length
+    x = torch.full((1, total), mask_id, dtype=torch.long)
+    x[0, :Lp] = torch.tensor(prompt, dtype=torch.long)
+    steps = min(steps, gen_length)
+    schedule = [block_length // steps + (1 if i < block_length % steps else 0) for i in range(steps)]
+    blocks = -(-total // block_length)
+    for nb in range(Lp // block_length, blocks):
+        start, end = nb * block_length, min((nb + 1) * block_length, total)
+        for i in range(steps):
+            active = x[0, start:end] == mask_id
+            if not bool(active.any()):
+                break
+            logits = logits_fn(x[:, :end])[0, start:end].float()
+            probs = torch.softmax(logits, dim=-1)
+            conf, token = probs.max(dim=-1)
+            conf = torch.where(active, conf, torch.full_like(conf, float("-inf")))
+            n = min(schedule[i], int(active.sum()))
+            high = conf > threshold
+            if int(high.sum()) >= n:
+                chosen = high
+            else:
+                order = torch.sort(conf, descending=True, stable=True).indices[:n]
+                chosen = torch.zeros_like(active)
+                chosen[order] = True
+            x[0, start:end] = torch.where(chosen, token, x[0, start:end])
+            if eos_early_stop and bool((token[chosen] == eos_id).any()):
+                gen = x[0, Lp:]
+                first = int((gen == eos_id).nonzero()[0, 0])
+                if not bool((gen[:first] == mask_id).any()):
+                    return x
+        if bool((x[0, Lp:end] == eos_id).any()):
+            return x
     return x
