@@ -113,6 +113,12 @@ BENCH_PRESETS: dict[str, BenchPreset] = {
     "llada-moe-tiny": BenchPreset("llada-moe-tiny", prompt_length=16, gen_length=64, block_length=16, steps=32),
     "llada-moe-compute": BenchPreset("llada-moe-compute", prompt_length=256, gen_length=256, block_length=32, steps=8),
     "llada-moe-7b": BenchPreset("llada-moe-7b", prompt_length=256, gen_length=256, block_length=32, steps=8),
+    # LLaDA2 (block-causal, blocks of 32): the LLaDA2.0-mini layer shape at 4 layers (CPU) and LLaDA2.0-mini.
+    # Its decode aligns blocks with its attention blocks, so the reference-style loop (`--caches` off)
+    # does not apply; use `--caches`.
+    "llada2-tiny": BenchPreset("llada2-tiny", prompt_length=16, gen_length=64, block_length=32, steps=32),
+    "llada2-compute": BenchPreset("llada2-compute", prompt_length=256, gen_length=256, block_length=32, steps=8),
+    "llada2-mini": BenchPreset("llada2-mini", prompt_length=256, gen_length=256, block_length=32, steps=8),
 }
 DEFAULT_PRESETS = "tiny,llada-vocab,llada-compute,dream-compute"
 QUICK_PRESETS = "tiny,llada-vocab"
@@ -820,6 +826,10 @@ def main(argv=None) -> int:
     if args.caches:
         return main_caches(args, device)
     presets = resolve_presets(args.presets, args)
+    block_causal = [n for n, p in presets if ModelConfig.from_name(p.model).attention_block is not None]
+    if block_causal:
+        raise SystemExit(f"{', '.join(block_causal)}: a block-causal model decodes in its attention blocks, which the "
+                         f"reference-style loop does not; measure it with --caches")
     get_backend(args.attention)  # unknown names fail here, listing the valid ones
     env = environment(device)
     done = set()
