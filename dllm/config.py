@@ -274,7 +274,8 @@ class GenerationConfig:
         cache="dkv-decode", cache_kwargs={"refresh": 4}.
     seed: seeds the one `torch.Generator` every random draw of the request uses.
     max_forwards: hard cap on model forwards; when hit, every remaining mask is filled with the
-        current prediction and the output says so. Default: max(steps, gen_length).
+        current prediction and the output says so. Default: max(steps, gen_length), plus what an
+        editing sampler keeps blocks open for (`llada21`: max_post_steps per block).
     chat: apply the tokenizer's chat template to string prompts (None: when it has one).
     score_dtype: precision of the softmax behind the LLaDA-style confidences: "logits" (the model
         dtype, as current LLaDA `generate.py`; in bf16 confident positions tie often and ties go to

@@ -54,7 +54,9 @@ class GenerationOutput:
     answer_lengths: tokens before the first EOS/EOT, per row.
     seconds:    wall-clock time of the loop.
     hit_cap:    rows whose remaining masks were flushed at the forward cap.
-    trace:      (B, G) step at which each generated position was committed (when asked for).
+    trace:      (B, G) step at which each generated position was committed, or last edited (when
+                asked for).
+    edits:      tokens rewritten per row by an editing sampler (LLaDA2.1's `llada21`).
     cache, cache_args: the cache policy and its arguments (model-dependent defaults resolved).
     """
 
@@ -71,6 +73,7 @@ class GenerationOutput:
     sampler: str
     sampler_args: dict[str, Any]
     trace: torch.Tensor | None = None
+    edits: list[int] | None = None
     cache: str = "none"
     cache_args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -246,8 +249,9 @@ def _block_causal_request(model, cfg: GenerationConfig, sampler: Sampler) -> Req
 
 # -- the loop ---------------------------------------------------------------------------------
 def _stale_blocks(state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
-    """(B',) bool: unfinished rows whose active block has no mask (`_open_blocks` moves them)."""
-    return ~state.masked_in_block(rows).any(1) & ~state.finished[rows]
+    """(B',) bool: unfinished rows whose active block has no mask and is not held open by the
+    sampler (`Decision.hold`); `_open_blocks` moves them."""
+    return ~state.masked_in_block(rows).any(1) & ~state.finished[rows] & ~state.block_hold[rows]
 
 
 def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
@@ -296,6 +300,10 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
         best = conf.argmax(1)
         commit |= stuck[:, None] & (torch.arange(commit.shape[1], device=commit.device) == best[:, None])
     _write_commits(state, rows, positions, commit, tokens)
+    if dec.edit is not None:
+        _write_edits(state, rows, positions, dec.edit & valid & ~cols_masked & in_block & (positions >= state.gen_start)
+                     & (positions < state.row_end[rows, None]), tokens)
+    state.block_hold[rows] = False if dec.hold is None or flush else dec.hold
     if dec.truncate_at is not None:  # after the commits: a cut may keep a position committed just now
         state.truncate(rows, dec.truncate_at)
     return forced
@@ -312,6 +320,14 @@ def _write_commits(state: DecodeState, rows, positions, commit, tokens) -> None:
     cols = (positions - state.gen_start).clamp(min=0)
     delta = torch.where(commit, state.global_step - steps.gather(1, cols), 0)
     state.commit_step[rows] = steps.scatter_add(1, cols, delta)
+
+
+def _write_edits(state: DecodeState, rows, positions, edit, tokens) -> None:
+    """Rewrite written positions where `edit` (B', Q) with `tokens`, count them per row, and record
+    the step in the trace (the step of a position's last write)."""
+    changed = edit & (tokens != state.x[rows].gather(1, positions))
+    _write_commits(state, rows, positions, changed, tokens)
+    state.edits[rows] += changed.sum(1)
 
 
 def _narrow_rows(counts: torch.Tensor, width):
@@ -440,9 +456,10 @@ def decode(model, state: DecodeState, request: Request,
     planned = _planned_widths(sampler, policy, state, cfg)
     fused = _fuses_head_scoring(model, sampler, state, cfg, policy.wants_confidence)
     forwards, finite = 0, state.finished.new_ones(())   # every score so far finite (0-dim bool)
+    cap = cfg.max_forwards or cfg.resolved_max_forwards + sampler.forward_allowance(state)
     _open_blocks(state, sampler, rows)
     while True:
-        flush = forwards == cfg.resolved_max_forwards - 1
+        flush = forwards == cap - 1
         step = _prepare(model, state, sampler, policy, rows, flush)
         if planned is not None and forwards < len(planned):
             read = _planned_read(state, planned[forwards])
@@ -500,9 +517,9 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
     state.step_in_block[rows] += 1
     state.global_step += 1
     _open_blocks(state, sampler, rows)
-    # A row with no mask left in its generation region is done.
+    # A row with no mask left in its generation region is done, unless its sampler holds its block.
     left = (state.is_mask[rows] & state.in_generation()[None, :]).any(1)
-    state.finished[rows] |= ~left
+    state.finished[rows] |= ~left & ~state.block_hold[rows]
     return scores
 
 
@@ -629,4 +646,4 @@ def _output(state: DecodeState, tokenizer, request: Request, forwards: int, seco
         tokens_per_forward=[c / max(n, 1) for c, n in zip(committed.tolist(), nfe)], answer_lengths=lengths,
         seconds=seconds, hit_cap=[b in capped for b in range(state.batch_size)], sampler=request.sampler.name,
         sampler_args=request.sampler.arguments(), trace=state.commit_step if request.config.trace else None,
-        cache=request.policy.name, cache_args=request.policy.arguments())
+        cache=request.policy.name, cache_args=request.policy.arguments(), edits=state.edits.tolist())

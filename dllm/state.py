@@ -41,6 +41,11 @@ class Decision:
               with EOS (counted as committed at this step), no longer attended to, left out of
               later forwards, and the row's blocks end at the cut (Learn2PD's end-of-text
               prediction). A cut never reaches into the prompt.
+    edit:     (B', Q) bool, scored positions already written whose token is replaced by `tokens`
+              (LLaDA2.1's token-to-token editing). Only generated positions of the active block
+              change; masks are committed through `commit`, never through `edit`.
+    hold:     (B',) bool, rows whose active block stays open for another step though it holds no
+              mask (more edits may follow); the sampler bounds how long, the forward cap too.
     """
 
     commit: torch.Tensor
@@ -48,6 +53,8 @@ class Decision:
     fill_all: torch.Tensor | None = None
     block_end: torch.Tensor | None = None
     truncate_at: torch.Tensor | None = None
+    edit: torch.Tensor | None = None
+    hold: torch.Tensor | None = None
 
 
 @dataclass
@@ -92,6 +99,8 @@ class DecodeState:
         self.block_end = (self.block_start + first).clamp(max=self.gen_end)
         self.step_in_block, self.nfe = zeros(), zeros()
         self.finished = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.block_hold = torch.zeros(B, dtype=torch.bool, device=dev)     # Decision.hold of the last step
+        self.edits = zeros()                                                # tokens rewritten per row
         self.commit_step = torch.full((B, self.gen_length), -1, dtype=torch.long, device=dev)
         self.row_end = torch.full((B,), self.gen_end, dtype=torch.long, device=dev)
         cols = torch.arange(self.x.shape[1], device=dev)

@@ -60,6 +60,11 @@ class Sampler:
         """Transform the (B', Q, V) logits before scoring (may edit them in place). Default: none."""
         return logits
 
+    def forward_allowance(self, state: DecodeState) -> int:
+        """Forwards beyond one per generated token that the default forward cap grants (a sampler
+        that keeps full blocks open to edit them). Default: 0."""
+        return 0
+
     def planned_widths(self, state: DecodeState) -> list[int] | None:
         """For a fixed schedule: the most columns any row scores at each step of the request, or
         an upper bound of it, known before the first step (the loop then reads nothing until the
