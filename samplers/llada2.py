@@ -74,3 +74,69 @@ class LLaDA2Block(Sampler):
             fresh = (commit & (token == state.ids.eos)).any(1)
             cut = torch.where(fresh & settled & eos.any(1), state.gen_start + first, cut)
         return cut
+
+
+class LLaDA21Edit(Sampler):
+    """LLaDA2.1: masks above `threshold` (at least one), and written block tokens replaced where the
+    model prefers another one above `editing_threshold`; a full block stays open while edits go on."""
+
+    name = "llada21"
+    uses_blocks = True
+    score_fields = frozenset({"prob"})
+
+    def __init__(self, *, threshold: float = 0.95, editing_threshold: float = 0.9, max_post_steps: int = 16,
+                 eos_early_stop: bool = False):
+        check_number("threshold", threshold, low=0, high=1, sampler=self.name)
+        check_number("editing_threshold", editing_threshold, low=0, high=1, sampler=self.name)
+        check_number("max_post_steps", max_post_steps, low=0, integer=True, sampler=self.name)
+        if not isinstance(eos_early_stop, bool):
+            raise ValueError(f"sampler {self.name!r}: eos_early_stop must be True or False, got {eos_early_stop!r}")
+        self.threshold, self.editing_threshold = float(threshold), float(editing_threshold)
+        self.max_post_steps, self.eos_early_stop = max_post_steps, eos_early_stop
+        self._args = dict(threshold=threshold, editing_threshold=editing_threshold, max_post_steps=max_post_steps,
+                          eos_early_stop=eos_early_stop)
+
+    def forward_allowance(self, state) -> int:
+        """max_post_steps per block (the first block may be a partial one)."""
+        return (-(-state.gen_length // state.block_length) + 1) * self.max_post_steps
+
+    def setup(self, state) -> None:
+        state.extra["post_steps"] = torch.zeros(state.batch_size, dtype=torch.long, device=state.x.device)
+
+    def begin_blocks(self, state, rows, opening) -> None:
+        post = state.extra["post_steps"]
+        post[rows] = post[rows].masked_fill(opening, 0)
+
+    def score_mask(self, state, rows):
+        """Every generated column of the active block, written or masked."""
+        cols = state.columns()[None, :]
+        return state.in_block(rows) & (cols >= state.gen_start) & (cols < state.row_end[rows, None])
+
+    def step(self, state, rows, positions, valid, scores):
+        current = state.x[rows].gather(1, positions)
+        masked = valid & (current == state.ids.mask)
+        conf = masked_confidence(scores, masked)
+        commit = masked & ((conf > self.threshold) | top_k_mask(conf, masked.any(1).long()))
+        written = valid & ~masked
+        edit = written & (scores.prob.double() > self.editing_threshold) & (scores.token != current)
+        had_masks, edited = masked.any(1), edit.any(1)
+        post = state.extra["post_steps"]
+        # The reference goes on after a step that filled the block or edited it, for at most
+        # max_post_steps steps without a mask; this step's commits may leave masks (then no hold).
+        hold = (had_masks | edited) & (post[rows] < self.max_post_steps)
+        post[rows] += (hold & ~(had_masks & (valid & ~commit & masked).any(1))).long()
+        return Decision(commit=commit, edit=edit, hold=hold,
+                        truncate_at=self._stop(state, rows, positions, commit | edit, scores.token, hold, masked))
+
+    def _stop(self, state, rows, positions, write, token, hold, masked) -> torch.Tensor:
+        """With `eos_early_stop`, (B',) the block's last column where a finished block (no mask, not
+        held) leaves an EOS in the generation up to it; -1 elsewhere."""
+        keep_going = torch.full((len(rows),), -1, dtype=torch.long, device=state.x.device)
+        if not self.eos_early_stop:
+            return keep_going
+        canvas = state.x[rows].scatter(1, positions, torch.where(write, token, state.x[rows].gather(1, positions)))
+        cols = state.columns()[None, :]
+        upto = (cols >= state.gen_start) & (cols < state.block_end[rows, None])
+        eos = (upto & (canvas == state.ids.eos)).any(1)
+        done = ~(upto & (canvas == state.ids.mask)).any(1) & ~hold
+        return torch.where(done & eos, state.block_end[rows] - 1, keep_going)

@@ -21,6 +21,7 @@ _SAMPLERS: dict[str, str] = {
     "eb": "dllm.samplers.eb:EntropyBound",
     "learn2pd": "dllm.samplers.learn2pd:Learn2PD",
     "llada2": "dllm.samplers.llada2:LLaDA2Block",
+    "llada21": "dllm.samplers.llada2:LLaDA21Edit",
 }
 
 
