@@ -480,7 +480,8 @@ def test_guard_zero_changes_nothing_and_guard_one_equals_no_cache(family_model):
         policy = get_policy("dkv-decode", guard=1.0)
         out = _generate(model, tok, PROMPTS, cache=policy, **_kwargs(name, cls))
         assert torch.equal(out.sequences, base.sequences), name
-        assert int(policy.partial_steps.sum()) == 0, name
+        if name != "llada21":   # an editing sampler's post steps score no mask: the guard doubts nothing there
+            assert int(policy.partial_steps.sum()) == 0, name
 
 
 def test_prefix_and_dual_recompute_the_block_and_follow_moved_ends(family_model):

@@ -10,7 +10,7 @@ from dllm.cache import KVCache
 from tests.fixtures.checkpoints import (LLADAMOE_TINY_SPECIAL_IDS, drop_weight, edit_config, llada2_config,
                                         load_state_dict, write_llada2_checkpoint)
 from tests.reference.arch_ref import llada2_forward_ref
-from tests.reference.samplers_ref import llada2_generate_ref
+from tests.reference.samplers_ref import llada21_generate_ref, llada2_generate_ref
 
 
 def test_config_comes_from_the_checkpoint(llada2_dir):
@@ -198,3 +198,60 @@ def test_missing_expert_bias_is_named(tmp_path):
     drop_weight(folder, "model.layers.2.mlp.gate.expert_bias")
     with pytest.raises(ValueError, match=r"missing \['model.layers.2.mlp.gate.expert_bias'\]"):
         dllm.load(folder)
+
+
+# -- LLaDA2.1's editing ---------------------------------------------------------------------------
+def _reference21(state, model, prompt, gen_length, **options):
+    def logits_fn(x):
+        logits = llada2_forward_ref(state, llada2_config(), x)
+        logits[..., model.config.mask_token_id] = torch.finfo(logits.dtype).min
+        return logits
+    canvas, forwards = llada21_generate_ref(logits_fn, prompt, gen_length=gen_length,
+                                            mask_id=model.config.mask_token_id, eos_id=model.config.eos_token_id,
+                                            **options)
+    return canvas[0, len(prompt):].tolist(), forwards
+
+
+@pytest.mark.parametrize("options", [
+    dict(threshold=0.7, editing_threshold=0.5),                       # the model card's quality mode
+    dict(threshold=0.5, editing_threshold=0.0, max_post_steps=3),     # its speed mode, a short post phase
+    dict(threshold=0.95, editing_threshold=0.3, eos_early_stop=True),
+], ids=["quality", "speed", "early-stop"])
+def test_llada21_loop_equals_the_reference(eos_heavy, options):
+    model, state = eos_heavy
+    eos = model.config.eos_token_id
+    edited = 0
+    for prompt in PROMPTS2:
+        want, forwards = _reference21(state, model, prompt, 40, **options)
+        out = dllm.generate(model, None, [prompt], gen_length=40, sampler="llada21", sampler_kwargs=options)
+        got = out.generated[0].tolist()
+        if options.get("eos_early_stop"):
+            got, want = _until_eos(got, eos), _until_eos(want, eos)
+        else:
+            assert out.forwards == forwards
+        assert got == want, (prompt, got, want)
+        edited += out.edits[0]
+    assert edited > 0, "the fixture must edit"
+
+
+def test_edits_stay_in_the_active_block_and_the_decode_ends(eos_heavy):
+    model, _ = eos_heavy
+    prompt = PROMPTS2[3]
+    out = dllm.generate(model, None, [prompt], gen_length=64, sampler="llada21", trace=True,
+                        sampler_kwargs=dict(threshold=0.5, editing_threshold=0.0, max_post_steps=4))
+    assert out.sequences[0, :len(prompt)].tolist() == prompt
+    assert model.config.mask_token_id not in out.generated[0].tolist()
+    blocks = (torch.arange(64) + len(prompt)) // 32                          # attention block of each position
+    steps = out.trace[0]
+    for b in blocks.unique()[:-1]:       # a position's last write comes before the next block's first
+        assert int(steps[blocks == b].max()) < int(steps[blocks == b + 1].min())
+    assert out.forwards <= 64 + 3 * (4 + 1)                                  # masks, plus bounded post steps
+
+
+@pytest.mark.parametrize("cache", ["dual", "prefix"])
+def test_llada21_caches_are_exact(eos_heavy, cache):
+    model, _ = eos_heavy
+    request = dict(gen_length=40, sampler="llada21", sampler_kwargs=dict(threshold=0.7, editing_threshold=0.5))
+    full = dllm.generate(model, None, PROMPTS2, cache="none", **request)
+    cached = dllm.generate(model, None, PROMPTS2, cache=cache, **request)
+    assert torch.equal(cached.sequences, full.sequences) and cached.edits == full.edits

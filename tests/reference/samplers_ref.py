@@ -6,6 +6,8 @@
   ``generation_utils.py`` (docs/samplers.md §3).
 * :func:`llada2_generate_ref`: LLaDA2.0's ``generate`` of ``modeling_llada2_moe.py`` at temperature 0
   (batch 1), as redistributed by the dllm training library (docs/samplers.md §11).
+* :func:`llada21_generate_ref`: LLaDA2.1's editing ``generate`` (``modeling_llada21_moe.py``) at
+  temperature 0, batch 1 (docs/samplers.md §11).
 
 Both loops are re-written from the algorithms, step for step in the reference order, with three
 deliberate, documented differences:
@@ -39,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["dream_generate_ref", "llada2_generate_ref", "llada_generate_ref", "llada_transfer_counts"]
+__all__ = ["dream_generate_ref", "llada21_generate_ref", "llada2_generate_ref", "llada_generate_ref", "llada_transfer_counts"]
 
 LogitsFn = Callable[[Tensor, "Tensor | None"], Tensor]
 
@@ -424,3 +426,63 @@ def llada2_generate_ref(
         if bool((x[0, Lp:end] == eos_id).any()):
             return x
     return x
+
+
+def llada21_generate_ref(
+    logits_fn: Callable[[Tensor], Tensor],
+    prompt: list[int],
+    *,
+    gen_length: int,
+    mask_id: int,
+    eos_id: int,
+    block_length: int = 32,
+    threshold: float = 0.95,
+    editing_threshold: float = 0.9,
+    max_post_steps: int = 16,
+    eos_early_stop: bool = False,
+) -> tuple[Tensor, int]:
+    """LLaDA2.1's editing loop at temperature 0 for one prompt: (the (1, Lp + G) canvas when the
+    loop ends, the number of forwards).
+
+    Blocks as in :func:`llada2_generate_ref`. Each iteration of a block: when the block holds no
+    mask, count a post step and leave the block past ``max_post_steps`` of them; run the window;
+    candidates = argmax, confidence = softmax probability in fp32; commit the block's masks above
+    ``threshold`` (strictly), or the most confident one if none is; at the same time rewrite every
+    written generated block token whose candidate differs with confidence above
+    ``editing_threshold``; leave the block after a mask-free iteration that edited nothing. With
+    ``eos_early_stop``, a finished block leaving no mask and an EOS in the generation up to its end
+    stops the loop.
+    """
+    Lp = len(prompt)
+    total = Lp + gen_length
+    x = torch.full((1, total), mask_id, dtype=torch.long)
+    x[0, :Lp] = torch.tensor(prompt, dtype=torch.long)
+    forwards = 0
+    for nb in range(Lp // block_length, -(-total // block_length)):
+        start, end = nb * block_length, min((nb + 1) * block_length, total)
+        generated = torch.arange(start, end) >= Lp
+        post = 0
+        while True:
+            masked = x[0, start:end] == mask_id
+            no_mask = not bool(masked.any())
+            if no_mask:
+                post += 1
+                if post > max_post_steps:
+                    break
+            probs = torch.softmax(logits_fn(x[:, :end])[0, start:end].float(), dim=-1)
+            forwards += 1
+            conf, token = probs.max(dim=-1)
+            commit = torch.zeros_like(masked)
+            if not no_mask:
+                masked_conf = torch.where(masked, conf, torch.full_like(conf, float("-inf")))
+                commit = masked & (masked_conf > threshold)
+                if not bool(commit.any()):
+                    commit[int(torch.sort(masked_conf, descending=True, stable=True).indices[0])] = True
+            edit = generated & ~masked & (conf > editing_threshold) & (token != x[0, start:end])
+            x[0, start:end] = torch.where(commit | edit, token, x[0, start:end])
+            if no_mask and not bool(edit.any()):
+                break
+        upto = x[0, Lp:end]
+        if eos_early_stop and not bool((upto == mask_id).any()) and bool((upto == eos_id).any()):
+            return x, forwards
+    return x, forwards
