@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
-# (default runs/gpu-checks). Run from the repository root; needs no network. Four parts, each
+# (default runs/gpu-checks). Run from the repository root; needs no network. Five parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
 # for the rest, and finished rows are kept):
 #   bash benchmarks/gpu/speed_checks.sh generate   # GPU tests; bench_generate at the LLaDA-8B shape,
@@ -13,6 +13,8 @@
 #   bash benchmarks/gpu/speed_checks.sh step       # one call: the fused head's tests and timings, and
 #                                                   # single forwards at the LLaDA-8B shape with op
 #                                                   # counts, a profile and torch.compile
+#   bash benchmarks/gpu/speed_checks.sh moe        # LLaDA-MoE-7B-A1B and LLaDA2.0-mini shapes: forwards
+#                                                   # with the MoE share, compiled, and cache policies
 #   bash benchmarks/gpu/speed_checks.sh short      # one call for a short lease: the kernel and graph
 #                                                   # tests, the fused head scoring, single forwards
 #                                                   # (full vs cached step) and bench_peers at the
@@ -59,6 +61,18 @@ step)
     timeout 170 python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 --compile \
         >"$OUT/forward-compile.log" 2>&1
     ;;
+moe)
+    # LLaDA-MoE-7B-A1B and LLaDA2.0-mini shapes, bf16: single forwards with the MoE share (eager,
+    # graphed, compiled), then the cache policies (exact on LLaDA2's block-causal attention)
+    timeout 60 python -m pytest -q -m "gpu or not slow" tests/test_llada_moe.py tests/test_llada2.py \
+        >"$OUT/pytest-moe.log" 2>&1
+    timeout 150 python benchmarks/bench_forward.py --presets llada-moe-7b,llada2-mini --device cuda --calls 10 --count \
+        >"$OUT/forward-moe.log" 2>&1
+    timeout 120 python benchmarks/bench_forward.py --presets llada-moe-7b,llada2-mini --device cuda --calls 10 \
+        --compile >"$OUT/forward-moe-compile.log" 2>&1
+    timeout 200 python benchmarks/bench_generate.py --caches --presets llada-moe-7b,llada2-mini --policies none,dual \
+        --no-headline --cuda-graphs --out "$OUT/caches-moe.jsonl" >"$OUT/caches-moe.log" 2>&1
+    ;;
 generate)
     timeout 90 python -m pytest -q -m gpu tests >"$OUT/pytest-gpu.log" 2>&1
     for graphs in "" "--cuda-graphs"; do
@@ -77,7 +91,7 @@ peers)
         --repeats 1 --workdir /tmp/bp --out "$OUT/peers.jsonl" >"$OUT/peers.log" 2>&1
     ;;
 *)
-    echo "unknown part $PART: give step, short, generate or peers" >&2
+    echo "unknown part $PART: give moe, step, short, generate or peers" >&2
     exit 2
     ;;
 esac
