@@ -255,3 +255,14 @@ def test_llada21_caches_are_exact(eos_heavy, cache):
     full = dllm.generate(model, None, PROMPTS2, cache="none", **request)
     cached = dllm.generate(model, None, PROMPTS2, cache=cache, **request)
     assert torch.equal(cached.sequences, full.sequences) and cached.edits == full.edits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", ["llada2", "llada21"])
+def test_compiled_equals_eager(llada2_dir, sampler):
+    model, _ = dllm.load(llada2_dir, dtype="float32")
+    request = dict(gen_length=40, sampler=sampler, cache="dual", sampler_kwargs={"threshold": 0.6})
+    eager = dllm.generate(model, None, PROMPTS2[:2], **request)
+    model.set_compile(True)
+    compiled = dllm.generate(model, None, PROMPTS2[:2], **request)
+    assert torch.equal(compiled.sequences, eager.sequences) and compiled.forwards == eager.forwards
