@@ -127,10 +127,11 @@ def test_llada2_loop_equals_the_reference(eos_heavy, options):
     assert hit_eos, "the fixture must reach an EOS stop"
 
 
+@pytest.mark.parametrize("sampler", ["llada2", "llada21"])
 @pytest.mark.parametrize("cache", ["none", "dual", "prefix"])
-def test_rows_decode_alike_alone_and_in_a_ragged_batch(eos_heavy, cache):
+def test_rows_decode_alike_alone_and_in_a_ragged_batch(eos_heavy, cache, sampler):
     model, _ = eos_heavy
-    request = dict(gen_length=40, sampler="llada2", sampler_kwargs={"threshold": 0.5}, cache=cache)
+    request = dict(gen_length=40, sampler=sampler, sampler_kwargs={"threshold": 0.5}, cache=cache)
     together = dllm.generate(model, None, PROMPTS2, **request)
     for b, prompt in enumerate(PROMPTS2):
         alone = dllm.generate(model, None, [prompt], **request)
