@@ -222,8 +222,9 @@ class _ForwardContext:
             L = cache.length if cache is not None else positions.shape[1]
             ends = positions - pos + (pos // attention_block + 1) * attention_block          # (B, P) columns
             self.block_keys = torch.arange(L, device=positions.device) < ends[..., None]     # (B, P, L)
-            if key_valid is not None:
-                self.block_keys = self.block_keys & key_valid[:, None, :]
+            if key_valid is not None:   # a padding query sees the row's valid keys (never none: no NaN)
+                padding_query = ~key_valid.gather(1, positions)
+                self.block_keys = (self.block_keys | padding_query[..., None]) & key_valid[:, None, :]
         self.layout = layout                    # KVCache.layout of (rows, positions), or None
         self.write_index = None                 # KVCache.write_index of a partial write, built once
         if cache is not None and layout is not None and not layout[0]:
