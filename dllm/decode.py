@@ -239,7 +239,7 @@ def _block_causal_request(model, cfg: GenerationConfig, sampler: Sampler) -> Req
     if not sampler.uses_blocks:
         raise ValueError(f"sampler {sampler.name!r} decodes the whole generation region at once, but "
                          f"{model.config.family} attends block-causally in blocks of {block}; use a block sampler "
-                         f"(llada2, threshold, low_confidence, ...)")
+                         f"(llada2, llada21, threshold, ...)")
     length = block if cfg.block_length is None else cfg.block_length
     if length != block:
         raise ValueError(f"block_length {cfg.block_length} differs from the {block}-column attention blocks of "
@@ -449,6 +449,8 @@ def decode(model, state: DecodeState, request: Request,
     if not sampler.uses_blocks:
         state.block_length = state.gen_length
         state.block_end = (state.block_start + state.gen_length).clamp(max=state.gen_end)
+    if state.aligned_blocks and sampler.fixed_schedule:
+        _check_fixed_schedule_fits(state, sampler)
     sampler.setup(state)
     rows = torch.arange(state.batch_size, device=state.x.device)
     sampler.begin_block(state, rows)
@@ -482,6 +484,18 @@ def decode(model, state: DecodeState, request: Request,
         if on_step is not None:
             on_step(state)
     return forwards
+
+
+def _check_fixed_schedule_fits(state: DecodeState, sampler) -> None:
+    """A fixed schedule spreads its steps over gen_length / block_length blocks; blocks aligned with
+    a model's attention blocks add a partial first block unless every prompt fills whole blocks."""
+    lengths = (state.gen_start - state.pad_len).tolist()
+    partial = [n for n in lengths if n % state.block_length]
+    if partial:
+        raise ValueError(f"sampler {sampler.name!r} spreads a fixed step count over gen_length / block_length "
+                         f"blocks, but a prompt of {partial[0]} tokens leaves a partial first block of the model's "
+                         f"{state.block_length}-column attention blocks; use llada2, llada21 or threshold, or prompts "
+                         f"of a multiple of {state.block_length} tokens")
 
 
 def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: dict, flush: bool,
