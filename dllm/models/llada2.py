@@ -33,10 +33,6 @@ ATTENTION_BLOCK = 32     # the block length the published models decode with (an
 _REQUIRED = {"hidden_act": "silu", "rope_scaling": None, "use_qkv_bias": False, "use_bias": False,
              "norm_head": False, "use_sliding_window": False, "score_function": "sigmoid",
              "moe_router_enable_expert_bias": True, "use_qk_norm": True}
-IGNORED = ("router_dtype", "norm_topk_prob", "attention_dropout", "embedding_dropout", "output_dropout",
-           "initializer_range", "use_cache", "torch_dtype", "transformers_version", "architectures", "auto_map",
-           "model_type", "max_window_layers", "output_router_logits", "router_aux_loss_coef", "num_nextn_predict_layers",
-           "tie_word_embeddings")
 
 
 def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> ModelConfig:
@@ -52,7 +48,10 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     if head_dim * n_heads != d["hidden_size"]:
         raise ValueError(f"LLaDA2 config key 'head_dim' = {head_dim} with {n_heads} heads is not hidden_size "
                          f"{d['hidden_size']} / num_attention_heads (supported)")
-    rotary = d.get("rotary_dim") or int(head_dim * d.get("partial_rotary_factor", 0.5))
+    factor = d.get("partial_rotary_factor", 0.5)
+    if not d.get("rotary_dim") and (not isinstance(factor, (int, float)) or not 0 < factor <= 1):
+        raise ValueError(f"LLaDA2 config key 'partial_rotary_factor' = {factor!r} must lie in (0, 1] (or give rotary_dim)")
+    rotary = d.get("rotary_dim") or int(head_dim * factor)
     k = d["num_experts_per_tok"]
     moe = MoEConfig(n_experts=d["num_experts"], experts_per_token=k, expert_hidden=d["moe_intermediate_size"],
                     score="sigmoid", norm_topk=k > 1, n_groups=d.get("n_group") or 1,

@@ -28,10 +28,6 @@ MASK_TOKEN, EOS_TOKEN = "<|mask|>", "<|endoftext|>"
 # Keys whose values this implementation does not cover, with the value it needs.
 _REQUIRED = {"hidden_act": "silu", "rope_scaling": None, "attention_bias": False,
              "moe_router_enable_expert_bias": None, "use_sliding_window": False}
-# Keys read elsewhere or without effect on inference (training losses, caching flags, dtype).
-IGNORED = ("router_aux_loss_coef", "output_router_logits", "initializer_range", "use_cache", "torch_dtype",
-           "transformers_version", "attention_dropout", "architectures", "auto_map", "model_type",
-           "norm_topk_prob", "dense_intermediate_size")
 
 
 def check_required(d: dict, required: dict, family: str) -> None:

@@ -21,9 +21,9 @@ _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", No
 
 
 def grouped_mm_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether torch's grouped GEMM takes `x` (A, in) and `weight` (E, out, in): any float dtype on
-    CPU, bfloat16 on CUDA, with rows of `in` and `out` elements a multiple of 16 bytes."""
-    if _GROUPED_MM is None:
+    """Whether torch's grouped GEMM takes `x` (A, in) and `weight` (E, out, in): one float dtype,
+    any on CPU and bfloat16 on CUDA, with rows of `in` and `out` elements a multiple of 16 bytes."""
+    if _GROUPED_MM is None or x.dtype != weight.dtype:
         return False
     if any(n * x.element_size() % 16 for n in weight.shape[1:]):
         return False
