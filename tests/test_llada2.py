@@ -160,6 +160,25 @@ def test_the_first_block_ends_at_the_attention_block(eos_heavy):
     assert int(steps[19:].min()) == 19
 
 
+def test_eager_attention_decodes_ragged_rows_without_nan(llada2_dir):
+    """Padding queries far left of a long prompt see no key of their block; they see the row's
+    valid keys instead, so the eager backend (softmax of an all -inf row: NaN) stays finite."""
+    model, _ = dllm.load(llada2_dir, dtype="float32", attention="eager")
+    rows = [[5, 17, 33, 2, 90], [7] * 70]
+    together = dllm.generate(model, None, rows, gen_length=32, sampler="llada2", sampler_kwargs={"threshold": 0.5})
+    for b, row in enumerate(rows):
+        alone = dllm.generate(model, None, [row], gen_length=32, sampler="llada2", sampler_kwargs={"threshold": 0.5})
+        assert alone.generated[0].tolist() == together.generated[b].tolist()
+
+
+def test_fixed_schedules_need_whole_prompt_blocks(llada2_dir):
+    model, _ = dllm.load(llada2_dir, dtype="float32")
+    with pytest.raises(ValueError, match="prompt of 45 tokens leaves a partial first block"):
+        dllm.generate(model, None, [[7] * 45], gen_length=64, steps=16, sampler="low_confidence")
+    out = dllm.generate(model, None, [[7] * 64], gen_length=64, steps=16, sampler="low_confidence")
+    assert out.forwards == 16
+
+
 def test_block_length_and_sampler_are_checked(llada2_dir):
     model, _ = dllm.load(llada2_dir, dtype="float32")
     with pytest.raises(ValueError, match="block_length 16 differs from the 32-column attention blocks"):
@@ -186,6 +205,7 @@ def test_triton_attention_names_the_per_query_mask(llada2_dir):
     (dict(head_dim=32), "'head_dim' = 32"),
     (dict(n_group=3), "not divisible by n_groups 3"),
     (dict(topk_group=1, num_experts_per_tok=8), "cannot hold experts_per_token 8"),
+    (dict(partial_rotary_factor=None, rotary_dim=None), "'partial_rotary_factor' = None"),
 ])
 def test_bad_configs_name_the_key(tmp_path, overrides, message):
     folder = write_llada2_checkpoint(tmp_path / "m")
