@@ -207,12 +207,13 @@ class CachePolicy:
     """Chooses which canvas columns to recompute at each step (see the module docstring).
 
     Class attributes: `name` (registry name), `needs_storage` (the forward keeps K/V between
-    steps in `self.kv`).
+    steps in `self.kv`), `needs_block_causal` (only a block-causal model runs it; `policies_for`).
     """
 
     name = "base"
     needs_storage = False
     wants_confidence = False
+    needs_block_causal = False      # runs only on a block-causal model (`block`)
     kv: KVCache | None = None
 
     def __init__(self):
@@ -395,6 +396,37 @@ class DualCache(PrefixCache):
         return self._from_block_start(state, rows) & (cols < state.block_end[rows, None])
 
 
+class BlockCache(StoringPolicy):
+    """Block diffusion's exact cache, for a block-causal model (LLaDA2): one full forward at a row's
+    first step (the prompt's prefill), then every step recomputes only the active attention block,
+    and the first step of a block also the block just finished, whose K/V hold its final tokens
+    from then on. Under block-causal attention a finished block's K/V never change and later
+    blocks are never seen, so the tokens are those of recomputing everything (`none`)."""
+
+    name = "block"
+    needs_block_causal = True
+
+    def __init__(self):
+        super().__init__(twins=False, guard=None)
+        self._args = {}
+
+    def setup(self, state, model):
+        if model.config.attention_block is None:
+            raise ValueError(f"cache 'block' is exact only under block-causal attention (LLaDA2); "
+                             f"{model.config.family} attends to every column: use 'dual' or 'prefix'")
+        super().setup(state, model)
+
+    def _full(self, state, rows):
+        return self.refreshes[rows] == 0
+
+    def _columns(self, state, rows, changed, scored):
+        cols = state.columns()[None, :]
+        first = state.block_first_column(rows)
+        opening = state.step_in_block[rows] == 0
+        start = torch.where(opening, first - state.block_length, first).clamp(min=0)
+        return (cols >= start[:, None]) & (cols < state.block_end[rows, None])
+
+
 # Per family: (refresh, warm-up full forwards per block). dKV-Cache's LLaDA loop refreshes every 8
 # steps and runs full forwards at the first two steps of a block (the first builds nothing); its
 # Dream loop (the paper's Dream table) refreshes every 4 steps from step 0.
@@ -517,6 +549,9 @@ _POLICIES: dict[str, PolicyInfo] = {
                          "Fast-dLLM prefix cache: refresh at block start, recompute the block and the suffix"),
     "dual": PolicyInfo("dual", "dllm.cache:DualCache",
                        "Fast-dLLM dual cache: refresh at block start, recompute the block"),
+    "block": PolicyInfo("block", "dllm.cache:BlockCache",
+                        "block diffusion (block-causal models): prefill once, recompute the active block "
+                        "and, at its first step, the block just finished; exact"),
     "dkv-decode": PolicyInfo("dkv-decode", "dllm.cache:DKVDecode",
                              "dKV-Cache-Decode: recompute masks and last step's commits, periodic refresh"),
     "dkv-greedy": PolicyInfo("dkv-greedy", "dllm.cache:DKVGreedy",
@@ -527,6 +562,12 @@ _POLICIES: dict[str, PolicyInfo] = {
 def register_policy(name: str, path: str, description: str = "") -> None:
     """Register a cache policy class under `name`, resolved lazily from `"module:Class"`."""
     _POLICIES[name] = PolicyInfo(name, path, description)
+
+
+def policies_for(cfg) -> list[str]:
+    """The registered policies a model of ModelConfig `cfg` runs: all of them for a block-causal
+    model, all but those that need block-causal attention otherwise."""
+    return [n for n in available_policies() if cfg.attention_block is not None or not policy_class(n).needs_block_causal]
 
 
 def available_policies() -> list[str]:

@@ -269,7 +269,7 @@ class GenerationConfig:
         `entropy`).
     sampler_kwargs: keyword arguments for the sampler when it is given by name.
     cache: cache policy name (`dllm.cache.available_policies()`: none, prefix, dual, dkv-decode,
-        dkv-greedy) or a `dllm.cache.CachePolicy` instance.
+        dkv-greedy, and block for block-causal models) or a `dllm.cache.CachePolicy` instance.
     cache_kwargs: keyword arguments for the policy when it is given by name, e.g.
         cache="dkv-decode", cache_kwargs={"refresh": 4}.
     seed: seeds the one `torch.Generator` every random draw of the request uses.
