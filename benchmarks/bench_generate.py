@@ -605,6 +605,8 @@ def bench_caches(name: str, p: BenchPreset, batch: int, args, env: dict, device:
     base_out, base_secs, _, base_flops = base
     baseline = f"none + {SAMPLER}, steps={steps}"
     for cache in args.policies:
+        if not args.policies_given and cache not in dllm.cache.policies_for(model.config):
+            continue                     # a policy this model cannot run (`block` off block-causal models)
         out, secs, full, flops = (base if cache == "none" else
                                   _measure(model, prompt_rows, p, args, device, args.repeats, cache=cache, **kw))
         rows.append(row("policies", out, secs, full, flops, SAMPLER, {}, steps, baseline, base_out, base_secs,
@@ -755,7 +757,7 @@ def parse_args(argv=None):
     ap.add_argument("--caches", action="store_true",
                     help=f"measure the cache policies against `none` instead (default presets {CACHE_PRESETS})")
     ap.add_argument("--policies", default=None,
-                    help="--caches: comma-separated cache policies (default: every registered one)")
+                    help="--caches: comma-separated cache policies (default: every registered one the model runs)")
     ap.add_argument("--cache-steps-per-block", type=int, default=8,
                     help="--caches: low_confidence steps per block in the policy table (default 8)")
     ap.add_argument("--headline", action=argparse.BooleanOptionalAction, default=True,
@@ -780,6 +782,7 @@ def parse_args(argv=None):
             args.presets = QUICK_PRESETS if args.quick else DEFAULT_PRESETS
     if args.repeats is None:
         args.repeats = 1 if args.quick or args.caches else 3
+    args.policies_given = args.policies is not None
     policies = [c.strip() for c in (args.policies or ",".join(dllm.cache.available_policies())).split(",")
                 if c.strip()]
     args.policies = ["none"] + [c for c in policies if c != "none"]   # the baseline first

@@ -7,14 +7,15 @@ import torch
 
 import dllm
 from dllm import samplers
-from dllm.cache import (CachePolicy, KVCache, available_policies, get_policy, plan_columns, same_token_columns,
-                        window_columns)
+from dllm.cache import (CachePolicy, KVCache, available_policies, get_policy, plan_columns, policies_for,
+                        same_token_columns, window_columns)
 from dllm.cli import main
+from dllm.config import ModelConfig
 from dllm.state import Decision
 from tests.reference.cache_ref import fastdllm_generate_ref
 
 PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [64, 3, 12], [250, 11, 11, 19, 100]]   # ragged: left padding 0, 4, 2
-STORING = [p for p in available_policies() if p != "none"]
+STORING = [p for p in policies_for(ModelConfig.from_name("llada-tiny")) if p != "none"]   # `block`: test_llada2.py
 
 
 @pytest.fixture(params=["llada", "dream"])
@@ -100,7 +101,7 @@ def test_registry_lists_the_policies():
 
 @pytest.mark.parametrize("call, match", [
     (lambda: get_policy("dual2"),
-     r"unknown cache policy 'dual2'; valid options: dkv-decode, dkv-greedy, dual, none, prefix"),
+     r"unknown cache policy 'dual2'; valid options: block, dkv-decode, dkv-greedy, dual, none, prefix"),
     (lambda: get_policy(None), r"unknown cache policy None; valid options:"),
     (lambda: get_policy("dual", refesh=2), r"cache policy 'dual' has no argument\(s\) 'refesh'; its arguments: refresh=None"),
     (lambda: get_policy("none", refresh=1), r"cache policy 'none' has no argument\(s\) 'refresh'; its arguments: \(none\)"),
@@ -680,7 +681,7 @@ def test_cli_cache_flags(llada_dir, capsys):
     assert "cache 'dual': twins must be true or false, got 2" in capsys.readouterr()[1]
 
     assert main(args + ["--cache", "dual2"]) == 2
-    assert "unknown cache policy 'dual2'; valid options: dkv-decode, dkv-greedy, dual, none, prefix" in \
+    assert "unknown cache policy 'dual2'; valid options: block, dkv-decode, dkv-greedy, dual, none, prefix" in \
         capsys.readouterr()[1]
     assert main(args + ["--cache", "dual", "--cache-arg", "refresh=0"]) == 2
     assert "cache policy 'dual': refresh must be an integer >= 1 or None, got 0" in capsys.readouterr()[1]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.cache import KVCache, available_policies
+from dllm.cache import KVCache, policies_for
 from dllm.config import ModelConfig
 from dllm.models.graphs import ForwardGraphs, _Graph
 
@@ -205,7 +205,7 @@ def test_generation_keeps_its_tokens_under_every_policy(family, request):
     cases = [("low_confidence", {}), ("threshold", {"tau": 0.15})]
     if family == "dream":
         cases.append(("entropy", {}))
-    for policy in available_policies():
+    for policy in policies_for(model.config):
         for sampler, args in cases:
             kw = dict(gen_length=16, block_length=8, steps=16, seed=3, sampler=sampler, sampler_kwargs=args,
                       cache=policy)

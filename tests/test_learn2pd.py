@@ -20,7 +20,8 @@ from hypothesis import given, settings, strategies as st
 
 import dllm
 from dllm import filter_train, samplers
-from dllm.cache import available_policies
+from dllm.cache import policies_for
+from dllm.config import ModelConfig
 from dllm.cli import main
 from dllm.kernels.scoring import TokenScores
 from dllm.samplers.learn2pd import FILTER_FILE, Learn2PD, Learn2PDFilter, load_filter, save_filter
@@ -361,7 +362,7 @@ def one_layer_llada(llada):
     return dllm.build_model(model.config.replace(n_layers=1), seed=3, init_std=0.3), tok
 
 
-@pytest.mark.parametrize("policy", available_policies())
+@pytest.mark.parametrize("policy", policies_for(ModelConfig.from_name("llada-tiny")))
 def test_every_cache_policy_with_truncation(llada, one_layer_llada, policy):
     """Truncating rows under every cache policy, on a ragged batch: a one-layer model is exact (a
     column's K/V depend only on its own token), refresh=1 equals `none`, rows decode alike alone and

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dllm
-from dllm.cache import KVCache
+from dllm.cache import KVCache, get_policy
 from tests.fixtures.checkpoints import (LLADAMOE_TINY_SPECIAL_IDS, drop_weight, edit_config, llada2_config,
                                         load_state_dict, write_llada2_checkpoint)
 from tests.reference.arch_ref import llada2_forward_ref
@@ -128,7 +128,7 @@ def test_llada2_loop_equals_the_reference(eos_heavy, options):
 
 
 @pytest.mark.parametrize("sampler", ["llada2", "llada21"])
-@pytest.mark.parametrize("cache", ["none", "dual", "prefix"])
+@pytest.mark.parametrize("cache", ["none", "dual", "prefix", "block"])
 def test_rows_decode_alike_alone_and_in_a_ragged_batch(eos_heavy, cache, sampler):
     model, _ = eos_heavy
     request = dict(gen_length=40, sampler=sampler, sampler_kwargs={"threshold": 0.5}, cache=cache)
@@ -145,10 +145,25 @@ def test_block_causal_caches_are_exact(eos_heavy):
     model, _ = eos_heavy
     request = dict(gen_length=64, sampler="llada2", sampler_kwargs={"threshold": 0.5})
     full = dllm.generate(model, None, PROMPTS2, cache="none", **request)
-    for cache in ("dual", "prefix"):
+    for cache in ("dual", "prefix", "block"):
         cached = dllm.generate(model, None, PROMPTS2, cache=cache, **request)
         assert torch.equal(cached.sequences, full.sequences)
         assert cached.forwards == full.forwards
+
+
+def test_block_cache_prefills_once(eos_heavy, llada_dir):
+    """`block` runs one full forward per row (the prefill), `dual` one per block."""
+    model, _ = eos_heavy
+    request = dict(gen_length=64, sampler="llada2", sampler_kwargs={"threshold": 0.5})
+    block, dual = get_policy("block"), get_policy("dual")
+    a = dllm.generate(model, None, PROMPTS2, cache=block, **request)
+    b = dllm.generate(model, None, PROMPTS2, cache=dual, **request)
+    assert torch.equal(a.sequences, b.sequences)
+    assert block.refreshes.tolist() == [1] * len(PROMPTS2)
+    assert int(dual.refreshes.sum()) > len(PROMPTS2)          # rows that reach a second block refresh again
+    llada, _ = dllm.load(llada_dir, dtype="float32")
+    with pytest.raises(ValueError, match="cache 'block' is exact only under block-causal attention"):
+        dllm.generate(llada, None, [[5, 6]], gen_length=8, cache="block")
 
 
 def test_the_first_block_ends_at_the_attention_block(eos_heavy):
@@ -269,7 +284,7 @@ def test_edits_stay_in_the_active_block_and_the_decode_ends(eos_heavy):
     assert out.forwards <= 64 + 3 * (4 + 1)                                  # masks, plus bounded post steps
 
 
-@pytest.mark.parametrize("cache", ["dual", "prefix"])
+@pytest.mark.parametrize("cache", ["dual", "prefix", "block"])
 def test_llada21_caches_are_exact(eos_heavy, cache):
     model, _ = eos_heavy
     request = dict(gen_length=40, sampler="llada21", sampler_kwargs=dict(threshold=0.7, editing_threshold=0.5))
