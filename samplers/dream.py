@@ -20,6 +20,8 @@ README example: alg entropy, temperature 0.2, top_p 0.95, alg_temp 0.
 """
 from __future__ import annotations
 
+import struct
+
 import torch
 
 from .base import Sampler, check_number, top_k_mask
@@ -42,6 +44,13 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_p: float | None,
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, low)
     return logits
+
+
+def _f32(value: float) -> float:
+    """`value` rounded to float32: one float32 operation, done in float64 and rounded, gives the
+    float32 result (float64 holds every product of two float32 exactly, and its quotients round
+    to the same float32)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 class _DreamBase(Sampler):
@@ -95,6 +104,21 @@ class _DreamBase(Sampler):
 
     def confidence(self, probs, conf):
         return conf
+
+    def planned_widths(self, state):
+        """The masks left at each step: a step commits k = int(n * (1 - s/t)) of the n left, a
+        count that depends on n alone, worked out here in the float32 arithmetic of `step` on the
+        request's own timesteps (read once). `origin` reveals a random number and has no plan;
+        with alg_temp the draw itself reads the device, so it has none either."""
+        if type(self).step is not _DreamBase.step or self.alg_temp:
+            return None
+        ts = state.extra["timesteps"].tolist()                # float32 values, read once
+        n, widths = state.gen_length, []
+        for i in range(state.steps):
+            widths.append(n)
+            if i < state.steps - 1:
+                n -= int(_f32(float(n) * _f32(1.0 - _f32(ts[i + 1] / ts[i]))))
+        return widths
 
     def _times(self, state, rows):
         i = state.step_in_block[rows]
