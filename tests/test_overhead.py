@@ -84,17 +84,37 @@ def test_the_loop_reads_the_device_once_per_step(tiny, sampler, cache, prompts):
     assert counts.counts["loop"].syncs == counts.forwards + 1, counts.counts["loop"].sync_sites
 
 
-@pytest.mark.parametrize("sampler", ["low_confidence", "random"])
+@pytest.mark.parametrize("sampler", ["low_confidence", "random", "entropy", "maskgit_plus"])
 @pytest.mark.parametrize("prompts", [PROMPTS, RAGGED], ids=["batch1", "ragged"])
 def test_a_planned_fixed_schedule_reads_the_device_once_per_decode(tiny, sampler, prompts):
-    """LLaDA's fixed schedules without a cache: the host knows every step's width, so the loop
-    reads only once, after the last step (every row finished, every score finite), and decodes
-    what the reading loop decodes."""
-    cfg = GenerationConfig(gen_length=32, block_length=16, steps=16, sampler=sampler, seed=0)
+    """LLaDA's and Dream's greedy fixed schedules without a cache: the host knows every step's
+    width, so the loop reads only once after the last step (every row finished, every score
+    finite); Dream's plan reads its timesteps once more, at setup. It decodes what the reading
+    loop decodes."""
+    dream = sampler in ("entropy", "maskgit_plus")
+    cfg = GenerationConfig(gen_length=32, block_length=None if dream else 16, steps=16, sampler=sampler, seed=0)
     counts = count_decode(tiny, prompts, cfg)
     assert counts.forwards == 16
-    assert counts.counts["loop"].syncs == 1, counts.counts["loop"].sync_sites
+    assert counts.counts["loop"].syncs == 1 + dream, counts.counts["loop"].sync_sites
     planned = dllm.generate(tiny, None, prompts, cfg)
     # a cache refreshed at every step computes what `none` computes, through the reading loop
     reading = dllm.generate(tiny, None, prompts, cfg.replace(cache="dkv-decode", cache_kwargs={"refresh": 1}))
     assert torch.equal(planned.sequences, reading.sequences) and planned.forwards == reading.forwards
+
+
+@pytest.mark.parametrize("gen_length,steps,eps", [(32, 32, 1e-3), (50, 20, 1e-3), (64, 7, 0.05), (17, 17, 0.2)])
+def test_dream_plans_the_counts_its_steps_commit(tiny, gen_length, steps, eps):
+    """The planned widths equal the masks left at each step as torch's float32 arithmetic counts them."""
+    from dllm import samplers
+    from dllm.decode import build_state
+    sampler = samplers.get("entropy", eps=eps)
+    state = build_state(tiny, [PROMPTS[0]], GenerationConfig(gen_length=gen_length, steps=steps), gen_length)
+    sampler.setup(state)
+    ts = state.extra["timesteps"]
+    n, want = torch.tensor(gen_length), []
+    for i in range(steps):
+        want.append(int(n))
+        n = n - (n.float() * (1 - ts[i + 1] / ts[i])).long() if i < steps - 1 else n
+    assert sampler.planned_widths(state) == want
+    assert samplers.get("origin").planned_widths(state) is None
+    assert samplers.get("entropy", alg_temp=0.5).planned_widths(state) is None
