@@ -24,6 +24,12 @@ from .threshold import masked_confidence
 from dllm.state import Decision
 
 
+def written_canvas(state, rows, positions, write, token) -> torch.Tensor:
+    """(B', L) the rows' canvas as this step's decision leaves it: `token` where `write` (B', Q)."""
+    canvas = state.x[rows]
+    return canvas.scatter(1, positions, torch.where(write, token, canvas.gather(1, positions)))
+
+
 class LLaDA2Block(Sampler):
     """LLaDA2.0: per block step, every mask above the threshold and at least the schedule's count."""
 
@@ -60,7 +66,7 @@ class LLaDA2Block(Sampler):
 
     def _stop(self, state, rows, positions, valid, commit, token) -> torch.Tensor:
         """(B',) the last column each row keeps, -1 where it goes on (module docstring)."""
-        canvas = state.x[rows].scatter(1, positions, torch.where(commit, token, state.x[rows].gather(1, positions)))
+        canvas = written_canvas(state, rows, positions, commit, token)
         gen = canvas[:, state.gen_start:state.gen_end]                                 # (B', G) after this step
         eos = gen == state.ids.eos
         G = gen.shape[1]
@@ -134,7 +140,7 @@ class LLaDA21Edit(Sampler):
         keep_going = torch.full((len(rows),), -1, dtype=torch.long, device=state.x.device)
         if not self.eos_early_stop:
             return keep_going
-        canvas = state.x[rows].scatter(1, positions, torch.where(write, token, state.x[rows].gather(1, positions)))
+        canvas = written_canvas(state, rows, positions, write, token)
         cols = state.columns()[None, :]
         upto = (cols >= state.gen_start) & (cols < state.block_end[rows, None])
         eos = (upto & (canvas == state.ids.eos)).any(1)
