@@ -124,3 +124,4 @@ class LLaDA2Model(DiffusionTransformer):
     config_from_hf = staticmethod(config_from_hf)
     hf_names = staticmethod(hf_names)
     adapt_weights = staticmethod(adapt_weights)
+    config_reads_tokens = True

@@ -122,3 +122,4 @@ class LLaDAMoEModel(DiffusionTransformer):
     family = "llada-moe"
     config_from_hf = staticmethod(config_from_hf)
     hf_names = staticmethod(hf_names)
+    config_reads_tokens = True

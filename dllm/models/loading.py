@@ -169,10 +169,10 @@ def read_config(folder: Path) -> tuple[ModelConfig, dict[str, Any]]:
         raw = json.loads(cfg_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"corrupt config.json in {folder}: {err}") from None
-    family = detect_family(raw)
-    if family in ("llada-moe", "llada2"):   # their config.json names no mask id: the tokenizer's <|mask|> is it
-        return FAMILY_CLASSES[family].config_from_hf(raw, added_tokens(folder)), raw
-    return FAMILY_CLASSES[family].config_from_hf(raw), raw
+    cls = FAMILY_CLASSES[detect_family(raw)]
+    if cls.config_reads_tokens:   # its config.json names no mask id: the tokenizer's <|mask|> is it
+        return cls.config_from_hf(raw, added_tokens(folder)), raw
+    return cls.config_from_hf(raw), raw
 
 
 def added_tokens(folder: Path) -> dict[str, int]:
