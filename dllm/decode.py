@@ -437,53 +437,75 @@ def _read(state: DecodeState, rows, step: _Step, finite: torch.Tensor) -> dict[s
     return dict(zip(names, values))
 
 
-@torch.no_grad()
-def decode(model, state: DecodeState, request: Request,
-           on_step: Callable[[DecodeState], None] | None = None) -> int:
-    """Run the denoising loop of `request` on `state` in place; returns the number of batched forwards.
+class Decoder:
+    """The denoising loop of `request` on `state`, one forward at a time: `step()` runs until the next
+    forward is done (True) or every row is finished (False). `decode` runs it to the end; a server
+    interleaves the steps of several decoders.
 
     A step reads the device once (`_read`); at batch 1 that is the only read, and a batch reads
     once more each time rows finish (to drop them). A fixed schedule whose widths the host knows
     (`_planned_widths`) reads nothing until its last step is done."""
-    sampler, policy, cfg = request.sampler, request.policy, request.config
-    if not sampler.uses_blocks:
-        state.block_length = state.gen_length
-        state.block_end = (state.block_start + state.gen_length).clamp(max=state.gen_end)
-    if state.aligned_blocks and sampler.fixed_schedule:
-        _check_fixed_schedule_fits(state, sampler)
-    sampler.setup(state)
-    rows = torch.arange(state.batch_size, device=state.x.device)
-    sampler.begin_block(state, rows)
-    policy.setup(state, model)
-    planned = _planned_widths(sampler, policy, state, cfg)
-    fused = _fuses_head_scoring(model, sampler, state, cfg, policy.wants_confidence)
-    forwards, finite = 0, state.finished.new_ones(())   # every score so far finite (0-dim bool)
-    cap = cfg.max_forwards or cfg.resolved_max_forwards + sampler.forward_allowance(state)
-    _open_blocks(state, sampler, rows)
-    while True:
-        flush = forwards == cap - 1
-        step = _prepare(model, state, sampler, policy, rows, flush)
-        if planned is not None and forwards < len(planned):
-            read = _planned_read(state, planned[forwards])
-        else:
-            read = _read(state, rows, step, finite)
-            if not read["finite"]:
-                raise FloatingPointError("model produced NaN/inf logits (or every logit -inf) during the decode; "
-                                         "check the dtype (float16 can overflow) and the checkpoint weights")
-            if read["all_finished"]:
-                break
-            if read["stale"]:
-                _open_blocks(state, sampler, rows)
-                continue
-            if read["finished"]:
-                rows = (~state.finished).nonzero(as_tuple=True)[0]
-                continue
-        scores = _step(model, state, request, rows, step, read, flush, fused)
-        finite = finite & scores.finite()
-        forwards += 1
+
+    @torch.no_grad()
+    def __init__(self, model, state: DecodeState, request: Request):
+        self.model, self.state, self.request = model, state, request
+        sampler, policy, cfg = request.sampler, request.policy, request.config
+        if not sampler.uses_blocks:
+            state.block_length = state.gen_length
+            state.block_end = (state.block_start + state.gen_length).clamp(max=state.gen_end)
+        if state.aligned_blocks and sampler.fixed_schedule:
+            _check_fixed_schedule_fits(state, sampler)
+        sampler.setup(state)
+        self.rows = torch.arange(state.batch_size, device=state.x.device)
+        sampler.begin_block(state, self.rows)
+        policy.setup(state, model)
+        self.planned = _planned_widths(sampler, policy, state, cfg)
+        self.fused = _fuses_head_scoring(model, sampler, state, cfg, policy.wants_confidence)
+        self.forwards = 0
+        self.finite = state.finished.new_ones(())   # every score so far finite (0-dim bool)
+        self.cap = cfg.max_forwards or cfg.resolved_max_forwards + sampler.forward_allowance(state)
+        self.done = False
+        _open_blocks(state, sampler, self.rows)
+
+    @torch.no_grad()
+    def step(self) -> bool:
+        """Run one forward with its scoring and commits; False (and nothing run) once every row is done."""
+        state, sampler, policy = self.state, self.request.sampler, self.request.policy
+        while not self.done:
+            flush = self.forwards == self.cap - 1
+            step = _prepare(self.model, state, sampler, policy, self.rows, flush)
+            if self.planned is not None and self.forwards < len(self.planned):
+                read = _planned_read(state, self.planned[self.forwards])
+            else:
+                read = _read(state, self.rows, step, self.finite)
+                if not read["finite"]:
+                    raise FloatingPointError("model produced NaN/inf logits (or every logit -inf) during the decode; "
+                                             "check the dtype (float16 can overflow) and the checkpoint weights")
+                if read["all_finished"]:
+                    self.done = True
+                    break
+                if read["stale"]:
+                    _open_blocks(state, sampler, self.rows)
+                    continue
+                if read["finished"]:
+                    self.rows = (~state.finished).nonzero(as_tuple=True)[0]
+                    continue
+            scores = _step(self.model, state, self.request, self.rows, step, read, flush, self.fused)
+            self.finite = self.finite & scores.finite()
+            self.forwards += 1
+            return True
+        return False
+
+
+def decode(model, state: DecodeState, request: Request,
+           on_step: Callable[[DecodeState], None] | None = None) -> int:
+    """Run the denoising loop of `request` on `state` in place (`Decoder` to the end); returns the
+    number of batched forwards. `on_step` is called with the state after every forward."""
+    decoder = Decoder(model, state, request)
+    while decoder.step():
         if on_step is not None:
             on_step(state)
-    return forwards
+    return decoder.forwards
 
 
 def _check_fixed_schedule_fits(state: DecodeState, sampler) -> None:
