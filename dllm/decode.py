@@ -289,10 +289,13 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     if dec.fill_all is not None:
         commit |= dec.fill_all[:, None] & allowed
     forced = None
-    if flush:
+    if flush is True:
         forced = (allowed & ~commit).any(1)
         commit = allowed
-    elif not sampler.fixed_schedule:
+    elif flush is not False:  # (B',) the rows at their cap fill every allowed position
+        forced = flush & (allowed & ~commit).any(1)
+        commit = torch.where(flush[:, None], allowed, commit)
+    if flush is not True and not sampler.fixed_schedule:
         # Progress: a row that commits nothing commits its most confident candidate (worked out
         # for every row, so that no host sync decides whether any row is stuck).
         stuck = ~commit.any(1) & (allowed & in_block).any(1)
@@ -303,7 +306,10 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     if dec.edit is not None:
         _write_edits(state, rows, positions, dec.edit & valid & ~cols_masked & in_block & (positions >= state.gen_start)
                      & (positions < state.row_end[rows, None]), tokens)
-    state.block_hold[rows] = False if dec.hold is None or flush else dec.hold
+    if dec.hold is None or flush is True:
+        state.block_hold[rows] = False
+    else:
+        state.block_hold[rows] = dec.hold if flush is False else dec.hold & ~flush
     if dec.truncate_at is not None:  # after the commits: a cut may keep a position committed just now
         state.truncate(rows, dec.truncate_at)
     return forced
@@ -405,8 +411,10 @@ class _Step:
 
 def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _Step:
     score_mask = sampler.score_mask(state, rows)
-    if flush:  # last allowed forward: score every remaining mask so it can be filled
+    if flush is True:  # last allowed forward: score every remaining mask so it can be filled
         score_mask = score_mask | (state.is_mask[rows] & state.in_generation()[None, :])
+    elif flush is not False:  # (B',) the rows at their cap
+        score_mask = score_mask | (flush[:, None] & state.is_mask[rows] & state.in_generation()[None, :])
     # Columns after a truncation cut are gone: never scored, and the forward stops at the longest kept row.
     row_end = state.row_end[rows]
     in_reach = state.columns()[None, :] < row_end[:, None]
@@ -464,15 +472,56 @@ class Decoder:
         self.forwards = 0
         self.finite = state.finished.new_ones(())   # every score so far finite (0-dim bool)
         self.cap = cfg.max_forwards or cfg.resolved_max_forwards + sampler.forward_allowance(state)
+        self.starts = None      # (B,) the forward count at which each row joined; None: all at the first
         self.done = False
         _open_blocks(state, sampler, self.rows)
+
+    @property
+    def joinable(self) -> bool:
+        """Whether rows of another request with the same settings can join this batch between steps
+        (`join`) and decode as they would alone: greedy, no guidance, nothing stored between steps,
+        and a sampler that says what it keeps per row (`Sampler.row_state`)."""
+        request = self.request
+        return (request.sampler.row_state is not None and not request.policy.needs_storage
+                and self.state.temperature == 0 and request.config.cfg_scale <= 0)
+
+    def join(self, other: "Decoder") -> None:
+        """Append the rows of `other`, a fresh decoder of a request with the same settings, to this
+        batch; they take part from the next step on, each with its own forward cap."""
+        if not (self.joinable and other.joinable) or other.forwards:
+            raise ValueError("only fresh rows of a joinable request can join a running batch")
+        n = self.state.batch_size
+        self.state.append_rows(other.state, self.request.sampler.row_state)
+        starts = self.starts if self.starts is not None else torch.zeros(n, dtype=torch.long, device=self.rows.device)
+        self.starts = torch.cat([starts, torch.full((other.state.batch_size,), self.forwards, dtype=torch.long,
+                                                    device=starts.device)])
+        self.rows = (~self.state.finished).nonzero(as_tuple=True)[0]
+        self.planned = None      # the rows no longer share one schedule
+        self.done = False
+
+    def drop_finished(self) -> list[int]:
+        """Remove the finished rows from the batch; returns the indices of the rows kept, in order."""
+        keep = (~self.state.finished).nonzero(as_tuple=True)[0]
+        self.state.keep_rows(keep, self.request.sampler.row_state or ())
+        if self.starts is not None:
+            self.starts = self.starts[keep]
+        self.rows = torch.arange(keep.numel(), device=keep.device)
+        self.done = self.done or not keep.numel()
+        return keep.tolist()
+
+    def _flush(self):
+        """The rows whose forward cap is reached at this forward: True (all) or False for a batch whose
+        rows started together, else (B',) bool."""
+        if self.starts is None:
+            return self.forwards == self.cap - 1
+        return self.forwards - self.starts[self.rows] == self.cap - 1
 
     @torch.no_grad()
     def step(self) -> bool:
         """Run one forward with its scoring and commits; False (and nothing run) once every row is done."""
         state, sampler, policy = self.state, self.request.sampler, self.request.policy
         while not self.done:
-            flush = self.forwards == self.cap - 1
+            flush = self._flush()
             step = _prepare(self.model, state, sampler, policy, self.rows, flush)
             if self.planned is not None and self.forwards < len(self.planned):
                 read = _planned_read(state, self.planned[self.forwards])
@@ -546,10 +595,11 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         policy.observe(state, rows, positions, valid, scores.prob)
     dec = sampler.step(state, rows, positions, valid, scores)
     flushed = _apply(state, sampler, rows, positions, valid, scores, dec, flush)
-    if flush:
-        hit = torch.zeros_like(state.finished)
-        hit[rows] = flushed
-        state.extra["hit_cap"] = hit
+    if flush is not False:
+        hit = state.extra.get("hit_cap")
+        if hit is None:
+            hit = state.extra["hit_cap"] = torch.zeros_like(state.finished)
+        hit[rows] |= flushed
     state.step_in_block[rows] += 1
     state.global_step += 1
     _open_blocks(state, sampler, rows)

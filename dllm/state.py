@@ -185,6 +185,63 @@ class DecodeState:
     def _rows(self, rows):
         return torch.arange(self.batch_size, device=self.x.device) if rows is None else rows
 
+    # -- rows joining and leaving (continuous batching) ---------------------------------------
+    _ROW_TENSORS = ("x", "pad_len", "block_start", "block_end", "step_in_block", "nfe", "finished", "block_hold",
+                    "edits", "commit_step", "row_end", "key_valid", "position_ids")
+    _ROW_EXTRA = ("hit_cap",)      # per-row entries of `extra` the loop itself keeps
+
+    def keep_rows(self, rows: torch.Tensor, row_extra: tuple = ()) -> None:
+        """Keep only the rows `rows` (in that order), in place; `row_extra`: the keys of `extra`
+        that hold one entry per row (a sampler's `row_state`)."""
+        for name in self._ROW_TENSORS:
+            setattr(self, name, getattr(self, name)[rows])
+        for key in self._ROW_EXTRA + tuple(row_extra):
+            if key in self.extra:
+                self.extra[key] = self.extra[key][rows]
+        self.padded = bool((self.pad_len > 0).any())
+
+    def append_rows(self, other: "DecodeState", row_extra: tuple = ()) -> None:
+        """Append the rows of `other` (a state of the same request settings and gen_length), in
+        place. The shorter prompt side is left-padded to the longer one's `gen_start`; rotary
+        positions count from each row's first real token, so every row computes as it did alone.
+        `row_extra`: as in `keep_rows`; other entries of `extra` are shared and kept from self."""
+        if other.gen_length != self.gen_length or other.block_length != self.block_length:
+            raise ValueError(f"cannot join rows of gen_length {other.gen_length}, block_length {other.block_length} "
+                             f"to a batch of gen_length {self.gen_length}, block_length {self.block_length}")
+        sizes = (self.batch_size, other.batch_size)
+        start = max(self.gen_start, other.gen_start)
+        self._pad_left(start - self.gen_start)
+        other._pad_left(start - other.gen_start)
+        for name in self._ROW_TENSORS:
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        for key in self._ROW_EXTRA + tuple(row_extra):
+            parts = [self.extra.get(key), other.extra.get(key)]
+            like = next((p for p in parts if p is not None), None)
+            if like is None:
+                continue
+            parts = [p if p is not None else torch.zeros((n, *like.shape[1:]), dtype=like.dtype, device=like.device)
+                     for p, n in zip(parts, sizes)]
+            self.extra[key] = torch.cat(parts)
+        self.padded = bool((self.pad_len > 0).any())
+
+    def _pad_left(self, d: int) -> None:
+        """Move every row `d` columns to the right behind more left padding."""
+        if d <= 0:
+            return
+        B = self.batch_size
+
+        def left(t: torch.Tensor, value) -> torch.Tensor:
+            return torch.cat([torch.full((B, d), value, dtype=t.dtype, device=t.device), t], 1)
+
+        self.x = left(self.x, self.ids.pad)
+        self.key_valid = left(self.key_valid, False)
+        self.position_ids = left(self.position_ids, 0)
+        for name in ("pad_len", "block_start", "block_end", "row_end"):
+            setattr(self, name, getattr(self, name) + d)
+        self.gen_start += d
+        self.__dict__.pop("_columns", None)
+        self.__dict__.pop("_in_generation", None)
+
 
 def select_positions(mask: torch.Tensor, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn a (B, L) bool mask into padded column indices.

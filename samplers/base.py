@@ -33,6 +33,7 @@ class Sampler:
                        samplers that sample themselves (Dream's) set this False.
       score_fields:    TokenScores statistics the sampler reads ("prob", "margin", "entropy",
                        "logit_gap"); the candidate token is always there.
+      row_state:       what rows joining a running batch carry (below); None: they cannot join.
     """
 
     name: ClassVar[str] = "base"
@@ -41,6 +42,10 @@ class Sampler:
     needs_logits: ClassVar[bool] = False
     gumbel_candidates: ClassVar[bool] = True
     score_fields: ClassVar[frozenset] = frozenset({"prob"})
+    # Rows joining a running batch (`dllm.serve`): the keys of `state.extra` this sampler keeps one
+    # entry per row of (first dimension), for a sampler whose greedy decision for a row depends on
+    # that row alone; None (the default): rows cannot join a running batch of this sampler.
+    row_state: ClassVar[tuple[str, ...] | None] = None
 
     def setup(self, state: DecodeState) -> None:
         """Called once per request before the first step; validate against the request here."""

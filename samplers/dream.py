@@ -70,6 +70,8 @@ class _DreamBase(Sampler):
         check_number("top_k", top_k, low=1, integer=True, allow_none=True, sampler=n)
         check_number("alg_temp", alg_temp, low=0, allow_none=True, sampler=n)
         self.eps, self.top_p, self.top_k, self.alg_temp = eps, top_p, top_k, alg_temp
+        if alg_temp:
+            self.row_state = None   # the draw over the batch decides which positions a row commits
         self._args = dict(eps=eps, top_p=top_p, top_k=top_k, alg_temp=alg_temp)
 
     def setup(self, state):
@@ -189,12 +191,14 @@ class MaskGitPlus(_DreamBase):
     """Dream `maskgit_plus`: commit the k masked positions whose candidate is most probable."""
 
     name = "maskgit_plus"
+    row_state = ()
 
 
 class TopKMargin(_DreamBase):
     """Dream `topk_margin`: commit the k masked positions with the largest top-1 minus top-2 probability."""
 
     name = "topk_margin"
+    row_state = ()
 
     def confidence(self, probs, conf):
         top2 = probs.topk(2, dim=-1).values
@@ -205,6 +209,7 @@ class Entropy(_DreamBase):
     """Dream `entropy`: commit the k masked positions with the lowest entropy."""
 
     name = "entropy"
+    row_state = ()
 
     def confidence(self, probs, conf):
         return (probs * torch.log(probs + 1e-10)).sum(-1)

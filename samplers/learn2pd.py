@@ -148,6 +148,7 @@ class Learn2PD(LowConfidence):
     """Learn2PD: a learned filter accepts block positions beyond LLaDA's count; end-of-text truncation."""
 
     name = "learn2pd"
+    row_state = None
     uses_blocks = True
     fixed_schedule = False
     needs_logits = False

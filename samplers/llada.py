@@ -39,6 +39,7 @@ class LowConfidence(Sampler):
     name = "low_confidence"
     uses_blocks = True
     fixed_schedule = True
+    row_state = ("counts",)
 
     def __init__(self, *, logits_eos_inf: bool = False, confidence_eos_eot_inf: bool = False):
         for name, value in (("logits_eos_inf", logits_eos_inf), ("confidence_eos_eot_inf", confidence_eos_eot_inf)):
@@ -122,6 +123,7 @@ class RandomRemasking(LowConfidence):
     """LLaDA: commit k random masked positions of the block (fixed per-step counts)."""
 
     name = "random"
+    row_state = None     # its random draw covers the whole batch
 
     def scores_for(self, state, rows, positions, valid, scores):
         # One (B, L) float32 draw per step over the whole canvas, as the reference draws it, so a

@@ -42,6 +42,7 @@ class Threshold(Sampler):
     """Fast-dLLM: commit every masked block position with confidence >= tau, and always the top one."""
 
     name = "threshold"
+    row_state = ()
     uses_blocks = True
     score_fields = frozenset({"prob"})
 
