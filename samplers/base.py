@@ -46,6 +46,9 @@ class Sampler:
     # entry per row of (first dimension), for a sampler whose greedy decision for a row depends on
     # that row alone; None (the default): rows cannot join a running batch of this sampler.
     row_state: ClassVar[tuple[str, ...] | None] = None
+    # Whether the sampler may rewrite written tokens (`Decision.edit`): then a finished prefix of
+    # the canvas is not final until the whole row is.
+    rewrites_tokens: ClassVar[bool] = False
 
     def setup(self, state: DecodeState) -> None:
         """Called once per request before the first step; validate against the request here."""

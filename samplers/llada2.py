@@ -87,6 +87,7 @@ class LLaDA21Edit(Sampler):
     model prefers another one above `editing_threshold`; a full block stays open while edits go on."""
 
     name = "llada21"
+    rewrites_tokens = True
     uses_blocks = True
     score_fields = frozenset({"prob"})
 

@@ -1,11 +1,11 @@
 """The `dllm` command: `dllm generate`, `dllm bench`, `dllm sweep`, `dllm train`,
-`dllm train-filter`, `dllm samplers`. Each command's options and action live in its own module;
+`dllm train-filter`, `dllm samplers`, `dllm serve`. Each command's options and action live in its own module;
 the options several commands share are defined once in `options`."""
 from __future__ import annotations
 
 import argparse
 
-from . import bench, generate, samplers, sweep, train
+from . import bench, generate, samplers, serve, sweep, train
 from .options import parse_kv
 
 __all__ = ["build_parser", "main", "parse_kv"]
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parsers(sub)
     sweep.add_parser(sub)
     samplers.add_parser(sub)
+    serve.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,27 @@
+"""`dllm serve`: an OpenAI-compatible HTTP server with streaming and continuous batching
+(docs/serving.md). `engine` steps the running batches, `schema` reads requests, `api` holds the
+routes, `metrics` the Prometheus metrics.
+
+    from dllm.serve import build_app
+    app = build_app(model, tokenizer, model_name="llada-pb-tiny")     # then run it with uvicorn
+"""
+from __future__ import annotations
+
+from ..config import GenerationConfig
+
+__all__ = ["build_app"]
+
+
+def build_app(model, tokenizer, *, model_name: str, defaults: GenerationConfig | None = None,
+              max_batch_rows: int = 32, max_queue: int = 256, timeout: float | None = None):
+    """The FastAPI application serving `model`: requests decode with `defaults` where they give
+    nothing else; at most `max_batch_rows` rows decode at once and `max_queue` requests wait
+    (beyond that: 429); a request running longer than `timeout` seconds is dropped (408).
+    The engine thread starts and stops with the application."""
+    from .api import Server, create_app
+    from .engine import Engine
+
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    engine = Engine(model, tokenizer, max_batch_rows=max_batch_rows, max_queue=max_queue)
+    return create_app(Server(engine, model_name, defaults or GenerationConfig(), timeout))

@@ -1,0 +1,260 @@
+"""The OpenAI-compatible HTTP API of `dllm serve` (FastAPI): `/v1/chat/completions`,
+`/v1/completions`, `/v1/models`, `/health` and `/metrics`. docs/serving.md describes it."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..config import DEFAULT_GEN_LENGTH, GenerationConfig
+from .engine import Engine, Job, QueueFull
+from .metrics import ServerMetrics
+from .schema import ChatRequest, CompletionRequest, RequestError, request_config
+
+RETRY_AFTER_S = 1          # what a 429 asks the client to wait
+
+
+def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
+    """An OpenAI-style error body."""
+    kind = {400: "invalid_request_error", 404: "not_found_error", 408: "timeout_error", 429: "rate_limit_error",
+            503: "service_unavailable"}.get(status, "server_error")
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                        status_code=status, headers=headers)
+
+
+class Server:
+    """What the routes share: the engine, the model's name and tokenizer, the defaults, the metrics."""
+
+    def __init__(self, engine: Engine, model_name: str, defaults: GenerationConfig, timeout: float | None):
+        self.engine, self.model_name, self.defaults, self.timeout = engine, model_name, defaults, timeout
+        self.tokenizer = engine.tokenizer
+        self.metrics = ServerMetrics(engine)
+        engine.on_step = self.metrics.on_step
+        self.created = int(time.time())
+
+    def job(self, body, prompt: list[int], max_tokens: int | None, emit) -> Job:
+        if body.model is not None and body.model != self.model_name:
+            raise RequestError(f"model {body.model!r} is not served here; this server serves {self.model_name!r}",
+                               "model")
+        config = request_config(body, self.defaults, max_tokens)
+        gen = config.gen_length or DEFAULT_GEN_LENGTH
+        limit = self.engine.model.config.max_seq_len
+        if len(prompt) + gen > limit:
+            raise RequestError(f"the prompt's {len(prompt)} tokens + max_tokens {gen} exceed the model's "
+                               f"{limit}-token context", "max_tokens")
+        canvas = bool(body.dllm and body.dllm.stream_canvas)
+        return Job(prompt, config.replace(gen_length=gen), emit, stop=body.stops(), stream_canvas=canvas,
+                   timeout=self.timeout)
+
+    def chat_prompt(self, body: ChatRequest) -> list[int]:
+        messages = [m.model_dump() for m in body.messages]
+        try:
+            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False))
+        except Exception as err:   # a template that refuses the roles or their order
+            raise RequestError(f"the model's chat template cannot render these messages: {err}", "messages") from None
+
+    def completion_prompt(self, body: CompletionRequest) -> list[int]:
+        if isinstance(body.prompt, str):
+            return self.tokenizer(body.prompt, add_special_tokens=False)["input_ids"]
+        vocab = self.engine.model.config.vocab_size
+        bad = [t for t in body.prompt if not 0 <= t < vocab]
+        if bad or not body.prompt:
+            raise RequestError(f"prompt token ids must be in [0, {vocab}) and not empty, got {bad[:3] or '[]'}",
+                               "prompt")
+        return list(body.prompt)
+
+
+def create_app(server: Server) -> FastAPI:
+    """The FastAPI application of a `Server` (the engine is started and stopped with it)."""
+    app = FastAPI(title="dllm serve", lifespan=_lifespan(server))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError):
+        first = err.errors()[0]
+        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
+        return error_response(400, f"{param}: {first['msg']}" if param else first["msg"], param)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
+                                            "owned_by": "dllm"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        return await _complete(server, request, body, "chat", lambda: server.chat_prompt(body),
+                               body.max_completion_tokens or body.max_tokens)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await _complete(server, request, body, "text", lambda: server.completion_prompt(body), body.max_tokens)
+
+    return app
+
+
+def _lifespan(server: Server):
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        server.engine.start()
+        yield
+        server.engine.stop()
+
+    return lifespan
+
+
+async def _complete(server: Server, request: Request, body, kind: str, prompt_of, max_tokens):
+    """Queue the request, wait until its batch is built, then answer it whole or as a stream."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+
+    def emit(event, payload):
+        loop.call_soon_threadsafe(events.put_nowait, (event, payload))
+
+    try:
+        job = server.job(body, prompt_of(), max_tokens, emit)
+        server.engine.submit(job)
+    except RequestError as err:
+        server.metrics.requests.labels("invalid").inc()
+        return error_response(err.status, str(err), err.param)
+    except QueueFull as err:
+        server.metrics.requests.labels("rejected").inc()
+        return error_response(429, f"the server is busy: {err}; retry later", None,
+                              {"Retry-After": str(RETRY_AFTER_S)})
+    try:
+        event, payload = await _next_event(events, request)
+        if event == "error":
+            return _failed(server, payload)
+        reply = _Reply(server, job, kind, body)
+        if body.stream:
+            return StreamingResponse(_stream(events, request, server, job, reply, body),
+                                     media_type="text/event-stream")
+        while event != "done":
+            event, payload = await _next_event(events, request)
+            if event == "error":
+                return _failed(server, payload)
+    except _Disconnected:
+        server.engine.cancel(job)
+        server.metrics.requests.labels("disconnected").inc()
+        return error_response(499, "the client closed the connection")
+    server.metrics.requests.labels("ok").inc()
+    return reply.whole(payload)
+
+
+async def _next_event(events: asyncio.Queue, request: Request):
+    """The job's next event; raises _Disconnected when the client has gone away."""
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), timeout=0.5)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                raise _Disconnected from None
+
+
+class _Disconnected(Exception):
+    """The client closed the connection before its answer was complete."""
+
+
+def _failed(server: Server, payload) -> JSONResponse:
+    status, message, param = payload
+    server.metrics.requests.labels("invalid" if status == 400 else "failed").inc()
+    return error_response(status, message, param)
+
+
+async def _stream(events: asyncio.Queue, request: Request, server: Server, job: Job, reply: "_Reply", body):
+    """Server-sent events in the OpenAI chunk format; the last chunk carries the usage."""
+    finished = False
+    try:
+        yield reply.sse(reply.first_chunk())
+        while True:
+            event, payload = await _next_event(events, request)
+            if event == "delta":
+                yield reply.sse(reply.chunk(payload))
+            elif event == "canvas":
+                yield reply.sse(reply.canvas_chunk(payload))
+            elif event == "error":
+                status, message, param = payload
+                yield reply.sse({"error": {"message": message, "type": "server_error", "param": param, "code": status}})
+                break
+            elif event == "done":
+                include = body.stream_options is None or body.stream_options.include_usage
+                yield reply.sse(reply.last_chunk(payload, include))
+                server.metrics.requests.labels("ok").inc()
+                break
+        finished = True
+        yield "data: [DONE]\n\n"
+    except _Disconnected:
+        return
+    finally:
+        if not finished:   # the client went away (or the stream broke): stop decoding for it
+            server.engine.cancel(job)
+            server.metrics.requests.labels("disconnected").inc()
+
+
+class _Reply:
+    """The OpenAI response and chunk bodies of one request (`kind` "chat" or "text")."""
+
+    def __init__(self, server: Server, job: Job, kind: str, body):
+        self.kind, self.model = kind, server.model_name
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.object = "chat.completion" if kind == "chat" else "text_completion"
+
+    @staticmethod
+    def sse(obj) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    @staticmethod
+    def usage(result: dict) -> dict:
+        return {"prompt_tokens": result["prompt_tokens"], "completion_tokens": result["completion_tokens"],
+                "total_tokens": result["prompt_tokens"] + result["completion_tokens"], "forwards": result["forwards"]}
+
+    def _base(self, choices, chunk: bool) -> dict:
+        obj = "chat.completion.chunk" if chunk and self.kind == "chat" else self.object
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def _choice(self, text: str | None, finish_reason, chunk: bool) -> dict:
+        if self.kind == "text":
+            return {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
+        if chunk:
+            return {"index": 0, "delta": {} if text is None else {"content": text}, "finish_reason": finish_reason}
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+
+    def whole(self, result: dict) -> dict:
+        body = self._base([self._choice(result["text"], result["finish_reason"], False)], False)
+        body["usage"] = self.usage(result)
+        return body
+
+    def first_chunk(self) -> dict:
+        if self.kind == "chat":
+            return self._base([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                              True)
+        return self._base([self._choice("", None, True)], True)
+
+    def chunk(self, text: str) -> dict:
+        return self._base([self._choice(text, None, True)], True)
+
+    def canvas_chunk(self, canvas: str) -> dict:
+        body = self._base([self._choice(None if self.kind == "chat" else "", None, True)], True)
+        body["dllm"] = {"canvas": canvas}
+        return body
+
+    def last_chunk(self, result: dict, include_usage: bool) -> dict:
+        body = self._base([self._choice(None if self.kind == "chat" else "", result["finish_reason"], True)], True)
+        if include_usage:
+            body["usage"] = self.usage(result)
+        return body

@@ -1,0 +1,252 @@
+"""The serving engine: one thread owns the model and steps the running batches.
+
+Requests wait in a bounded queue. Between steps the engine admits them: those with the same
+settings are built into one fresh batch, which joins a running batch of those settings when the
+sampler and cache allow it (`Decoder.join`: greedy, nothing stored between steps) and otherwise
+runs as a group of its own. Every group takes one forward per turn. After each step every request
+gets the text its finished left-to-right prefix has grown by; a finished row leaves its batch at
+once. Greedy rows decode exactly as `dllm.generate` decodes them alone, whatever else is in the
+batch.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..config import GenerationConfig
+from ..decode import Decoder, answer_length, build_state, resolve_request, special_ids
+from .schema import param_of
+
+
+class QueueFull(Exception):
+    """The queue holds `max_queue` requests already."""
+
+
+@dataclass
+class Job:
+    """One request: its prompt ids, its resolved settings and where its events go.
+
+    emit(kind, payload) is called from the engine thread: ("started", None) once its batch is
+    built, ("delta", text) as its finished prefix grows, ("canvas", text) after every step when
+    `stream_canvas`, then one ("done", result) or ("error", (status, message, param))."""
+
+    prompt: list[int]
+    config: GenerationConfig
+    emit: Callable[[str, object], None]
+    stop: tuple[str, ...] = ()
+    stream_canvas: bool = False
+    timeout: float | None = None
+    id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    created: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    sent: str = ""               # text sent so far
+    forwards_at_join: int = 0    # the group's forward count when the row joined
+
+
+_ids = itertools.count(1)
+
+
+class _Group:
+    """A running batch: one decoder and the job of each of its rows, in row order."""
+
+    def __init__(self, key: str, decoder: Decoder, jobs: list[Job]):
+        self.key, self.decoder, self.jobs = key, decoder, jobs
+
+
+def batch_key(config: GenerationConfig) -> str:
+    """Requests with equal keys can share a batch: every setting but the seed of a greedy request."""
+    fields = {k: v for k, v in config.__dict__.items() if not (k == "seed" and config.temperature == 0)}
+    return json.dumps(fields, sort_keys=True, default=repr)
+
+
+class Engine:
+    """Continuous batching over `dllm`'s decode loop (module docstring).
+
+    max_batch_rows: rows decoding at once, over all groups; max_queue: requests waiting beyond
+    them (`submit` raises QueueFull past it). `on_step(seconds, rows, tokens)` is called after
+    every forward (metrics)."""
+
+    def __init__(self, model, tokenizer, *, max_batch_rows: int = 32, max_queue: int = 256,
+                 on_step: Callable[[float, int, int], None] | None = None):
+        for name, value in (("max_batch_rows", max_batch_rows), ("max_queue", max_queue)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.model, self.tokenizer = model, tokenizer
+        self.max_batch_rows, self.max_queue = max_batch_rows, max_queue
+        self.on_step = on_step
+        self.queue: deque[Job] = deque()
+        self.groups: list[_Group] = []
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        ids = special_ids(model)
+        self.stop_ids, self.mask_id = ids.stop_ids, ids.mask
+
+    # -- the caller's side ----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dllm-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def submit(self, job: Job) -> None:
+        """Queue a request; raises QueueFull when `max_queue` are waiting."""
+        with self._wake:
+            if len(self.queue) >= self.max_queue:
+                raise QueueFull(f"{len(self.queue)} requests are queued (max_queue {self.max_queue})")
+            self.queue.append(job)
+            self._wake.notify()
+
+    def cancel(self, job: Job) -> None:
+        """Drop a request (client gone): it leaves the queue or its batch at the next step boundary."""
+        job.cancelled = True
+        with self._wake:
+            self._wake.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.queue)
+
+    @property
+    def running_rows(self) -> int:
+        return sum(len(g.jobs) for g in self.groups)
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self.queue and not self.groups:
+                    self._wake.wait()
+                if self._stopping:
+                    break
+                admitted = self._take_admissible()
+            self._admit(admitted)
+            for group in list(self.groups):
+                self._turn(group)
+        for job in [j for g in self.groups for j in g.jobs] + list(self.queue):
+            job.emit("error", (503, "the server is shutting down", None))
+
+    def _take_admissible(self) -> list[Job]:
+        """Pop the queued requests that fit in the rows left (cancelled ones are dropped)."""
+        room = self.max_batch_rows - self.running_rows
+        taken = []
+        while self.queue and len(taken) < room:
+            job = self.queue.popleft()
+            if not job.cancelled:
+                taken.append(job)
+        return taken
+
+    def _admit(self, jobs: list[Job]) -> None:
+        by_key: dict[str, list[Job]] = {}
+        for job in jobs:
+            # a sampling request draws from its own seeded generator: it runs alone
+            key = batch_key(job.config) if job.config.temperature == 0 else f"{job.id}:{batch_key(job.config)}"
+            by_key.setdefault(key, []).append(job)
+        for key, group_jobs in by_key.items():
+            try:
+                decoder = self._decoder([j.prompt for j in group_jobs], group_jobs[0].config)
+            except (ValueError, TypeError) as err:   # the sampler or cache refuses these settings
+                for job in group_jobs:
+                    job.emit("error", (400, str(err), param_of(str(err))))
+                continue
+            for job in group_jobs:
+                job.emit("started", None)
+            running = next((g for g in self.groups if g.key == key and g.decoder.joinable), None)
+            if running is not None and decoder.joinable:
+                for job in group_jobs:
+                    job.forwards_at_join = running.decoder.forwards
+                running.decoder.join(decoder)
+                running.jobs += group_jobs
+            else:
+                self.groups.append(_Group(key, decoder, group_jobs))
+
+    def _decoder(self, prompts: list[list[int]], config: GenerationConfig) -> Decoder:
+        request = resolve_request(self.model, config)
+        state = build_state(self.model, prompts, request.config, request.block_length)
+        state.tokenizer = self.tokenizer
+        return Decoder(self.model, state, request)
+
+    def _turn(self, group: _Group) -> None:
+        """One forward of a group, its streaming, and the rows that leave it."""
+        decoder = group.decoder
+        now = time.monotonic()
+        for r, job in enumerate(group.jobs):
+            if job.timeout is not None and now - job.created > job.timeout and not job.cancelled:
+                job.cancelled = True
+                job.emit("error", (408, f"the request took longer than its timeout of {job.timeout:g} s", None))
+            if job.cancelled:
+                decoder.state.finished[r] = True
+        try:
+            start = time.perf_counter()
+            progressed = decoder.step()
+            seconds = time.perf_counter() - start
+        except Exception as err:   # a failing batch fails its own requests only
+            for job in group.jobs:
+                job.emit("error", (500, f"decoding failed: {type(err).__name__}: {err}", None))
+            self.groups.remove(group)
+            return
+        rows = self._stream(group)
+        if progressed and self.on_step is not None:
+            self.on_step(seconds, len(group.jobs), rows)
+        if not group.jobs:
+            self.groups.remove(group)
+
+    def _stream(self, group: _Group) -> int:
+        """Send each row's new text, answer the rows that are done and drop them from the batch;
+        returns the answer tokens of the rows answered."""
+        state = group.decoder.state
+        generated, finished = state.generated().tolist(), state.finished.tolist()
+        answered = 0
+        for r, job in enumerate(group.jobs):
+            if job.cancelled:
+                continue
+            text, n, stopped = self._prefix(job, generated[r])
+            stopped = stopped and (finished[r] or not group.decoder.request.sampler.rewrites_tokens)
+            if job.stream_canvas:
+                job.emit("canvas", self.tokenizer.decode(generated[r], skip_special_tokens=False))
+            done = finished[r] or stopped
+            grown = text[len(job.sent):] if text.startswith(job.sent) else ""
+            if grown and (done or not grown.endswith("\ufffd")):   # hold back a split character
+                job.sent += grown
+                job.emit("delta", grown)
+            if done:
+                finished[r] = True
+                answered += n
+                job.emit("done", {"text": text, "finish_reason": "stop" if stopped else "length",
+                                  "prompt_tokens": len(job.prompt), "completion_tokens": n,
+                                  "forwards": int(state.nfe[r])})
+        gone = [r for r, job in enumerate(group.jobs) if finished[r] or job.cancelled]
+        if gone:
+            state.finished[gone] = True
+            group.jobs = [group.jobs[k] for k in group.decoder.drop_finished()]
+        return answered
+
+    def _prefix(self, job: Job, ids: list[int]) -> tuple[str, int, bool]:
+        """(text, answer tokens, stopped) of a row's finished left-to-right prefix: the columns
+        before its first mask, cut at the first stop token, then at the first stop string. A row
+        whose prefix has stopped is answered at once: the rest of its canvas cannot change the text
+        (unless its sampler rewrites tokens)."""
+        prefix = ids.index(self.mask_id) if self.mask_id in ids else len(ids)
+        n = answer_length(ids[:prefix], self.stop_ids)
+        stopped = n < prefix
+        text = self.tokenizer.decode(ids[:n], skip_special_tokens=True)
+        cut = _first_stop(text, job.stop)
+        if cut is not None:
+            text, stopped = text[:cut], True
+        return text, n, stopped
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    """Where the first of the stop strings begins in `text`, or None."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None

@@ -1,0 +1,145 @@
+"""The request bodies `dllm serve` accepts (pydantic), and how they become a `GenerationConfig`.
+
+The OpenAI fields that apply to a masked-diffusion model are read: `max_tokens` (or
+`max_completion_tokens`) is the generation length, `temperature`, `seed`, `stop`, `n` (1 only),
+`stream` with `stream_options`. Sampling knobs a diffusion sampler has no use for (`top_p`,
+`frequency_penalty`, `presence_penalty`, `logprobs`) are accepted only at their neutral values.
+The extension object `dllm` chooses the sampler and its arguments, the cache policy and its
+arguments, the block length and the steps; the server's defaults apply to whatever is absent.
+Any other field is an error that names it.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import GenerationConfig
+from ..decode import with_instances
+
+
+class RequestError(ValueError):
+    """A bad request: HTTP 400 with an OpenAI-style error body naming `param`."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+class DllmOptions(BaseModel):
+    """The `dllm` extension object of a request."""
+
+    model_config = ConfigDict(extra="forbid")
+    sampler: str | None = None
+    sampler_args: dict[str, Any] | None = None
+    cache: str | None = None
+    cache_args: dict[str, Any] | None = None
+    block_length: int | None = Field(None, ge=1)
+    steps: int | None = Field(None, ge=1)
+    stream_canvas: bool = False
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = True
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    top_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: bool | None = None
+    dllm: DllmOptions | None = None
+
+    def stops(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > 4 or not all(stops):
+            raise RequestError(f"stop takes up to 4 non-empty strings, got {self.stop!r}", "stop")
+        return tuple(stops)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int]
+
+
+# The request field behind a length setting a sampler or cache refuses when its batch is built.
+_LENGTH_PARAMS = (("block_length", "dllm.block_length"), ("steps", "dllm.steps"), ("gen_length", "max_tokens"))
+
+
+def param_of(message: str) -> str | None:
+    """The request field a sampler's or cache policy's refusal names (its length settings), or None."""
+    return next((param for word, param in _LENGTH_PARAMS if word in message), None)
+
+
+def check_neutral(body: _Request) -> None:
+    """Refuse the OpenAI knobs a diffusion sampler does not have, unless they are at their neutral value."""
+    if body.n != 1:
+        raise RequestError(f"n must be 1 (one answer per request), got {body.n}", "n")
+    for name, neutral in (("top_p", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("logprobs", False)):
+        value = getattr(body, name)
+        if value is not None and value != neutral:
+            raise RequestError(f"{name} is not supported by dllm's samplers; leave it out or set it to {neutral}", name)
+
+
+def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int | None) -> GenerationConfig:
+    """The request's `GenerationConfig`: the server's defaults, then the request's fields, each
+    checked on its own so that an error names the field it comes from."""
+    check_neutral(body)
+    options = body.dllm or DllmOptions()
+    stages = [
+        ("max_tokens", dict(gen_length=max_tokens) if max_tokens is not None else {}),
+        ("temperature", dict(temperature=body.temperature) if body.temperature is not None else {}),
+        ("seed", dict(seed=body.seed) if body.seed is not None else {}),
+        ("dllm.sampler", _sampler_fields(options, defaults)),
+        ("dllm.cache", _cache_fields(options, defaults)),
+        ("dllm.block_length", dict(block_length=options.block_length) if options.block_length else {}),
+        ("dllm.steps", dict(steps=options.steps, tokens_per_step=None) if options.steps else {}),
+    ]
+    config = defaults
+    for param, changes in stages:
+        if not changes:
+            continue
+        try:
+            config = config.replace(**changes)
+            if param in ("dllm.sampler", "dllm.cache"):
+                with_instances(config)
+            config.for_length(config.gen_length)
+        except (ValueError, TypeError) as err:
+            raise RequestError(str(err), param) from None
+    return config
+
+
+def _sampler_fields(options: DllmOptions, defaults: GenerationConfig) -> dict:
+    if options.sampler is None and options.sampler_args is None:
+        return {}
+    if options.sampler is None and defaults.sampler is None:
+        raise RequestError("dllm.sampler_args needs dllm.sampler (the server has no default sampler)",
+                           "dllm.sampler_args")
+    return dict(sampler=options.sampler or defaults.sampler, sampler_kwargs=options.sampler_args or {})
+
+
+def _cache_fields(options: DllmOptions, defaults: GenerationConfig) -> dict:
+    if options.cache is None and options.cache_args is None:
+        return {}
+    return dict(cache=options.cache or defaults.cache, cache_kwargs=options.cache_args or {})

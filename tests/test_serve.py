@@ -1,0 +1,220 @@
+"""`dllm serve` end to end: a server on 127.0.0.1 (a free port) with the shipped model, driven by
+the real `openai` client and raw HTTP: answers equal offline `dllm.generate`, streaming, the
+extension fields, bad input, disconnects, a full queue, concurrency and the metrics."""
+import concurrent.futures
+import json
+import threading
+import time
+
+import pytest
+
+import dllm
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+from dllm.serve import build_app  # noqa: E402
+
+GEN = 32
+DEFAULTS = dllm.GenerationConfig(gen_length=GEN, sampler="low_confidence", seed=0)
+QUESTIONS = ['["Ann Lee", "Bob Ray", "Cy Tam"]', '["Emma Hughes", "Paul Reed"]', '["Dee Fox", "Al Roe", "Jo Kim", "Ty Orr"]']
+
+
+def copy_messages(names: str) -> list[dict]:
+    return [{"role": "user", "content": "You are managing a waiting line at a customer service desk.\nYou need to "
+             f"record the following people in the order they arrived:\n{names}\nPlease copy the list exactly and "
+             "provide only the final list."}]
+
+
+class RunningServer:
+    """uvicorn serving an app in a thread, on a port the OS picks."""
+
+    def __init__(self, app):
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return dllm.load(dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def server(shipped):
+    model, tok = shipped
+    running = RunningServer(build_app(model, tok, model_name="llada-pb-tiny", defaults=DEFAULTS, max_batch_rows=8,
+                                      max_queue=64))
+    yield running
+    running.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def offline(shipped, messages, **changes):
+    model, tok = shipped
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return dllm.generate(model, tok, [list(ids)], DEFAULTS.replace(**changes))
+
+
+def test_chat_completion_equals_offline_generate(client, shipped):
+    reply = client.chat.completions.create(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[0]))
+    want = offline(shipped, copy_messages(QUESTIONS[0]))
+    assert reply.choices[0].message.content == want.texts[0]
+    assert reply.choices[0].finish_reason == "stop" and reply.object == "chat.completion"
+    assert reply.usage.completion_tokens == want.answer_lengths[0]
+    assert reply.usage.model_extra["forwards"] <= want.nfe[0]
+
+
+def test_completion_with_the_extension_object(client, shipped):
+    model, tok = shipped
+    prompt = tok.apply_chat_template(copy_messages(QUESTIONS[1]), add_generation_prompt=True, tokenize=False)
+    extension = {"sampler": "threshold", "sampler_args": {"tau": 0.7}, "block_length": 16}
+    reply = client.completions.create(model="llada-pb-tiny", prompt=prompt, max_tokens=48,
+                                      extra_body={"dllm": extension})
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    want = dllm.generate(model, tok, [ids], DEFAULTS.replace(gen_length=48, sampler="threshold",
+                                                              sampler_kwargs={"tau": 0.7}, block_length=16))
+    assert reply.choices[0].text == want.texts[0]
+    assert reply.usage.model_extra["forwards"] <= want.nfe[0] < 48       # answered once its prefix stops
+
+
+def test_streaming_sends_the_growing_prefix_and_usage_last(client, shipped):
+    chunks = list(client.chat.completions.create(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[2]),
+                                                 stream=True))
+    want = offline(shipped, copy_messages(QUESTIONS[2]))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.texts[0]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1     # more than one piece
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage.completion_tokens == want.answer_lengths[0]
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_canvas_stream_shows_every_step(server):
+    body = {"messages": copy_messages(QUESTIONS[0]), "stream": True, "dllm": {"stream_canvas": True}}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    canvases = [json.loads(e)["dllm"]["canvas"] for e in events[:-1] if "dllm" in json.loads(e)]
+    assert len(canvases) == GEN                                    # one token per step: one canvas per step
+    assert canvases[0].count("<|mdm_mask|>") == GEN - 1 and "<|mdm_mask|>" not in canvases[-1]
+
+
+def test_concurrent_requests_get_their_offline_answers(client, shipped):
+    """Eight requests at once share batches that rows join and leave; each answer is its lone one."""
+    asks = [QUESTIONS[i % 3][:-1] + f', "Zed {chr(65 + i)}"]' for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda q: client.chat.completions.create(messages=copy_messages(q), model="llada-pb-tiny"),
+                                asks))
+    for q, reply in zip(asks, replies):
+        assert reply.choices[0].message.content == offline(shipped, copy_messages(q)).texts[0]
+
+
+def test_stop_strings_cut_the_answer(client, shipped):
+    want = offline(shipped, copy_messages(QUESTIONS[0])).texts[0]
+    assert len(want) > 8
+    stop = want[4:7]
+    reply = client.chat.completions.create(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[0]),
+                                           stop=[stop, "never there"])
+    assert reply.choices[0].message.content == want[:want.index(stop)] and reply.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"n": 2}, "n"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 100000}, "max_tokens"),
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 0.5}, "top_p"),
+    ({"model": "gpt-4"}, "model"),
+    ({"best_of": 3}, "best_of"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"dllm": {"sampler": "nope"}}, "dllm.sampler"),
+    ({"dllm": {"sampler": "threshold", "sampler_args": {"tau": 7}}}, "dllm.sampler"),
+    ({"dllm": {"cache": "nope"}}, "dllm.cache"),
+    ({"dllm": {"block_length": 5}}, "dllm.block_length"),
+    ({"dllm": {"colour": 1}}, "dllm.colour"),
+    ({"messages": []}, "messages"),
+])
+def test_bad_requests_get_a_400_naming_the_field(server, body, param):
+    request = {"messages": copy_messages(QUESTIONS[0]), **body}
+    r = httpx.post(server.url + "/v1/chat/completions", json=request, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
+
+
+def test_openai_client_raises_bad_request(client):
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        client.chat.completions.create(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[0]), n=2)
+
+
+def test_models_health_and_metrics(client, server):
+    assert [m.id for m in client.models.list().data] == ["llada-pb-tiny"]
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    client.chat.completions.create(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[1]))
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("dllm_queue_depth", "dllm_running_rows", "dllm_tokens_per_second", "dllm_completion_tokens_total",
+                 "dllm_forwards_total", "dllm_step_seconds_bucket", "dllm_requests_total"):
+        assert name in text, name
+    forwards = float(next(line.split()[-1] for line in text.splitlines() if line.startswith("dllm_forwards_total")))
+    assert forwards >= GEN
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    return float(next((line.split()[-1] for line in text.splitlines() if line.startswith(name)), 0))
+
+
+def test_disconnect_mid_stream_drops_the_request(server):
+    before = metric(server, 'dllm_requests_total{outcome="disconnected"}')
+    body = {"messages": copy_messages(QUESTIONS[2]), "stream": True, "max_tokens": 128}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        next(r.iter_lines())                                     # the first chunk, then hang up
+    deadline = time.monotonic() + 30
+    while metric(server, 'dllm_requests_total{outcome="disconnected"}') == before or metric(server, "dllm_running_rows"):
+        assert time.monotonic() < deadline, "the disconnected request kept decoding"
+        time.sleep(0.05)
+
+
+def test_a_full_queue_answers_429_with_retry_after(shipped):
+    model, tok = shipped
+    running = RunningServer(build_app(model, tok, model_name="m", defaults=DEFAULTS.replace(gen_length=64),
+                                      max_batch_rows=1, max_queue=1))
+    try:
+        body = {"messages": copy_messages(QUESTIONS[0])}
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(lambda _: httpx.post(running.url + "/v1/chat/completions", json=body, timeout=120),
+                                  range(6)))
+        assert {r.status_code for r in codes} == {200, 429}
+        busy = next(r for r in codes if r.status_code == 429)
+        assert busy.headers["retry-after"] == "1" and busy.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        running.close()
+
+
+def test_a_request_past_its_timeout_gets_408(shipped):
+    model, tok = shipped
+    running = RunningServer(build_app(model, tok, model_name="m", defaults=DEFAULTS.replace(gen_length=64),
+                                      timeout=1e-6))
+    try:
+        r = httpx.post(running.url + "/v1/chat/completions", json={"messages": copy_messages(QUESTIONS[0])}, timeout=60)
+        assert r.status_code == 408 and "timeout" in r.json()["error"]["message"]
+    finally:
+        running.close()
