@@ -1,0 +1,176 @@
+"""Bounded load on `dllm serve`: requests/s, output tokens/s, latency and time to first chunk at
+several concurrency levels, every answer checked against offline `dllm.generate`.
+
+    python benchmarks/bench_serve.py                                   # the shipped model, 1 / 8 / 32
+    python benchmarks/bench_serve.py --requests 128 --concurrency 1,8,32 --out runs/serve.jsonl
+
+The server runs in this process on 127.0.0.1 (a free port) with the given model and defaults;
+the load comes from the real `openai` client (streaming chat completions) in a process of its
+own, `--concurrency` workers each sending its next request as soon as its last one is answered,
+until `--requests` are done. Prompts are the generated ParallelBench test records of `--tasks`, taken in turn.
+Before the load, each prompt is decoded alone with `dllm.generate`; a row is checked when its
+streamed text equals that answer. Prints one Markdown row per level and the throughput of each
+level relative to concurrency 1; `--out` appends JSON rows.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+import dllm
+from dllm.eval import generators
+from dllm.eval.tasks import encode_messages, messages
+
+
+def start_server(app):
+    """uvicorn on 127.0.0.1 and a free port, in a thread; returns (server, base url)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.02)
+    return server, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
+
+
+def prompts_of(tasks: list[str], count: int) -> list[tuple[str, list[dict]]]:
+    """(task, chat messages) of the first test records of each task, interleaved, `count` in all."""
+    per_task = -(-count // len(tasks))
+    records = {t: generators.make_records(t, num_samples=min(per_task, 100)) for t in tasks}
+    out = []
+    for i in range(count):
+        task = tasks[i % len(tasks)]
+        recs = records[task]
+        out.append((task, messages(task, recs[(i // len(tasks)) % len(recs)])))
+    return out
+
+
+async def one_request(client, model_name: str, msgs: list[dict]) -> dict:
+    start = time.perf_counter()
+    first, text, usage = None, "", None
+    stream = await client.chat.completions.create(model=model_name, messages=msgs, stream=True)
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or time.perf_counter() - start
+            text += chunk.choices[0].delta.content
+        if chunk.usage is not None:
+            usage = chunk.usage
+    return {"seconds": time.perf_counter() - start, "first_chunk": first if first is not None else float("nan"),
+            "text": text, "tokens": usage.completion_tokens if usage else 0}
+
+
+async def load(url: str, model_name: str, prompts: list, concurrency: int) -> tuple[list, float]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+    todo = list(enumerate(prompts))
+    results: list = [None] * len(prompts)
+
+    async def worker():
+        while todo:
+            i, (_, msgs) = todo.pop(0)
+            results[i] = await one_request(client, model_name, msgs)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    seconds = time.perf_counter() - start
+    await client.close()
+    return results, seconds
+
+
+def _client_process(url: str, model_name: str, prompts: list, concurrency: int, out) -> None:
+    out.put(asyncio.run(load(url, model_name, prompts, concurrency)))
+
+
+def load_in_a_process(url: str, model_name: str, prompts: list, concurrency: int) -> tuple[list, float]:
+    """`load` in a separate process, so that the clients do not share the server's interpreter."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_client_process, args=(url, model_name, prompts, concurrency, out))
+    proc.start()
+    result = out.get()
+    proc.join()
+    return result
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(v for v in values if v == v)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
+
+
+def level_row(concurrency: int, results: list, seconds: float, expected: list[str]) -> dict:
+    done = [r for r in results if r is not None]
+    tokens = sum(r["tokens"] for r in done)
+    lat = [r["seconds"] for r in done]
+    ttfc = [r["first_chunk"] for r in done]
+    return {"concurrency": concurrency, "requests": len(results), "answered": len(done),
+            "equal_offline": sum(r["text"] == e for r, e in zip(results, expected) if r is not None),
+            "seconds": round(seconds, 3), "requests_per_s": round(len(done) / seconds, 3),
+            "output_tokens_per_s": round(tokens / seconds, 1),
+            "latency_p50_s": round(percentile(lat, 0.5), 4), "latency_p99_s": round(percentile(lat, 0.99), 4),
+            "first_chunk_p50_s": round(percentile(ttfc, 0.5), 4), "first_chunk_p99_s": round(percentile(ttfc, 0.99), 4)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="model folder or name (default: the shipped model)")
+    p.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--tasks", default="waiting_line/copy,waiting_line/reverse,puzzle/sudoku_n4_12")
+    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--sampler", default="low_confidence")
+    p.add_argument("--max-batch-rows", type=int, default=32)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default=None, help="append one JSON row per level here")
+    args = p.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from dllm.serve import build_app
+
+    model, tok = dllm.load(args.model, dtype=args.dtype, device=args.device)
+    name = args.model or model.name_or_path
+    defaults = dllm.GenerationConfig(gen_length=args.gen_length, sampler=args.sampler, seed=0)
+    prompts = prompts_of(args.tasks.split(","), args.requests)
+    expected = [dllm.generate(model, tok, [encode_messages(tok, m)], defaults).texts[0] for _, m in prompts]
+    server, url = start_server(build_app(model, tok, model_name=name, defaults=defaults,
+                                         max_batch_rows=args.max_batch_rows, max_queue=max(levels) * 4))
+    rows = []
+    try:
+        for c in levels:
+            results, seconds = load_in_a_process(url, name, prompts, c)
+            rows.append(level_row(c, results, seconds, expected))
+    finally:
+        server.should_exit = True
+    base = rows[0]["output_tokens_per_s"] if rows and rows[0]["concurrency"] == 1 else None
+    print("| concurrency | answered | equal offline | requests/s | output tokens/s | vs c=1 | p50 s | p99 s "
+          "| first chunk p50 s | p99 s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = f"{r['output_tokens_per_s'] / base:.2f}x" if base else "-"
+        print(f"| {r['concurrency']} | {r['answered']}/{r['requests']} | {r['equal_offline']} | {r['requests_per_s']} "
+              f"| {r['output_tokens_per_s']} | {ratio} | {r['latency_p50_s']} | {r['latency_p99_s']} "
+              f"| {r['first_chunk_p50_s']} | {r['first_chunk_p99_s']} |")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        meta = {"model": name, "gen_length": args.gen_length, "sampler": args.sampler, "dtype": args.dtype,
+                "threads": torch.get_num_threads(), "torch": torch.__version__}
+        with open(args.out, "a", encoding="utf-8") as fh:
+            for r in rows:
+                fh.write(json.dumps({**meta, **r}) + "\n")
+    lost = any(r["answered"] < r["requests"] or r["equal_offline"] < r["requests"] for r in rows)
+    return 1 if lost else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
