@@ -218,3 +218,16 @@ def test_a_request_past_its_timeout_gets_408(shipped):
         assert r.status_code == 408 and "timeout" in r.json()["error"]["message"]
     finally:
         running.close()
+
+
+def test_bad_server_settings_are_refused_before_serving(shipped, capsys):
+    from dllm.cli import main
+    from dllm.serve.engine import Engine
+
+    model, tok = shipped
+    with pytest.raises(ValueError, match="timeout"):
+        build_app(model, tok, model_name="m", timeout=0)
+    with pytest.raises(ValueError, match="max_batch_rows"):
+        Engine(model, tok, max_batch_rows=0)
+    assert main(["serve", "--sampler", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
