@@ -131,6 +131,29 @@ class KVCache:
         view.head_index = self.head_index
         return view
 
+    def rows_view(self, rows: torch.Tensor | None = None, left: int = 0) -> "KVCache":
+        """New buffers holding the rows `rows` (all when None), each moved `left` columns to the
+        right behind zeroed columns (rows joining or leaving a running batch)."""
+        def take(t: torch.Tensor) -> torch.Tensor:
+            t = t if rows is None else t[rows]
+            if left:
+                t = torch.cat([t.new_zeros((*t.shape[:2], left, t.shape[3])), t], 2)
+            return t
+
+        out = object.__new__(KVCache)
+        out.k, out.v = [take(t) for t in self.k], [take(t) for t in self.v]
+        out.length, out.head_index = self.length + left, self.head_index
+        return out
+
+    @staticmethod
+    def concat(first: "KVCache", second: "KVCache") -> "KVCache":
+        """The rows of both (of equal length), first's then second's."""
+        out = object.__new__(KVCache)
+        out.k = [torch.cat([a, b]) for a, b in zip(first.k, second.k)]
+        out.v = [torch.cat([a, b]) for a, b in zip(first.v, second.v)]
+        out.length, out.head_index = first.length, first.head_index
+        return out
+
     def reset(self) -> None:
         """Zero every buffer (a fresh request)."""
         for t in self.k + self.v:
@@ -188,6 +211,13 @@ def _check_int(policy: str, name: str, value, low: int, allow_none: bool = False
     return value
 
 
+def _pad_columns(t: torch.Tensor, left: int, fill) -> torch.Tensor:
+    """(B, L) -> (B, left + L), the new columns first, filled with `fill`."""
+    if not left:
+        return t
+    return torch.cat([torch.full((t.shape[0], left), fill, dtype=t.dtype, device=t.device), t], 1)
+
+
 def plan_columns(need: torch.Tensor) -> torch.Tensor:
     """(B', L) bool -> (B', P) columns in increasing order, P = the largest count of any row; a
     shorter row is padded by repeating its first column (recomputing a column twice is harmless)."""
@@ -207,13 +237,15 @@ class CachePolicy:
     """Chooses which canvas columns to recompute at each step (see the module docstring).
 
     Class attributes: `name` (registry name), `needs_storage` (the forward keeps K/V between
-    steps in `self.kv`), `needs_block_causal` (only a block-causal model runs it; `policies_for`).
+    steps in `self.kv`), `needs_block_causal` (only a block-causal model runs it; `policies_for`),
+    `joinable` (rows of another request may join a running batch: `append_rows`, `keep_rows`).
     """
 
     name = "base"
     needs_storage = False
     wants_confidence = False
     needs_block_causal = False      # runs only on a block-causal model (`block`)
+    joinable = True
     kv: KVCache | None = None
 
     def __init__(self):
@@ -233,6 +265,14 @@ class CachePolicy:
     def observe(self, state: DecodeState, rows: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
                 prob: torch.Tensor) -> None:
         """This step's candidate confidences (B', Q) at the scored `positions` (B', Q) of `rows`."""
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep the per-row state of the rows `rows` only (`DecodeState.keep_rows`)."""
+
+    def append_rows(self, other: "CachePolicy", left: int, other_left: int, pad_id: int) -> None:
+        """Append the per-row state of `other` (a policy of the same settings, set up for the joining
+        rows), this side's columns moved `left` to the right and other's `other_left`, as
+        `DecodeState.append_rows` moves the canvases (behind `pad_id` padding)."""
 
     def arguments(self) -> dict:
         """The policy's arguments, model-dependent defaults resolved once `setup` ran."""
@@ -303,6 +343,22 @@ class StoringPolicy(CachePolicy):
         self.refreshes, self.partial_steps, self.guarded = zeros, zeros.clone(), zeros.clone()
         self.confidence = torch.zeros(B, L, dtype=torch.float32, device=state.x.device)
         self.shift = bool(model.config.logit_shift)
+
+    _ROW_STATE = ("seen", "refreshes", "partial_steps", "guarded", "confidence")
+
+    def keep_rows(self, rows):
+        self.kv = self.kv.rows_view(rows)
+        for name in self._ROW_STATE:
+            setattr(self, name, getattr(self, name)[rows])
+
+    def append_rows(self, other, left, other_left, pad_id):
+        self.kv = KVCache.concat(self.kv.rows_view(left=left), other.kv.rows_view(left=other_left))
+        for name in self._ROW_STATE:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine.dim() == 2:   # (B, L): seen (padding columns hold pad_id) and confidence (0)
+                fill = pad_id if name == "seen" else 0
+                mine, theirs = _pad_columns(mine, left, fill), _pad_columns(theirs, other_left, fill)
+            setattr(self, name, torch.cat([mine, theirs]))
 
     def observe(self, state, rows, positions, valid, prob):
         r = rows[:, None].expand_as(positions)
@@ -405,6 +461,7 @@ class BlockCache(StoringPolicy):
 
     name = "block"
     needs_block_causal = True
+    joinable = False
 
     def __init__(self):
         super().__init__(twins=False, guard=None)

@@ -479,10 +479,11 @@ class Decoder:
     @property
     def joinable(self) -> bool:
         """Whether rows of another request with the same settings can join this batch between steps
-        (`join`) and decode as they would alone: greedy, no guidance, nothing stored between steps,
-        and a sampler that says what it keeps per row (`Sampler.row_state`)."""
+        (`join`) and decode as they would alone: greedy, no guidance, a cache policy that can take
+        rows in (`CachePolicy.joinable`), and a sampler that says what it keeps per row
+        (`Sampler.row_state`)."""
         request = self.request
-        return (request.sampler.row_state is not None and not request.policy.needs_storage
+        return (request.sampler.row_state is not None and request.policy.joinable
                 and self.state.temperature == 0 and request.config.cfg_scale <= 0)
 
     def join(self, other: "Decoder") -> None:
@@ -490,8 +491,15 @@ class Decoder:
         batch; they take part from the next step on, each with its own forward cap."""
         if not (self.joinable and other.joinable) or other.forwards:
             raise ValueError("only fresh rows of a joinable request can join a running batch")
-        n = self.state.batch_size
-        self.state.append_rows(other.state, self.request.sampler.row_state)
+        if (other.state.gen_length, other.state.block_length) != (self.state.gen_length, self.state.block_length):
+            raise ValueError(f"cannot join rows of gen_length {other.state.gen_length}, block_length "
+                             f"{other.state.block_length} to a batch of gen_length {self.state.gen_length}, "
+                             f"block_length {self.state.block_length}")
+        n, state = self.state.batch_size, self.state
+        start = max(state.gen_start, other.state.gen_start)
+        self.request.policy.append_rows(other.request.policy, start - state.gen_start,
+                                        start - other.state.gen_start, state.ids.pad)
+        state.append_rows(other.state, self.request.sampler.row_state)
         starts = self.starts if self.starts is not None else torch.zeros(n, dtype=torch.long, device=self.rows.device)
         self.starts = torch.cat([starts, torch.full((other.state.batch_size,), self.forwards, dtype=torch.long,
                                                     device=starts.device)])
@@ -503,6 +511,7 @@ class Decoder:
         """Remove the finished rows from the batch; returns the indices of the rows kept, in order."""
         keep = (~self.state.finished).nonzero(as_tuple=True)[0]
         self.state.keep_rows(keep, self.request.sampler.row_state or ())
+        self.request.policy.keep_rows(keep)
         if self.starts is not None:
             self.starts = self.starts[keep]
         self.rows = torch.arange(keep.numel(), device=keep.device)

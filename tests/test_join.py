@@ -57,6 +57,11 @@ def run_with_joins(model, cfg, joins=JOINS):
     ("factor", {}, dict(gen_length=12, block_length=12)),
     ("eb", {}, dict(gen_length=16, block_length=4)),
     ("threshold", {"tau": 0.9}, dict(gen_length=16, block_length=8, max_forwards=5)),   # every row hits its cap
+    ("threshold", {"tau": 0.7}, dict(gen_length=16, block_length=8, cache="dual")),
+    ("low_confidence", {}, dict(gen_length=16, block_length=8, steps=16, cache="prefix", cache_kwargs={"refresh": 3})),
+    ("low_confidence", {}, dict(gen_length=16, block_length=8, steps=16, cache="dkv-decode",
+                                cache_kwargs={"refresh": 3, "guard": 0.5, "twins": True})),
+    ("threshold", {"tau": 0.7}, dict(gen_length=16, block_length=8, cache="dkv-greedy")),
 ])
 def test_rows_that_join_and_leave_decode_as_alone(model, sampler, kwargs, lengths):
     cfg = dllm.GenerationConfig(sampler=sampler, sampler_kwargs=kwargs, **lengths)
@@ -86,7 +91,7 @@ def test_requests_that_cannot_share_a_batch_are_refused(model):
     base = dict(gen_length=8, block_length=8)
     running = fresh(model, [PROMPTS[0]], dllm.GenerationConfig(sampler="threshold", **base))
     for cfg in (dllm.GenerationConfig(sampler="random", steps=8, **base),
-                dllm.GenerationConfig(sampler="threshold", cache="dual", **base),
+                dllm.GenerationConfig(sampler="threshold", cfg_scale=1.0, **base),
                 dllm.GenerationConfig(sampler="threshold", temperature=0.7, **base)):
         other = fresh(model, [PROMPTS[1]], cfg)
         assert not other.joinable
