@@ -104,3 +104,14 @@ def test_requests_that_cannot_share_a_batch_are_refused(model):
     with pytest.raises(ValueError, match="gen_length 16"):
         running.join(fresh(model, [PROMPTS[1]], dllm.GenerationConfig(sampler="threshold", gen_length=16,
                                                                           block_length=8)))
+
+
+@pytest.mark.parametrize("sampler,cache", [("maskgit_plus", "none"), ("entropy", "dual"), ("topk_margin", "dkv-decode")])
+def test_dream_rows_that_join_decode_as_alone(sampler, cache):
+    """Dream predicts each position from the column before it; joined rows keep that shift."""
+    dream = dllm.build_model(dllm.ModelConfig.from_name("dream-tiny"), seed=1, init_std=0.3)
+    cfg = dllm.GenerationConfig(sampler=sampler, cache=cache, gen_length=16, steps=8)
+    joined = run_with_joins(dream, cfg)
+    for i, prompt in enumerate(PROMPTS):
+        alone = dllm.generate(dream, None, [prompt], cfg)
+        assert joined[i][:2] == (alone.generated[0].tolist(), alone.nfe[0]), i
