@@ -231,3 +231,35 @@ def test_bad_server_settings_are_refused_before_serving(shipped, capsys):
         Engine(model, tok, max_batch_rows=0)
     assert main(["serve", "--sampler", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_a_failing_batch_fails_only_its_own_requests(shipped):
+    """A batch whose step raises answers its requests 500; a batch beside it decodes on."""
+    import queue
+
+    from dllm.samplers import get as get_sampler
+    from dllm.serve.engine import Engine, Job
+
+    class Breaks(type(get_sampler("threshold"))):
+        def step(self, state, rows, positions, valid, scores):
+            if state.global_step == 2:
+                raise RuntimeError("broken on purpose")
+            return super().step(state, rows, positions, valid, scores)
+
+    model, tok = shipped
+    ids = tok.apply_chat_template(copy_messages(QUESTIONS[0]), add_generation_prompt=True, tokenize=True,
+                                  return_dict=False)
+    events = {"bad": queue.Queue(), "good": queue.Queue()}
+    engine = Engine(model, tok)
+    engine.start()
+    try:
+        for name, config in (("bad", DEFAULTS.replace(sampler=Breaks())), ("good", DEFAULTS)):
+            engine.submit(Job(list(ids), config, lambda kind, payload, q=events[name]: q.put((kind, payload))))
+        last = {}
+        for name, q in events.items():
+            while name not in last or last[name][0] not in ("done", "error"):
+                last[name] = q.get(timeout=60)
+    finally:
+        engine.stop()
+    assert last["bad"][0] == "error" and last["bad"][1][0] == 500 and "broken on purpose" in last["bad"][1][1]
+    assert last["good"][0] == "done" and last["good"][1]["text"] == offline(shipped, copy_messages(QUESTIONS[0])).texts[0]
