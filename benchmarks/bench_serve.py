@@ -3,6 +3,7 @@ several concurrency levels, every answer checked against offline `dllm.generate`
 
     python benchmarks/bench_serve.py                                   # the shipped model, 1 / 8 / 32
     python benchmarks/bench_serve.py --requests 128 --concurrency 1,8,32 --out runs/serve.jsonl
+    python benchmarks/bench_serve.py --sampler threshold --sampler-arg tau=0.9 --cache dual --block-length 32
 
 The server runs in this process on 127.0.0.1 (a free port) with the given model and defaults;
 the load comes from the real `openai` client (streaming chat completions) in a process of its
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 import dllm
+from dllm.cli import parse_kv
 from dllm.eval import generators
 from dllm.eval.tasks import encode_messages, messages
 
@@ -127,6 +129,10 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", default="waiting_line/copy,waiting_line/reverse,puzzle/sudoku_n4_12")
     p.add_argument("--gen-length", type=int, default=64)
     p.add_argument("--sampler", default="low_confidence")
+    p.add_argument("--sampler-arg", action="append", metavar="KEY=VALUE", help="sampler argument (repeatable)")
+    p.add_argument("--cache", default="none")
+    p.add_argument("--cache-arg", action="append", metavar="KEY=VALUE", help="cache argument (repeatable)")
+    p.add_argument("--block-length", type=int, default=None)
     p.add_argument("--max-batch-rows", type=int, default=32)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="auto")
@@ -140,7 +146,9 @@ def main(argv=None) -> int:
 
     model, tok = dllm.load(args.model, dtype=args.dtype, device=args.device)
     name = args.model or model.name_or_path
-    defaults = dllm.GenerationConfig(gen_length=args.gen_length, sampler=args.sampler, seed=0)
+    defaults = dllm.GenerationConfig(gen_length=args.gen_length, block_length=args.block_length, sampler=args.sampler,
+                                     sampler_kwargs=parse_kv(args.sampler_arg, "--sampler-arg"), cache=args.cache,
+                                     cache_kwargs=parse_kv(args.cache_arg, "--cache-arg"), seed=0)
     prompts = prompts_of(args.tasks.split(","), args.requests)
     expected = [dllm.generate(model, tok, [encode_messages(tok, m)], defaults).texts[0] for _, m in prompts]
     server, url = start_server(build_app(model, tok, model_name=name, defaults=defaults,
@@ -163,7 +171,9 @@ def main(argv=None) -> int:
               f"| {r['first_chunk_p50_s']} | {r['first_chunk_p99_s']} |")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        meta = {"model": name, "gen_length": args.gen_length, "sampler": args.sampler, "dtype": args.dtype,
+        meta = {"model": name, "gen_length": args.gen_length, "block_length": args.block_length,
+                "sampler": args.sampler, "sampler_args": defaults.sampler_kwargs, "cache": args.cache,
+                "cache_args": defaults.cache_kwargs, "dtype": args.dtype,
                 "threads": torch.get_num_threads(), "torch": torch.__version__}
         with open(args.out, "a", encoding="utf-8") as fh:
             for r in rows:
