@@ -263,3 +263,45 @@ def test_a_failing_batch_fails_only_its_own_requests(shipped):
         engine.stop()
     assert last["bad"][0] == "error" and last["bad"][1][0] == 500 and "broken on purpose" in last["bad"][1][1]
     assert last["good"][0] == "done" and last["good"][1]["text"] == offline(shipped, copy_messages(QUESTIONS[0])).texts[0]
+
+
+def test_with_shared_kv_buffers_storing_batches_run_one_at_a_time(shipped, monkeypatch):
+    """CUDA graphs make batches of one layout share K/V buffers; the engine then never runs two
+    batches of a storing cache policy at once, and every answer is still the offline one."""
+    import queue
+
+    from dllm.serve import engine as E
+
+    model, tok = shipped
+    monkeypatch.setattr(E.Engine, "shares_kv_buffers", lambda self: True)
+    running, most = [], [0]
+    turn = E.Engine._turn
+
+    def counting_turn(self, group):
+        storing = sum(g.decoder.request.policy.needs_storage for g in self.groups)
+        most[0] = max(most[0], storing)
+        return turn(self, group)
+
+    monkeypatch.setattr(E.Engine, "_turn", counting_turn)
+    engine = E.Engine(model, tok)
+    done = queue.Queue()
+    configs = [DEFAULTS.replace(sampler="threshold", sampler_kwargs={"tau": tau}, cache="dual", block_length=16)
+               for tau in (0.5, 0.7, 0.9)] + [DEFAULTS]
+    asks = [copy_messages(QUESTIONS[i % 3]) for i in range(len(configs))]
+    engine.start()
+    try:
+        for i, (config, msgs) in enumerate(zip(configs, asks)):
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+            engine.submit(E.Job(list(ids), config, lambda kind, payload, i=i: done.put((i, kind, payload))))
+        results = {}
+        while len(results) < len(configs):
+            i, kind, payload = done.get(timeout=60)
+            if kind in ("done", "error"):
+                results[i] = (kind, payload)
+    finally:
+        engine.stop()
+    assert most[0] == 1
+    for i, (config, msgs) in enumerate(zip(configs, asks)):
+        assert results[i][0] == "done", results[i]
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert results[i][1]["text"] == dllm.generate(model, tok, [list(ids)], config).texts[0]

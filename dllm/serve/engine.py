@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..config import GenerationConfig
-from ..decode import Decoder, answer_length, build_state, resolve_request, special_ids
+from ..decode import Decoder, answer_length, build_state, resolve_request, special_ids, with_instances
 from .schema import param_of
 
 
@@ -148,6 +148,7 @@ class Engine:
 
     def _admit(self, jobs: list[Job]) -> None:
         by_key: dict[str, list[Job]] = {}
+        jobs = self._defer_shared_buffers(jobs)
         for job in jobs:
             # a sampling request draws from its own seeded generator: it runs alone
             key = batch_key(job.config) if job.config.temperature == 0 else f"{job.id}:{batch_key(job.config)}"
@@ -169,6 +170,32 @@ class Engine:
                 running.jobs += group_jobs
             else:
                 self.groups.append(_Group(key, decoder, group_jobs))
+
+    def shares_kv_buffers(self) -> bool:
+        """Whether batches of one layout share their K/V buffers: with CUDA graphs on, a graph
+        replays the addresses it captured, so `KVCache.for_model` hands every batch of a layout
+        the same buffers."""
+        return getattr(self.model, "cuda_graphs", None) is not None
+
+    def _defer_shared_buffers(self, jobs: list[Job]) -> list[Job]:
+        """When batches share K/V buffers, batches of a cache policy that stores K/V run one at a
+        time (and take no joins): while one runs, such requests go back to the front of the queue;
+        otherwise the first one and the greedy requests of its settings start a batch."""
+        if not self.shares_kv_buffers():
+            return jobs
+        storing = [j for j in jobs if _stores_kv(j.config)]
+        if not storing:
+            return jobs
+        if any(g.decoder.request.policy.needs_storage for g in self.groups):
+            deferred = storing
+        else:
+            first = storing[0]
+            together = first.config.temperature == 0
+            deferred = [j for j in storing[1:]
+                        if not (together and j.config.temperature == 0 and batch_key(j.config) == batch_key(first.config))]
+        with self._wake:
+            self.queue.extendleft(reversed(deferred))
+        return [j for j in jobs if j not in deferred]
 
     def _decoder(self, prompts: list[list[int]], config: GenerationConfig) -> Decoder:
         request = resolve_request(self.model, config)
@@ -244,6 +271,11 @@ class Engine:
         if cut is not None:
             text, stopped = text[:cut], True
         return text, n, stopped
+
+
+def _stores_kv(config: GenerationConfig) -> bool:
+    """Whether the request's cache policy keeps K/V between steps."""
+    return with_instances(config).cache.needs_storage
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
