@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .state import DecodeState, select_positions
+from .state import DecodeState, pad_columns_left, select_positions
 
 
 @dataclass
@@ -211,13 +211,6 @@ def _check_int(policy: str, name: str, value, low: int, allow_none: bool = False
     return value
 
 
-def _pad_columns(t: torch.Tensor, left: int, fill) -> torch.Tensor:
-    """(B, L) -> (B, left + L), the new columns first, filled with `fill`."""
-    if not left:
-        return t
-    return torch.cat([torch.full((t.shape[0], left), fill, dtype=t.dtype, device=t.device), t], 1)
-
-
 def plan_columns(need: torch.Tensor) -> torch.Tensor:
     """(B', L) bool -> (B', P) columns in increasing order, P = the largest count of any row; a
     shorter row is padded by repeating its first column (recomputing a column twice is harmless)."""
@@ -357,7 +350,7 @@ class StoringPolicy(CachePolicy):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine.dim() == 2:   # (B, L): seen (padding columns hold pad_id) and confidence (0)
                 fill = pad_id if name == "seen" else 0
-                mine, theirs = _pad_columns(mine, left, fill), _pad_columns(theirs, other_left, fill)
+                mine, theirs = pad_columns_left(mine, left, fill), pad_columns_left(theirs, other_left, fill)
             setattr(self, name, torch.cat([mine, theirs]))
 
     def observe(self, state, rows, positions, valid, prob):

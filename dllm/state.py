@@ -228,19 +228,21 @@ class DecodeState:
         """Move every row `d` columns to the right behind more left padding."""
         if d <= 0:
             return
-        B = self.batch_size
-
-        def left(t: torch.Tensor, value) -> torch.Tensor:
-            return torch.cat([torch.full((B, d), value, dtype=t.dtype, device=t.device), t], 1)
-
-        self.x = left(self.x, self.ids.pad)
-        self.key_valid = left(self.key_valid, False)
-        self.position_ids = left(self.position_ids, 0)
+        self.x = pad_columns_left(self.x, d, self.ids.pad)
+        self.key_valid = pad_columns_left(self.key_valid, d, False)
+        self.position_ids = pad_columns_left(self.position_ids, d, 0)
         for name in ("pad_len", "block_start", "block_end", "row_end"):
             setattr(self, name, getattr(self, name) + d)
         self.gen_start += d
         self.__dict__.pop("_columns", None)
         self.__dict__.pop("_in_generation", None)
+
+
+def pad_columns_left(t: torch.Tensor, columns: int, fill) -> torch.Tensor:
+    """(B, L) -> (B, columns + L): `columns` new first columns holding `fill`."""
+    if not columns:
+        return t
+    return torch.cat([torch.full((t.shape[0], columns), fill, dtype=t.dtype, device=t.device), t], 1)
 
 
 def select_positions(mask: torch.Tensor, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
