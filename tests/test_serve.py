@@ -274,7 +274,7 @@ def test_with_shared_kv_buffers_storing_batches_run_one_at_a_time(shipped, monke
 
     model, tok = shipped
     monkeypatch.setattr(E.Engine, "shares_kv_buffers", lambda self: True)
-    running, most = [], [0]
+    most = [0]
     turn = E.Engine._turn
 
     def counting_turn(self, group):

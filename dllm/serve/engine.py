@@ -195,7 +195,8 @@ class Engine:
                         if not (together and j.config.temperature == 0 and batch_key(j.config) == batch_key(first.config))]
         with self._wake:
             self.queue.extendleft(reversed(deferred))
-        return [j for j in jobs if j not in deferred]
+        waiting = {id(j) for j in deferred}
+        return [j for j in jobs if id(j) not in waiting]
 
     def _decoder(self, prompts: list[list[int]], config: GenerationConfig) -> Decoder:
         request = resolve_request(self.model, config)
