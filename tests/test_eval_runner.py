@@ -124,6 +124,19 @@ def test_config_errors():
         runner.BenchConfig(model="m", generated=True, sort_key="first")
     with pytest.raises(ValueError, match="unknown bench option"):
         runner.config_from_dict({"model": "m", "generated": True, "smapler": "x"})
+    with pytest.raises(ValueError, match="unknown name source 'faker'; sources: lists, open"):
+        runner.BenchConfig(model="m", names="faker")
+
+
+def test_open_names_draw_the_held_out_people_and_say_so_in_the_source():
+    from dllm.eval.names import open_pool
+
+    cfg = runner.BenchConfig(model="m", tasks="waiting_line/copy", limit=4, names="open")
+    ds = runner.load_dataset(cfg)
+    assert "names=open" in ds.source
+    people = {p for s in ds.samples["waiting_line/copy"] for p in json.loads(s.record["input"]["context"])}
+    assert {w for p in people for w in p.split()} <= open_pool("test").words()
+    assert "names" not in runner.load_dataset(cfg.replace(names="lists")).source
 
 
 def _env():

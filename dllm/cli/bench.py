@@ -5,6 +5,7 @@ import sys
 
 from dllm.distributed import is_main_process
 from dllm.eval import data, generators, report, runner
+from dllm.eval.names import NAME_SOURCES
 
 from .options import (add_benchmark_options, add_model_option, add_request_options, add_runtime_options,
                       generation_config)
@@ -25,6 +26,9 @@ def add_parser(sub) -> None:
                         "prompt reads")
     b.add_argument("--index-base", type=int, default=0, choices=(0, 1),
                    help="generated *_index positions: 0-based as the official files, or 1-based")
+    b.add_argument("--names", default="lists", choices=NAME_SOURCES,
+                   help="generated Waiting Line people: the project's word lists (one pool for both splits), or "
+                        "Faker's names with the test split drawn from a pool held out of the train split")
     b.add_argument("--pb", default="80,70,60", help="PB@X levels (default 80,70,60)")
     b.add_argument("--report", action="store_true", help="only print the tables of the runs stored in --out")
     b.add_argument("--write-data", default=None, metavar="DIR",
@@ -70,7 +74,8 @@ def bench_config(args) -> runner.BenchConfig:
         out=args.out, generation=generation_config(args), batch_size=args.batch_size, dtype=args.dtype,
         device=args.device, attention=args.attention, cuda_graphs=args.cuda_graphs, compile=args.compile,
         grammar_url=args.grammar_url,
-        bertscore_model=args.bertscore_model, sort_key=args.sort_key, index_base=args.index_base)
+        bertscore_model=args.bertscore_model, sort_key=args.sort_key, index_base=args.index_base,
+        names=args.names)
 
 
 def run(args) -> int:

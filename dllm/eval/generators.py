@@ -98,6 +98,7 @@ import string
 from functools import lru_cache
 from itertools import product
 
+from .names import NAME_SOURCES, check_source, open_pool
 from .wordlists import FIRST_NAMES, LAST_NAMES, W2S_EASY, W2S_HARD, W2S_MEDIUM
 
 TEST_SPLIT = "test"
@@ -181,7 +182,7 @@ def default_num_samples(task: str) -> int:
 
 
 def make_records(task: str, *, split: str = TEST_SPLIT, num_samples: int | None = None, shard: int = 0,
-             sort_key: str = "full_name", index_base: int = 0) -> list[dict]:
+             sort_key: str = "full_name", index_base: int = 0, names: str = "lists") -> list[dict]:
     """Generate records of one task in the official JSONL schema.
 
     task:        one of `generator_tasks()`.
@@ -193,6 +194,10 @@ def make_records(task: str, *, split: str = TEST_SPLIT, num_samples: int | None 
     sort_key:    "full_name" (official labels) or "last_name" (the prompt's literal reading);
                  Sort tasks only.
     index_base:  0 (official) or 1 (shown positions 1-based); *_index tasks only.
+    names:       where Waiting Line people come from (`dllm.eval.names.NAME_SOURCES`): "lists"
+                 (the project's word lists, one pool for both splits) or "open" (Faker's names,
+                 the train split from the train pool, the test split from the disjoint held-out
+                 pool).
 
     Returns a list of new dicts (the caller may mutate them). Deterministic in its arguments.
     """
@@ -208,6 +213,7 @@ def make_records(task: str, *, split: str = TEST_SPLIT, num_samples: int | None 
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
     _check_shard(shard)
+    check_source(names)
     if split == TEST_SPLIT:
         if shard != 0:
             raise ValueError(f"shard applies to the train split only; the test split has shard 0, got {shard!r}")
@@ -217,11 +223,11 @@ def make_records(task: str, *, split: str = TEST_SPLIT, num_samples: int | None 
     style = {"sort_key": sort_key, "index_base": index_base}
     kind = spec["kind"]
     if split == TEST_SPLIT:
-        samples, examples = _test_draws(task)
+        samples, examples = _test_draws(task, names)
         samples = samples[:num_samples]
         examples = examples[:num_samples] if examples is not None else None
     else:
-        samples, examples = _train_draws(task, num_samples, shard)
+        samples, examples = _train_draws(task, num_samples, shard, names)
     build = _BUILDERS[kind]
     records = []
     for i, sample in enumerate(samples):
@@ -280,21 +286,26 @@ def _check_shard(shard: int) -> None:
 # A draw is a small tuple of everything random about one sample; `_key` reduces it to the part
 # a prompt shows (the test input), `_BUILDERS` turn it into a record.
 
-def _draw_line(rng: random.Random, op: str, n: int) -> tuple:
-    """(names, word, position, shuffled) for one Waiting Line sample of n people."""
-    picked = rng.sample(range(len(POOL)), n)          # same draws as rng.sample(POOL, n)
-    names = [POOL[i] for i in picked]
+def _pool(names: str, split: str):
+    """The people a split of a name source draws from (indexable, first-name-major)."""
+    return POOL if names == "lists" else open_pool(split)
+
+
+def _draw_line(rng: random.Random, op: str, n: int, pool) -> tuple:
+    """(names, word, position, shuffled) for one Waiting Line sample of n people from `pool`."""
+    picked = rng.sample(range(len(pool)), n)          # same draws as rng.sample(pool, n)
+    names = [pool[i] for i in picked]
     word = position = shuffled = None
     if op.startswith(("insert", "replace")):
         # rng.choice(pool minus names): one randrange over the remaining entries (the same draw
         # choice makes), mapped back to a pool position by skipping the picked ones.
-        k = rng.randrange(len(POOL) - n)
+        k = rng.randrange(len(pool) - n)
         for p in sorted(picked):
             if p <= k:
                 k += 1
             else:
                 break
-        word = POOL[k]
+        word = pool[k]
     if op.startswith("insert"):
         position = rng.randint(0, n)
     elif op.startswith(("remove", "replace")):
@@ -385,12 +396,11 @@ def _draw_w2s(rng: random.Random, level: str) -> tuple:
     return tuple(rng.sample(theme, 4))
 
 
-def _draw(spec: dict, rng: random.Random, n: int | None = None) -> tuple:
+def _draw(spec: dict, rng: random.Random, pool=None) -> tuple:
+    """One sample of a task; `pool`: the people of a Waiting Line task."""
     kind = spec["kind"]
     if kind == "line":
-        if n is None:
-            n = rng.randint(*spec["n"])
-        return _draw_line(rng, spec["op"], n)
+        return _draw_line(rng, spec["op"], rng.randint(*spec["n"]), pool)
     if kind == "latin":
         return _draw_latin(rng)
     if kind == "sudoku":
@@ -413,9 +423,10 @@ def _key(spec: dict, draw: tuple):
 
 
 @lru_cache(maxsize=None)
-def _test_draws(task: str) -> tuple[tuple, tuple | None]:
+def _test_draws(task: str, names: str) -> tuple[tuple, tuple | None]:
     """The test split's draws in emission order and their ICL draws (None for zero-shot tasks)."""
     spec = _TASKS[task]
+    pool = _pool(names, TEST_SPLIT)
     rng = random.Random(task_seed(task))
     count, kind = spec["count"], spec["kind"]
     if kind == "line":
@@ -424,11 +435,11 @@ def _test_draws(task: str) -> tuple[tuple, tuple | None]:
         buckets: dict[int, list] = {n: [] for n in range(lo, hi + 1)}
         while any(len(b) < per_n for b in buckets.values()):
             n = rng.randint(lo, hi)
-            draw = _draw_line(rng, spec["op"], n)
+            draw = _draw_line(rng, spec["op"], n, pool)
             if len(buckets[n]) < per_n:
                 buckets[n].append(draw)
         samples = [d for n in range(lo, hi + 1) for d in buckets[n]]
-        examples = [_draw(spec, rng) for _ in range(count)]
+        examples = [_draw(spec, rng, pool) for _ in range(count)]
     elif kind == "latin":
         samples = [_draw(spec, rng) for _ in range(count)]
         examples = [_draw(spec, rng) for _ in range(count)]
@@ -442,9 +453,9 @@ def _test_draws(task: str) -> tuple[tuple, tuple | None]:
 
 
 @lru_cache(maxsize=None)
-def _test_keys(task: str) -> frozenset:
+def _test_keys(task: str, names: str) -> frozenset:
     spec = _TASKS[task]
-    return frozenset(_key(spec, d) for d in _test_draws(task)[0])
+    return frozenset(_key(spec, d) for d in _test_draws(task, names)[0])
 
 
 def _distinct(spec: dict, rng: random.Random, count: int, exclude: set) -> list[tuple]:
@@ -465,21 +476,22 @@ def _redraw_until(spec: dict, rng: random.Random, banned) -> tuple:
             return draw
 
 
-def _train_draws(task: str, count: int, shard: int) -> tuple[list, list | None]:
+def _train_draws(task: str, count: int, shard: int, names: str) -> tuple[list, list | None]:
     spec = _TASKS[task]
     rng = random.Random(train_seed(task, shard))
-    held_out = _test_keys(task)
+    held_out = _test_keys(task, names)
+    pool = _pool(names, TRAIN_SPLIT)
     one_shot = spec["kind"] != "w2s"
     samples, examples = [], ([] if one_shot else None)
     while len(samples) < count:
-        draw = _draw(spec, rng)
+        draw = _draw(spec, rng, pool)
         key = _key(spec, draw)
         if key in held_out:
             continue
         samples.append(draw)
         if one_shot:
             while True:
-                example = _draw(spec, rng)
+                example = _draw(spec, rng, pool)
                 example_key = _key(spec, example)
                 if example_key != key and example_key not in held_out:
                     break

@@ -38,6 +38,7 @@ from dllm.models.loading import resolve_device
 
 from . import generators, metrics, text_metrics
 from .data import Dataset, Sample, discover, load_generated, load_official
+from .names import check_source
 from .tasks import GROUPS, TASKS, encode_messages, prompt_id, select_tasks
 
 ROW_VERSION = 1
@@ -82,6 +83,7 @@ class BenchConfig:
     bertscore_model: str | None = None
     sort_key: str = "full_name"
     index_base: int = 0
+    names: str = "lists"
 
     def __post_init__(self):
         if self.data_dir is None:  # nothing to download: our generators' held-out test split
@@ -99,6 +101,7 @@ class BenchConfig:
             raise ValueError(f"sort_key must be 'full_name' or 'last_name', got {self.sort_key!r}")
         if self.index_base not in (0, 1):
             raise ValueError(f"index_base must be 0 or 1, got {self.index_base!r}")
+        check_source(self.names)
 
     def request_for(self, max_tokens: int) -> GenerationConfig:
         """The generation request of a task decoded with `max_tokens` (its gen_length when the
@@ -218,6 +221,8 @@ def generator_options(cfg: BenchConfig) -> dict:
         options["sort_key"] = cfg.sort_key
     if cfg.index_base != 0:
         options["index_base"] = cfg.index_base
+    if cfg.names != "lists":
+        options["names"] = cfg.names
     return options
 
 
