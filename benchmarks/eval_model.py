@@ -2,8 +2,11 @@
 
     python benchmarks/eval_model.py --model runs/pb-tiny/model --out runs/pb-tiny/eval.jsonl
     python benchmarks/eval_model.py --model M --tokens-per-step 1,2,4,8 --sampler low_confidence
+    python benchmarks/eval_model.py --model M --out F --names open --gen-length 64   # held-out names
+    python benchmarks/eval_model.py --model M --out F --data-dir PB/data          # the official files
 
-Runs `dllm bench --generated` once per tokens-per-step value (one block over the canvas, greedy,
+Runs `dllm bench` (the generated test split, or the official files of `--data-dir`) once per
+tokens-per-step value (one block over the canvas, greedy,
 the sampler's fixed schedule), appending to one results file (so an interrupted run resumes), and
 prints a Markdown table: tasks as rows, one column per setting, the average and tokens/forward.
 """
@@ -13,6 +16,7 @@ import argparse
 import sys
 
 from dllm.eval import report, runner
+from dllm.eval.names import NAME_SOURCES
 
 
 def main(argv=None) -> int:
@@ -25,6 +29,9 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--names", default="lists", choices=NAME_SOURCES, help="generated Waiting Line people")
+    p.add_argument("--gen-length", type=int, default=None, help="default: each task's max_tokens")
+    p.add_argument("--data-dir", default=None, help="a ParallelBench data folder (official files) instead")
     args = p.parse_args(argv)
     try:
         ks = [int(k) for k in args.tokens_per_step.split(",")]
@@ -33,9 +40,10 @@ def main(argv=None) -> int:
         return 2
     runs = []
     for k in ks:
-        cfg = runner.config_from_dict(dict(model=args.model, tasks=args.tasks, generated=True, limit=args.limit,
-                                           out=args.out, sampler=args.sampler, tokens_per_step=k,
-                                           batch_size=args.batch_size, dtype=args.dtype))
+        source = dict(data_dir=args.data_dir) if args.data_dir else dict(generated=True, names=args.names)
+        cfg = runner.config_from_dict(dict(model=args.model, tasks=args.tasks, limit=args.limit, out=args.out,
+                                           sampler=args.sampler, tokens_per_step=k, gen_length=args.gen_length,
+                                           batch_size=args.batch_size, dtype=args.dtype, **source))
         rows = runner.run_bench(cfg)
         runs.append(rows[0]["run_id"])
     summaries = {s.run_id: s for s in report.summarize(runner.ResultsFile(args.out).rows())}

@@ -44,12 +44,13 @@ def test_default_train_config_is_the_shipped_recipe():
 
     info = json.loads((FOLDER / "train_info.json").read_text())
     default = T.TrainConfig()
-    assert info["recipe"] == T.recipe_fields(default)
+    assert T.complete_recipe(info["recipe"]) == T.recipe_fields(default)
     runs = T.phase_configs(default)
     assert len(info["phases"]) == len(runs) == len(default.then_steps) + 1
     for k, (phase, run) in enumerate(zip(info["phases"], runs)):
         recorded = phase["recipe"]
         want = T.recipe_fields(dataclasses.replace(run, init_from=recorded["init_from"]))
+        assert not set(recorded) - set(want)
         # the phases were recorded by single runs, some before the then_ fields or in their older
         # one-value form; every other field they record matches, and none had later phases itself
         assert {f: want[f] for f in recorded if f not in T.THEN_FIELDS} == {

@@ -61,6 +61,41 @@ def test_masked_mean_loss_draws_t_as_a_power_of_u():
         T.diffusion_loss(fake, x, valid, pos, cols, mask_id=49, eps=1e-3, generator=torch.Generator(), loss="elbo")
 
 
+def test_end_weights_count_the_end_token_and_its_neighbours_that_many_times():
+    target = torch.tensor([[5, 6, 9, 7, 7], [9, 7, 7, 7, 7], [5, 6, 5, 6, 5]])
+    w = T.end_weights(target, end_id=9, end_weight=4.0)
+    assert w.tolist() == [[1, 4, 4, 4, 1], [4, 4, 1, 1, 1], [1, 1, 1, 1, 1]]
+    assert T.end_weights(target, 9, 1.0) is None and T.end_weights(target, None, 4.0) is None
+    # the masked-mean loss is the weighted mean CE: with uniform logits it stays log V, and a
+    # model that is wrong only on the end token loses end_weight times as much there
+    items = [T.Encoded("t", [5, 6], [3, 4, 9, 7, 7, 7])] * 64
+    x, valid, pos, cols = T.make_batch(items, pad_id=0)
+
+    class _RightButEnd(torch.nn.Module):
+        def forward(self, noisy, logits_at, position_ids=None, key_valid=None):
+            good = torch.nn.functional.one_hot(x.gather(1, logits_at), 12).float() * 20
+            good[..., 2, :] = 0                                           # uniform on the end column
+            return good.requires_grad_()
+
+    losses = [T.diffusion_loss(_RightButEnd(), x, valid, pos, cols, mask_id=11, eps=1.0,
+                               generator=torch.Generator().manual_seed(0), loss="masked-mean", end_id=9,
+                               end_weight=weight).item() for weight in (1.0, 5.0)]
+    # every token masked (t = 1): the end column's CE is log 12, the others ~0
+    assert losses[0] == pytest.approx(math.log(12) / 6, rel=1e-3)
+    assert losses[1] == pytest.approx(5 * math.log(12) / (3 * 5 + 3), rel=1e-3)
+
+
+def test_encode_records_lays_answers_on_the_canvas_asked_for():
+    cfg = T.TrainConfig(**{**TINY, "samples_per_task": 5})
+    records = {"waiting_line/copy": T.training_records(cfg)["waiting_line/copy"]}
+    tok = T.build_tokenizer(T.tokenizer_texts(records, "lists"), 700)
+    for canvas, length in ((0, 32), (48, 48)):
+        enc, dropped = T.encode_records(tok, records, canvas)
+        assert {len(e.response) for e in enc} == {length} and not dropped
+    enc, dropped = T.encode_records(tok, records, 3)
+    assert not enc and dropped == {"waiting_line/copy": 5}
+
+
 def test_example_answers_join_the_loss_masked_with_their_rows_t():
     items = [T.Encoded("t", [1, 2, 3, 4, 5, 6][: 4 + b % 3], [8 + b % 4] * 10, ((1, 3),) if b % 5 else ())
              for b in range(4000)]
@@ -278,6 +313,14 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
     T.train(cfg, progress=False, stop_after=1)
     with pytest.raises(ValueError, match="other settings \\(lr\\)"):
         T.train(T.TrainConfig(out=str(tmp_path / "c"), **{**TINY, "lr": 5e-4}), progress=False)
+    # a checkpoint made before a field existed ran at its default
+    ckpt = tmp_path / "c" / "phase1" / "checkpoint.pt" if TINY["then_steps"] else tmp_path / "c" / "checkpoint.pt"
+    ck = torch.load(ckpt, weights_only=False)
+    del ck["recipe"]["end_weight"]
+    torch.save(ck, ckpt)
+    with pytest.raises(ValueError, match="other settings \\(end_weight\\)"):
+        T.train(T.TrainConfig(out=str(tmp_path / "c"), **{**TINY, "end_weight": 2.0}), progress=False, stop_after=2)
+    T.train(T.TrainConfig(out=str(tmp_path / "c"), **TINY), progress=False, stop_after=2)
     with pytest.raises(ValueError, match="d_model 30 is not divisible by n_heads 4"):
         T.TrainConfig(d_model=30, n_heads=4)
     with pytest.raises(ValueError, match="cannot train on task"):
@@ -304,6 +347,11 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
         T.TrainConfig(precision="fp16")
     with pytest.raises(ValueError, match="compile must be true or false, got 'yes'"):
         T.TrainConfig(compile="yes")
+    with pytest.raises(ValueError, match="canvas must be an integer in \\[0, 1024\\] \\(0: each task's max_tokens\\), "
+                                         "got -8"):
+        T.TrainConfig(canvas=-8)
+    with pytest.raises(ValueError, match="end_weight must be in \\[1, 100\\], got 0.5"):
+        T.TrainConfig(end_weight=0.5)
 
 
 def _tiny_model(init):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..config import check_fields
 from ..eval import generators
+from ..eval.names import NAME_SOURCES
 
 DEFAULT_TASKS = (
     "waiting_line/copy", "waiting_line/reverse", "waiting_line/sort", "waiting_line/shuffle",
@@ -31,6 +32,7 @@ INITS = ("mimetic", "normal")
 PRECISIONS = ("bf16", "fp32")
 EMBED_UPDATES = ("dense", "lazy", "frozen")
 PREV_HEAD_INPUTS = ("embedding", "bias")
+MAX_CANVAS = 1024
 
 # The task weights of the shipped recipe's later phases. Second: the grids and insert_index weigh
 # most. Third: the Latin squares.
@@ -85,6 +87,8 @@ class TrainConfig:
     seed: int = 0
     tasks: tuple = DEFAULT_TASKS
     samples_per_task: int = 13000
+    names: str = "lists"
+    canvas: int = 0
     vocab_size: int = 2048
     whole_names: bool = False
     embed_update: str = "dense"
@@ -118,6 +122,7 @@ class TrainConfig:
     vo_std: float = 0.05
     loss: str = "masked-mean"
     t_power: float = 2.0
+    end_weight: float = 1.0
     mask_example: float = 0.5
     bind_mask: float = 0.15
     hole_mask: float = 0.35
@@ -180,6 +185,11 @@ class TrainConfig:
             raise ValueError(f"prev_head_input {self.prev_head_input!r} is not one of {', '.join(PREV_HEAD_INPUTS)}")
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"tie_embeddings must be true or false, got {self.tie_embeddings!r}")
+        if self.names not in NAME_SOURCES:
+            raise ValueError(f"names {self.names!r} is not one of {', '.join(NAME_SOURCES)}")
+        if isinstance(self.canvas, bool) or not isinstance(self.canvas, int) or not 0 <= self.canvas <= MAX_CANVAS:
+            raise ValueError(f"canvas must be an integer in [0, {MAX_CANVAS}] (0: each task's max_tokens), "
+                             f"got {self.canvas!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
 
@@ -199,6 +209,8 @@ class TrainConfig:
             raise ValueError(f"loss {self.loss!r} is not one of {', '.join(LOSSES)}")
         if not 0 < self.t_power <= 10:
             raise ValueError(f"t_power must be in (0, 10], got {self.t_power}")
+        if not 1 <= self.end_weight <= 100:
+            raise ValueError(f"end_weight must be in [1, 100], got {self.end_weight}")
         if not 0 <= self.mask_example <= 1:
             raise ValueError(f"mask_example must be in [0, 1], got {self.mask_example}")
         if not 0 <= self.bind_mask <= 1:
@@ -291,6 +303,12 @@ def recipe_fields(cfg: TrainConfig) -> dict:
     for k in ("tasks", *THEN_FIELDS):
         recipe[k] = list(recipe[k])
     return recipe
+
+
+def complete_recipe(recorded: dict) -> dict:
+    """A recipe recorded by an earlier version, with each field added since at its default (the
+    value such a run trained with)."""
+    return {**recipe_fields(TrainConfig()), **recorded}
 
 
 def phase_configs(cfg: TrainConfig) -> list[TrainConfig]:

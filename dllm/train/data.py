@@ -4,6 +4,7 @@ left-padded batches."""
 from __future__ import annotations
 
 import functools
+import json
 import random
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast
 
 from ..eval import generators
+from ..eval.names import stand_in_pool
 from ..eval.tasks import get_task, messages
 from .config import TrainConfig
 
@@ -31,9 +33,40 @@ CHAT_TEMPLATE = (
 
 
 def training_records(cfg: TrainConfig) -> dict[str, list[dict]]:
-    """Records of the generators' train split, `samples_per_task` per task (shard = seed)."""
-    return {t: generators.make_records(t, split="train", num_samples=cfg.samples_per_task, shard=cfg.seed % 1000)
+    """Records of the generators' train split, `samples_per_task` per task (shard = seed), with the
+    people of the `names` source."""
+    return {t: generators.make_records(t, split="train", num_samples=cfg.samples_per_task, shard=cfg.seed % 1000,
+                                       names=cfg.names)
             for t in cfg.tasks}
+
+
+def record_people(record: dict) -> set[str]:
+    """The people a Waiting Line record names (its list, its new person, those of its in-context
+    examples); empty for other tasks."""
+    people = set()
+    for rec in [record, *record["input"].get("icl_examples", ())]:
+        inp = rec["input"]
+        if "context" in inp:
+            people.update(json.loads(inp["context"]))
+        if inp.get("word"):
+            people.add(inp["word"])
+    return people
+
+
+def tokenizer_texts(records: dict[str, list[dict]], names: str) -> list[str]:
+    """The text the tokenizer is fitted on: each record's rendered prompt and answer. With the
+    "open" name source every person is swapped for a name of `stand_in_pool()` (a seeded draw), so
+    the BPE learns the tasks' text and how names split, but no name of the train or test pool."""
+    texts, rng = [], random.Random(0)
+    pool = stand_in_pool() if names == "open" else None
+    for task_id, recs in records.items():
+        for r in recs:
+            text = render_prompt(task_id, r) + answer_text(r)
+            if pool is not None:
+                for person in sorted(record_people(r)):
+                    text = text.replace(person, pool[rng.randrange(len(pool))])
+            texts.append(text)
+    return texts
 
 
 def answer_text(record: dict) -> str:
@@ -146,12 +179,14 @@ def example_spans(tokenizer, prompt: list[int], turns: list[dict]) -> tuple:
     return tuple(spans)
 
 
-def encode_records(tokenizer, records: dict[str, list[dict]]) -> tuple[list[Encoded], dict[str, int]]:
-    """Token ids of every record; records whose answer does not fit the canvas are counted, not kept."""
+def encode_records(tokenizer, records: dict[str, list[dict]], canvas: int = 0) -> tuple[list[Encoded], dict[str, int]]:
+    """Token ids of every record on a response canvas of `canvas` tokens (0: the task's max_tokens);
+    records whose answer and EOT do not fit are counted, not kept."""
     eos, eot = tokenizer.convert_tokens_to_ids(EOS), tokenizer.convert_tokens_to_ids(EOT)
     out, dropped = [], {}
+    size = canvas
     for task_id, recs in records.items():
-        canvas = get_task(task_id).max_tokens
+        canvas = size or get_task(task_id).max_tokens
         prompts = tokenizer([render_prompt(task_id, r) for r in recs], add_special_tokens=False)["input_ids"]
         answers = tokenizer([answer_text(r) for r in recs], add_special_tokens=False)["input_ids"]
         for r, p, a in zip(recs, prompts, answers):

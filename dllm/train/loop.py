@@ -16,9 +16,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
 from ..models.llada import LLaDAModel
-from .config import TrainConfig, phase_configs, recipe_fields
+from .config import TrainConfig, complete_recipe, phase_configs, recipe_fields
 from .data import (PAIR_BIND_ROWS, Encoded, answer_text, build_tokenizer, copy_example, copy_vocab, encode_records,
-                   example_columns, global_pairing, make_batch, pair_example, render_prompt, response_sides,
+                   example_columns, global_pairing, make_batch, pair_example, response_sides, tokenizer_texts,
                    training_records)
 from .model_init import check_start_shape, init_weights, model_config, save_pretrained, start_model
 from .objective import bind_rows, diffusion_loss, hole_rows
@@ -228,8 +228,7 @@ def _phase_tokenizer(cfg: TrainConfig, tok_dir: Path, records: dict[str, list[di
     if start is not None:
         tokenizer = start[1]
     else:
-        texts = [render_prompt(t, r) + answer_text(r) for t, recs in records.items() for r in recs]
-        tokenizer = build_tokenizer(texts, cfg.vocab_size, cfg.whole_names)
+        tokenizer = build_tokenizer(tokenizer_texts(records, cfg.names), cfg.vocab_size, cfg.whole_names)
     tokenizer.save_pretrained(str(tok_dir))
     return tokenizer
 
@@ -250,10 +249,12 @@ def _build_model(cfg: TrainConfig, tokenizer, start) -> LLaDAModel:
 
 def _resume(run: _Phase) -> None:
     """Restore the weights, optimizer states, random streams and progress of `run.ckpt_path`; a
-    ValueError names the recipe fields when it was made with other settings."""
+    ValueError names the recipe fields when it was made with other settings (a field its recipe
+    lacks counts as that field's default)."""
     ck = torch.load(run.ckpt_path, weights_only=False)
-    if ck["recipe"] != run.recipe:
-        diff = sorted(k for k in run.recipe if run.recipe[k] != ck["recipe"].get(k))
+    recorded = complete_recipe(ck["recipe"])
+    if recorded != run.recipe:
+        diff = sorted(k for k in run.recipe if run.recipe[k] != recorded.get(k))
         raise ValueError(f"{run.ckpt_path} was made with other settings ({', '.join(diff)}); use another --out "
                          f"or the same settings")
     run.model.load_state_dict(ck["model"])
@@ -295,7 +296,8 @@ def _run_steps(run: _Phase, progress: bool, stop_after: int | None) -> float:
         run.optim.set_lr(lr_at(cfg, state.step))
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
             loss = diffusion_loss(run.forward, x, valid, pos, cols, mcfg.mask_token_id, cfg.eps, state.gen, cfg.loss,
-                                  cfg.t_power, extra_cols, extra_ok, fixed, fixed_rows, head=model.head_logits)
+                                  cfg.t_power, extra_cols, extra_ok, fixed, fixed_rows, head=model.head_logits,
+                                  end_id=mcfg.eot_token_id, end_weight=cfg.end_weight)
         run.optim.step(model, loss, x, mcfg.mask_token_id, cfg.grad_clip)
         state.step += 1
         tokens_seen += int(valid.sum())
@@ -343,7 +345,7 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     records = training_records(cfg)
     start = start_model(cfg) if cfg.init_from else None
     tokenizer = _phase_tokenizer(cfg, out / "tokenizer", records, start)
-    data, dropped = encode_records(tokenizer, records)
+    data, dropped = encode_records(tokenizer, records, cfg.canvas)
     batches = _BatchSource.build(cfg, tokenizer, data)
     torch.manual_seed(cfg.seed)
     model = _build_model(cfg, tokenizer, start)

@@ -41,10 +41,23 @@ def hole_rows(sides: torch.Tensor, taken: torch.Tensor, share: float, generator:
     return fixed, rows
 
 
+def end_weights(target: torch.Tensor, end_id: int | None, end_weight: float) -> torch.Tensor | None:
+    """Per-token loss weights (B, C) of `target`: `end_weight` on each `end_id` token and on the
+    token just before and just after it, 1 elsewhere; None when nothing is reweighted."""
+    if end_weight == 1 or end_id is None:
+        return None
+    end = target == end_id
+    near = end.clone()
+    near[:, 1:] |= end[:, :-1]
+    near[:, :-1] |= end[:, 1:]
+    return torch.where(near, float(end_weight), 1.0)
+
+
 def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generator: torch.Generator,
                    loss: str = "llada", t_power: float = 1.0, extra_cols: torch.Tensor | None = None,
                    extra_ok: torch.Tensor | None = None, fixed: torch.Tensor | None = None,
-                   fixed_rows: torch.Tensor | None = None, head=None):
+                   fixed_rows: torch.Tensor | None = None, head=None, end_id: int | None = None,
+                   end_weight: float = 1.0):
     """Masked-diffusion loss on one batch: response tokens masked w.p. t, cross-entropy on them.
 
     loss="llada": t ~ U(eps, 1] (`t_power` ignored), per sequence sum(CE on masked) / t / G, the
@@ -62,7 +75,10 @@ def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generat
     `model` returns hidden states (B, G', d) (`hidden_at`) and `head` (`head_logits`) maps only the
     masked ones to logits. Same loss; with a large vocabulary most of the LM head's work and the
     (B, G', V) float logits are skipped (with t = u^2, two thirds of the columns are unmasked on
-    average)."""
+    average).
+
+    end_id, end_weight: the end-of-turn token and its two neighbours count `end_weight` times in
+    the loss (`end_weights`), where the answer's length is decided."""
     if loss not in LOSSES:
         raise ValueError(f"loss {loss!r} is not one of {', '.join(LOSSES)}")
     B, G = cols.shape
@@ -84,9 +100,13 @@ def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generat
     else:
         picked = F.cross_entropy(head(out[masked]).float(), target[masked], reduction="none")   # (N,)
         ce = torch.zeros(masked.shape, dtype=picked.dtype, device=picked.device).masked_scatter(masked, picked)
+    weight = masked.to(ce.dtype)
+    extra = end_weights(target, end_id, end_weight)
+    if extra is not None:
+        weight = weight * extra
     if loss == "llada":
-        return ((ce * masked / t).sum(1) / G).mean()
-    return (ce * masked).sum() / masked.sum().clamp(min=1)
+        return ((ce * weight / t).sum(1) / G).mean()
+    return (ce * weight).sum() / weight.sum().clamp(min=1)
 
 
 def binding_accuracy(model, mask_id: int, pad_id: int, examples: list[Encoded]) -> float:
