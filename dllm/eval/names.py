@@ -91,5 +91,5 @@ def open_pool(split: str) -> NamePool:
     if split not in ("train", "test"):
         raise ValueError(f"unknown split {split!r}; splits: train, test")
     firsts, lasts = _faker_words(FAKER_LOCALES)
-    keep = (lambda w: held_out(w)) if split == "test" else (lambda w: not held_out(w))
-    return NamePool(tuple(w for w in firsts if keep(w)), tuple(w for w in lasts if keep(w)))
+    test = split == "test"
+    return NamePool(tuple(w for w in firsts if held_out(w) == test), tuple(w for w in lasts if held_out(w) == test))

@@ -184,18 +184,17 @@ def encode_records(tokenizer, records: dict[str, list[dict]], canvas: int = 0) -
     records whose answer and EOT do not fit are counted, not kept."""
     eos, eot = tokenizer.convert_tokens_to_ids(EOS), tokenizer.convert_tokens_to_ids(EOT)
     out, dropped = [], {}
-    size = canvas
     for task_id, recs in records.items():
-        canvas = size or get_task(task_id).max_tokens
+        length = canvas or get_task(task_id).max_tokens
         prompts = tokenizer([render_prompt(task_id, r) for r in recs], add_special_tokens=False)["input_ids"]
         answers = tokenizer([answer_text(r) for r in recs], add_special_tokens=False)["input_ids"]
         for r, p, a in zip(recs, prompts, answers):
-            if len(a) + 1 > canvas:
+            if len(a) + 1 > length:
                 dropped[task_id] = dropped.get(task_id, 0) + 1
                 continue
             spans = example_spans(tokenizer, p, messages(task_id, r))
-            response = a + [eot] + [eos] * (canvas - len(a) - 1)
-            sides = name_sides(tokenizer.convert_ids_to_tokens(a)) + (0,) * (canvas - len(a))
+            response = a + [eot] + [eos] * (length - len(a) - 1)
+            sides = name_sides(tokenizer.convert_ids_to_tokens(a)) + (0,) * (length - len(a))
             out.append(Encoded(task_id, p, response, spans, sides))
     return out, dropped
 
