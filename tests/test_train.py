@@ -738,30 +738,11 @@ def test_binding_accuracy_hides_every_second_side_token_and_scores_it():
 
 @pytest.mark.parametrize("via", ["embedding", "bias"])
 def test_previous_token_head_attends_to_the_previous_position_at_init(via):
-    from dllm.config import ModelConfig
-    from dllm.models.llada import LLaDAModel
-
     def head0_attention(prev):
-        mc = ModelConfig(family="llada", vocab_size=300, d_model=64, n_layers=2, n_heads=2, n_kv_heads=2,
-                         mlp_hidden=96, norm_eps=1e-5, rope_theta=1e4, max_seq_len=64, mask_token_id=299,
-                         eos_token_id=298, pad_token_id=298, bos_token_id=297, eot_token_id=296,
-                         qkv_bias=via == "bias", tie_embeddings=True, rope_fp32=True, logit_shift=False)
-        torch.manual_seed(0)
-        model = LLaDAModel(mc)
+        model = _two_layer_model(d_model=64, n_heads=2, qkv_bias=via == "bias")
         T.init_weights(model, T.TrainConfig(prev_token_head=prev, prev_head_input=via, next_token_head=False))
         x = torch.randint(0, 296, (3, 23), generator=torch.Generator().manual_seed(1))
-        with torch.no_grad():
-            h = model.layers[0].attn_norm(model.embed(x))
-            D = mc.head_dim
-            q, k = model.layers[0].attn.q(h)[..., :D].double(), model.layers[0].attn.k(h)[..., :D].double()
-        # plain rotary re-statement: dims i and i + D/2 rotate by pos * theta^(-2i/D)
-        ang = torch.arange(23.0, dtype=torch.float64)[:, None] * mc.rope_theta ** (-torch.arange(0, D, 2) / D)
-        cos, sin = ang.cos(), ang.sin()
-
-        def rot(v):
-            a, b = v[..., :D // 2], v[..., D // 2:]
-            return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
-        return (rot(q) @ rot(k).transpose(1, 2) / D ** 0.5).softmax(-1), model
+        return _layer0_attention(model, x)[0], model
 
     att, model = head0_attention(True)
     p = torch.arange(1, 23)
@@ -782,30 +763,10 @@ def test_previous_token_head_attends_to_the_previous_position_at_init(via):
 
 def test_next_token_head_attends_to_the_next_position_at_init():
     """Head 1 of layer 0, built from biases, attends to p + 1 beside the previous-token head 0."""
-    from dllm.config import ModelConfig
-    from dllm.models.llada import LLaDAModel
-
-    mc = ModelConfig(family="llada", vocab_size=300, d_model=64, n_layers=2, n_heads=2, n_kv_heads=2,
-                     mlp_hidden=96, norm_eps=1e-5, rope_theta=1e4, max_seq_len=64, mask_token_id=299,
-                     eos_token_id=298, pad_token_id=298, bos_token_id=297, eot_token_id=296,
-                     qkv_bias=True, tie_embeddings=True, rope_fp32=True, logit_shift=False)
-    torch.manual_seed(0)
-    model = LLaDAModel(mc)
+    model = _two_layer_model(d_model=64, n_heads=2, qkv_bias=True)
     T.init_weights(model, T.TrainConfig(prev_token_head=True, prev_head_input="bias", next_token_head=True))
     x = torch.randint(0, 296, (3, 41), generator=torch.Generator().manual_seed(2))
-    D, n = mc.head_dim, x.shape[1]
-    with torch.no_grad():
-        h = model.layers[0].attn_norm(model.embed(x))
-        q, k = model.layers[0].attn.q(h).double(), model.layers[0].attn.k(h).double()
-    ang = torch.arange(float(n), dtype=torch.float64)[:, None] * mc.rope_theta ** (-torch.arange(0, D, 2) / D)
-    cos, sin = ang.cos(), ang.sin()
-
-    def rot(v):
-        a, b = v[..., :D // 2], v[..., D // 2:]
-        return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
-
-    att = [(rot(q[..., s]) @ rot(k[..., s]).transpose(1, 2) / D ** 0.5).softmax(-1)
-           for s in (slice(0, D), slice(D, 2 * D))]
+    att, n = _layer0_attention(model, x), x.shape[1]
     p = torch.arange(1, n - 1)
     assert att[0][:, p, p - 1].mean() > 0.6                                   # head 0: previous token
     assert att[1][:, p, p + 1].mean() > 0.6 and (att[1][:, :-1].argmax(-1) == torch.arange(1, n)).all()
@@ -816,9 +777,62 @@ def test_next_token_head_attends_to_the_next_position_at_init():
         T.TrainConfig(next_token_head=True, n_heads=1, d_model=32)
 
 
+def _two_layer_model(d_model: int, n_heads: int, qkv_bias: bool):
+    """A two-layer LLaDA model over 300 ids (special ids 296-299), seeded, before init_weights."""
+    from dllm.config import ModelConfig
+    from dllm.models.llada import LLaDAModel
+
+    mc = ModelConfig(family="llada", vocab_size=300, d_model=d_model, n_layers=2, n_heads=n_heads, n_kv_heads=n_heads,
+                     mlp_hidden=96, norm_eps=1e-5, rope_theta=1e4, max_seq_len=64, mask_token_id=299,
+                     eos_token_id=298, pad_token_id=298, bos_token_id=297, eot_token_id=296,
+                     qkv_bias=qkv_bias, tie_embeddings=True, rope_fp32=True, logit_shift=False)
+    torch.manual_seed(0)
+    return LLaDAModel(mc)
+
+
+def _layer0_attention(model, x) -> list[torch.Tensor]:
+    """Each head's attention in layer 0 of `model` on tokens `x`, from a plain rotary re-statement:
+    dims i and i + D/2 rotate by pos * theta^(-2i/D)."""
+    mc = model.config
+    D, n = mc.head_dim, x.shape[1]
+    with torch.no_grad():
+        h = model.layers[0].attn_norm(model.embed(x))
+        q, k = model.layers[0].attn.q(h).double(), model.layers[0].attn.k(h).double()
+    ang = torch.arange(float(n), dtype=torch.float64)[:, None] * mc.rope_theta ** (-torch.arange(0, D, 2) / D)
+    cos, sin = ang.cos(), ang.sin()
+
+    def rot(v):
+        a, b = v[..., :D // 2], v[..., D // 2:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+    return [(rot(q[..., s]) @ rot(k[..., s]).transpose(1, 2) / D ** 0.5).softmax(-1)
+            for s in (slice(i * D, (i + 1) * D) for i in range(mc.n_heads))]
+
+
 class _FakeTok:
     def __len__(self):
         return 100
 
     def convert_tokens_to_ids(self, t):
         return {T.MASK: 99, T.EOS: 98, T.BOS: 97, T.EOT: 96}[t]
+
+
+def test_window_heads_attend_to_their_offsets_at_init():
+    """Heads 2.. of layer 0, built from biases, attend to p - 2, p + 2, p - 3, p + 3 whatever the tokens;
+    the heads after them keep the mimetic init."""
+    model = _two_layer_model(d_model=128, n_heads=8, qkv_bias=True)
+    cfg = T.TrainConfig(n_heads=8, window_heads=2)
+    assert T.model_config(T.TrainConfig(n_heads=8, window_heads=1, prev_token_head=False, next_token_head=False),
+                          _FakeTok()).qkv_bias
+    T.init_weights(model, cfg)
+    x = torch.randint(0, 296, (3, 37), generator=torch.Generator().manual_seed(3))
+    att, n = _layer0_attention(model, x), x.shape[1]
+    p = torch.arange(3, n - 3)
+    for head, offset in ((0, -1), (1, 1), (2, -2), (3, 2), (4, -3), (5, 3)):
+        assert att[head][:, p, p + offset].mean() > 0.5, (head, offset)
+        assert (att[head][:, p].argmax(-1) == p + offset).float().mean() > 0.95, (head, offset)
+    assert model.layers[0].attn.q.bias[6 * model.config.head_dim:].abs().sum() == 0
+    assert att[6][:, p, p - 2].mean() < 0.2
+    with pytest.raises(ValueError, match="window_heads must be an integer >= 0, got -1"):
+        T.TrainConfig(window_heads=-1)
+    with pytest.raises(ValueError, match="window_heads 2 builds heads 2..5 of layer 0 and needs n_heads >= 6, got 4"):
+        T.TrainConfig(window_heads=2)

@@ -25,7 +25,7 @@ from .data import (BOS, CHAT_TEMPLATE, COPY_WARMUP_LENGTHS, EOS, EOT, GPT2_SPLIT
 from .loop import lr_at, train
 from .model_init import (PREV_HEAD_BIAS, PREV_HEAD_PAIRS, PREV_HEAD_SCALE, SHAPE_FIELDS, check_start_shape,
                          init_weights, model_config, next_token_head, previous_token_head, save_pretrained,
-                         start_model)
+                         start_model, window_heads)
 from .objective import binding_accuracy, bind_rows, diffusion_loss, end_weights, hole_rows
 
 __all__ = [
@@ -39,4 +39,5 @@ __all__ = [
     "hole_rows", "init_weights", "lr_at", "make_batch", "model_config", "name_sides", "next_token_head",
     "pair_example", "phase_configs", "previous_token_head", "recipe_fields", "record_people", "render_prompt",
     "response_sides", "save_pretrained", "start_model", "tokenizer_texts", "train", "training_records",
+    "window_heads",
 ]

@@ -117,6 +117,7 @@ class TrainConfig:
     prev_token_head: bool = True
     prev_head_input: str = "bias"
     next_token_head: bool = True
+    window_heads: int = 0
     embed_std: float = 0.1
     qk_std: float = 0.06
     vo_std: float = 0.05
@@ -181,6 +182,12 @@ class TrainConfig:
             raise ValueError(f"next_token_head must be true or false, got {self.next_token_head!r}")
         if self.next_token_head and self.n_heads < 2:
             raise ValueError(f"next_token_head builds head 1 of layer 0 and needs n_heads >= 2, got {self.n_heads}")
+        w = self.window_heads
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ValueError(f"window_heads must be an integer >= 0, got {w!r}")
+        if w and self.n_heads < 2 + 2 * w:
+            raise ValueError(f"window_heads {w} builds heads 2..{1 + 2 * w} of layer 0 and needs n_heads >= "
+                             f"{2 + 2 * w}, got {self.n_heads}")
         if self.prev_head_input not in PREV_HEAD_INPUTS:
             raise ValueError(f"prev_head_input {self.prev_head_input!r} is not one of {', '.join(PREV_HEAD_INPUTS)}")
         if not isinstance(self.tie_embeddings, bool):

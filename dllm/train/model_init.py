@@ -30,7 +30,8 @@ def model_config(cfg: TrainConfig, tokenizer):
                        n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads, mlp_hidden=cfg.mlp_hidden, norm_eps=1e-5,
                        rope_theta=cfg.rope_theta, max_seq_len=1024, mask_token_id=ids["mask"], eos_token_id=ids["eos"],
                        pad_token_id=ids["eos"], bos_token_id=ids["bos"], eot_token_id=ids["eot"],
-                       qkv_bias=(cfg.prev_token_head and cfg.prev_head_input == "bias") or cfg.next_token_head,
+                       qkv_bias=((cfg.prev_token_head and cfg.prev_head_input == "bias") or cfg.next_token_head
+                                 or cfg.window_heads > 0),
                        tie_embeddings=cfg.tie_embeddings, rope_fp32=True, logit_shift=False)
 
 
@@ -43,7 +44,8 @@ def init_weights(model, cfg: TrainConfig) -> None:
     model learn the copying every task needs (find the neighbour of a masked token in the prompt,
     take the token next to it). With `prev_token_head`, head 0 of the first layer is then built as
     a previous-token head (`previous_token_head`, seeded with `seed + 1`); with `next_token_head`,
-    head 1 as a next-token head (`next_token_head`)."""
+    head 1 as a next-token head (`next_token_head`); with `window_heads` w, heads 2 .. 2w + 1 as
+    positional heads at offsets -2, +2, -3, +3, ... (`window_heads`)."""
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -66,6 +68,8 @@ def init_weights(model, cfg: TrainConfig) -> None:
         previous_token_head(model, torch.Generator().manual_seed(cfg.seed + 1), cfg.prev_head_input)
     if cfg.next_token_head:
         next_token_head(model)
+    if cfg.window_heads:
+        window_heads(model, cfg.window_heads)
 
 
 PREV_HEAD_PAIRS, PREV_HEAD_SCALE, PREV_HEAD_BIAS = 3, 6.0, 8.0
@@ -126,6 +130,28 @@ def next_token_head(model) -> None:
         raise ValueError("a next-token head is built from biases and needs a model with q/k/v biases (qkv_bias)")
     with torch.no_grad():
         _bias_head(attn, cfg, head=1, offset=-1)
+
+
+def window_heads(model, pairs: int) -> None:
+    """Build heads 2 .. 2 * pairs + 1 of the first layer from q/k biases as positional heads, in
+    pairs at offsets -2 and +2, -3 and +3, ...: head 2 + 2i attends to p - (i + 2) and head 3 + 2i to
+    p + (i + 2), whatever the tokens.
+
+    With the previous- and next-token heads these put a window of neighbours into every position's
+    state, so that a later layer can match a masked answer position to the prompt position whose
+    neighbours look like its own: a name split into several tokens is copied by its context on
+    both sides, including its first piece after the two-token list separator."""
+    cfg = model.config
+    attn = model.layers[0].attn
+    if cfg.n_heads < 2 + 2 * pairs or cfg.head_dim // 2 < PREV_HEAD_PAIRS:
+        raise ValueError(f"{pairs} window head pairs need n_heads >= {2 + 2 * pairs} and head_dim >= "
+                         f"{2 * PREV_HEAD_PAIRS}, got {cfg.n_heads} heads of {cfg.head_dim}")
+    if attn.q.bias is None or attn.k.bias is None:
+        raise ValueError("window heads are built from biases and need a model with q/k/v biases (qkv_bias)")
+    with torch.no_grad():
+        for i in range(pairs):
+            _bias_head(attn, cfg, head=2 + 2 * i, offset=i + 2)
+            _bias_head(attn, cfg, head=3 + 2 * i, offset=-(i + 2))
 
 
 def _bias_head(attn, cfg, head: int, offset: int) -> None:
