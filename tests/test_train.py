@@ -214,9 +214,22 @@ def test_interrupted_run_resumes_to_the_same_weights(trained, tmp_path):
     cfg = T.TrainConfig(out=str(tmp_path / "b"), **TINY)
     assert T.train(cfg, progress=False, stop_after=4) is None
     assert (tmp_path / "b" / "checkpoint.pt").is_file() and not (tmp_path / "b" / "model").exists()
+    _check_export_of_checkpoint(tmp_path / "b" / "checkpoint.pt", tmp_path / "step4")
     resumed = T.train(cfg, progress=False)
     a, b = load_file(str(folder / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _check_export_of_checkpoint(checkpoint, out):
+    """benchmarks/export_checkpoint.py writes a folder that loads with the checkpoint's weights."""
+    export = load_benchmark("export_checkpoint")
+    assert export.export_checkpoint(checkpoint, out) == 4
+    saved = torch.load(checkpoint, weights_only=False)["model"]
+    model, _ = dllm.load(out, dtype="float32")
+    assert set(model.state_dict()) == set(saved)
+    assert all(torch.equal(model.state_dict()[k], saved[k]) for k in saved)
+    with pytest.raises(SystemExit, match="is not a file"):
+        export.export_checkpoint(out / "missing.pt", out)
 
 
 def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):
