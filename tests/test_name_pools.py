@@ -1,5 +1,7 @@
 """The "open" name source: Faker's names split into disjoint train and held-out pools, a third
-pool the tokenizer is fitted on, and names of every pool splitting into several tokens."""
+pool the tokenizer is fitted on, and names of every pool splitting into several tokens; the
+"pseudo" source of made-up names and the training records that mix them in."""
+import json
 import random
 import statistics
 
@@ -64,9 +66,46 @@ def test_open_tokenizer_splits_names_of_both_pools_alike_into_several_tokens():
 
 
 def test_bad_name_sources_are_errors():
-    with pytest.raises(ValueError, match="unknown name source 'faker'; sources: lists, open"):
+    with pytest.raises(ValueError, match="unknown name source 'faker'; sources: lists, open, pseudo"):
         G.make_records("waiting_line/copy", names="faker")
-    with pytest.raises(ValueError, match="names 'faker' is not one of lists, open"):
+    with pytest.raises(ValueError, match="names 'faker' is not one of lists, open, pseudo"):
         T.TrainConfig(names="faker")
     with pytest.raises(ValueError, match="pool names must be one capitalised ASCII word each, got 'o Neil'"):
         N.NamePool(("Ann",), ("o Neil",))
+
+
+def test_pseudo_pools_are_made_up_words_apart_from_every_other_pool():
+    train, test = N.pseudo_pool("train"), N.pseudo_pool("test")
+    assert len(train.firsts) > 4000 and len(train.lasts) > 4000 and len(test.firsts) > 900 and len(test.lasts) > 900
+    assert not train.words() & test.words()
+    real = N.open_pool("train").words() | N.open_pool("test").words() | N.stand_in_pool().words()
+    assert not (train.words() | test.words()) & real
+    assert all(len(w) in N.PSEUDO_LENGTHS for w in train.words() | test.words())
+    assert not set(train.firsts) & set(train.lasts)
+    # letter trigrams of the examples: every trigram of a made-up word occurs in some example
+    examples = N.stand_in_pool().firsts
+    seen = {f"^^{w.lower()}$"[i:i + 3] for w in examples for i in range(len(w) + 1)}
+    assert all(f"^^{w.lower()}$"[i:i + 3] in seen for w in train.firsts[:300] for i in range(len(w) + 1))
+    assert N.pseudo_words(examples, 50, seed=1, avoid=set()) == N.pseudo_words(examples, 50, seed=1, avoid=set())
+    with pytest.raises(ValueError, match="made only 2 of 5 new words"):
+        N.pseudo_words(("Abe", "Ace"), 5, seed=0, avoid=set())
+    with pytest.raises(ValueError, match="unknown split 'dev'; splits: train, test"):
+        N.pseudo_pool("dev")
+
+
+def test_pseudo_share_mixes_made_up_people_into_waiting_line_training_records():
+    cfg = T.TrainConfig(names="open", pseudo_share=0.25, samples_per_task=40,
+                        tasks="waiting_line/sort,puzzle/sudoku_n4_12")
+    records = T.training_records(cfg)
+    assert [len(v) for v in records.values()] == [40, 40]
+    sort = records["waiting_line/sort"]
+    made_up = [r for r in sort if _words(T.record_people(r)) <= N.pseudo_pool("train").words()]
+    real = [r for r in sort if _words(T.record_people(r)) <= N.open_pool("train").words()]
+    assert len(made_up) == 10 and len(real) == 30
+    for r in made_up:          # the generator's answers hold for made-up people too (sorted by full name)
+        people = json.loads(r["input"]["context"])
+        assert json.loads(r["answer"]) == sorted(people)
+    all_real = T.training_records(T.TrainConfig(**{**cfg.__dict__, "pseudo_share": 0.0}))
+    assert all_real["waiting_line/sort"][:30] == real and all_real["puzzle/sudoku_n4_12"] == records["puzzle/sudoku_n4_12"]
+    with pytest.raises(ValueError, match="pseudo_share must be a number in \\[0, 1\\), got 1"):
+        T.TrainConfig(pseudo_share=1)

@@ -98,7 +98,7 @@ import string
 from functools import lru_cache
 from itertools import product
 
-from .names import NAME_SOURCES, check_source, open_pool
+from .names import NAME_SOURCES, check_source, open_pool, pseudo_pool
 from .wordlists import FIRST_NAMES, LAST_NAMES, W2S_EASY, W2S_HARD, W2S_MEDIUM
 
 TEST_SPLIT = "test"
@@ -195,9 +195,9 @@ def make_records(task: str, *, split: str = TEST_SPLIT, num_samples: int | None 
                  Sort tasks only.
     index_base:  0 (official) or 1 (shown positions 1-based); *_index tasks only.
     names:       where Waiting Line people come from (`dllm.eval.names.NAME_SOURCES`): "lists"
-                 (the project's word lists, one pool for both splits) or "open" (Faker's names,
+                 (the project's word lists, one pool for both splits), "open" (Faker's names,
                  the train split from the train pool, the test split from the disjoint held-out
-                 pool).
+                 pool) or "pseudo" (made-up names, split the same way).
 
     Returns a list of new dicts (the caller may mutate them). Deterministic in its arguments.
     """
@@ -288,7 +288,7 @@ def _check_shard(shard: int) -> None:
 
 def _pool(names: str, split: str):
     """The people a split of a name source draws from (indexable, first-name-major)."""
-    return POOL if names == "lists" else open_pool(split)
+    return {"lists": lambda: POOL, "open": lambda: open_pool(split), "pseudo": lambda: pseudo_pool(split)}[names]()
 
 
 def _draw_line(rng: random.Random, op: str, n: int, pool) -> tuple:

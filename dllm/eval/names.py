@@ -10,18 +10,26 @@ NAME_SOURCES:
              first and a last name lands in the same pool for both, so no first or last name of a
              test record ever appears in a training record. The train split draws from the train
              pool, the test split from the held-out pool.
+    "pseudo" made-up names: words drawn from a character model (letter trigrams) of the stand-in
+             names (`stand_in_pool`), none of them a word of the "open" pools; split into train and
+             test pools by the same hash. No name repeats often enough to be remembered, so a model
+             trained on them must copy names letter piece by letter piece.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib
+import random
 import re
+from collections import Counter, defaultdict
 from functools import lru_cache
 
-NAME_SOURCES = ("lists", "open")
+NAME_SOURCES = ("lists", "open", "pseudo")
 FAKER_LOCALES = ("en_US", "en_GB", "en_IE", "en_NZ")
 STAND_IN_LOCALES = ("en", "en_IN", "en_KE", "en_NG", "en_PK", "en_TH")
 HELD_OUT_ONE_IN = 5
+PSEUDO_WORDS = 6000             # made-up first names, and as many last names, before the split
+PSEUDO_LENGTHS = range(3, 11)   # letters per made-up word
 _WORD = re.compile(r"[A-Z][a-z]+")
 
 
@@ -93,3 +101,45 @@ def open_pool(split: str) -> NamePool:
     firsts, lasts = _faker_words(FAKER_LOCALES)
     test = split == "test"
     return NamePool(tuple(w for w in firsts if held_out(w) == test), tuple(w for w in lasts if held_out(w) == test))
+
+
+@lru_cache(maxsize=None)
+def pseudo_pool(split: str) -> NamePool:
+    """The pool of the "pseudo" source that `split` ("train" or "test") draws from."""
+    if split not in ("train", "test"):
+        raise ValueError(f"unknown split {split!r}; splits: train, test")
+    stand_in = stand_in_pool()
+    taken = set().union(*_faker_words(FAKER_LOCALES), stand_in.words())
+    firsts = pseudo_words(stand_in.firsts, PSEUDO_WORDS, seed=1, avoid=taken)
+    lasts = pseudo_words(stand_in.lasts, PSEUDO_WORDS, seed=2, avoid=taken | set(firsts))
+    test = split == "test"
+    return NamePool(tuple(w for w in firsts if held_out(w) == test), tuple(w for w in lasts if held_out(w) == test))
+
+
+def pseudo_words(examples: tuple[str, ...], count: int, seed: int, avoid: set[str]) -> tuple[str, ...]:
+    """`count` distinct capitalised words, sorted, none in `avoid`, from a letter-trigram model of
+    `examples` (each letter drawn given the two before it, `^` marking the start and `$` the end),
+    kept when their length is in PSEUDO_LENGTHS. Deterministic for a seed."""
+    following: dict[str, Counter] = defaultdict(Counter)
+    for word in examples:
+        letters = "^^" + word.lower() + "$"
+        for i in range(2, len(letters)):
+            following[letters[i - 2:i]][letters[i]] += 1
+    table = {ctx: (list(c), list(c.values())) for ctx, c in following.items()}
+    rng, words, tries = random.Random(seed), set(), 0
+    while len(words) < count:
+        tries += 1
+        if tries > 100 * count:
+            raise ValueError(f"the letter model of {len(examples)} words made only {len(words)} of {count} new words")
+        ctx, word = "^^", ""
+        while len(word) <= PSEUDO_LENGTHS.stop:
+            letters, weights = table[ctx]
+            letter = rng.choices(letters, weights)[0]
+            if letter == "$":
+                break
+            word += letter
+            ctx = ctx[1] + letter
+        word = word.capitalize()
+        if len(word) in PSEUDO_LENGTHS and word not in avoid:
+            words.add(word)
+    return tuple(sorted(words))

@@ -88,6 +88,7 @@ class TrainConfig:
     tasks: tuple = DEFAULT_TASKS
     samples_per_task: int = 13000
     names: str = "lists"
+    pseudo_share: float = 0.0
     canvas: int = 0
     vocab_size: int = 2048
     whole_names: bool = False
@@ -194,6 +195,9 @@ class TrainConfig:
             raise ValueError(f"tie_embeddings must be true or false, got {self.tie_embeddings!r}")
         if self.names not in NAME_SOURCES:
             raise ValueError(f"names {self.names!r} is not one of {', '.join(NAME_SOURCES)}")
+        if isinstance(self.pseudo_share, bool) or not isinstance(self.pseudo_share, (int, float)) \
+                or not 0 <= self.pseudo_share < 1:
+            raise ValueError(f"pseudo_share must be a number in [0, 1), got {self.pseudo_share!r}")
         if isinstance(self.canvas, bool) or not isinstance(self.canvas, int) or not 0 <= self.canvas <= MAX_CANVAS:
             raise ValueError(f"canvas must be an integer in [0, {MAX_CANVAS}] (0: each task's max_tokens), "
                              f"got {self.canvas!r}")

@@ -32,12 +32,28 @@ CHAT_TEMPLATE = (
 )
 
 
+# The made-up-names records come from another shard than the rest, so that they do not repeat the
+# other records' list lengths and positions.
+PSEUDO_SHARD_OFFSET = 500
+
+
 def training_records(cfg: TrainConfig) -> dict[str, list[dict]]:
     """Records of the generators' train split, `samples_per_task` per task (shard = seed), with the
-    people of the `names` source."""
-    return {t: generators.make_records(t, split="train", num_samples=cfg.samples_per_task, shard=cfg.seed % 1000,
-                                       names=cfg.names)
-            for t in cfg.tasks}
+    people of the `names` source; in the Waiting Line tasks a share `pseudo_share` of them (rounded)
+    have made-up people instead (the "pseudo" source)."""
+    records = {}
+    for task in cfg.tasks:
+        made_up = round(cfg.pseudo_share * cfg.samples_per_task) if task.startswith("waiting_line/") else 0
+        records[task] = _train_split(task, cfg.samples_per_task - made_up, cfg.seed, cfg.names)
+        records[task] += _train_split(task, made_up, cfg.seed + PSEUDO_SHARD_OFFSET, "pseudo")
+    return records
+
+
+def _train_split(task: str, count: int, seed: int, names: str) -> list[dict]:
+    """`count` train-split records of `task` from shard `seed` mod 1000 with people from `names`."""
+    if count == 0:
+        return []
+    return generators.make_records(task, split="train", num_samples=count, shard=seed % 1000, names=names)
 
 
 def record_people(record: dict) -> set[str]:
@@ -54,11 +70,11 @@ def record_people(record: dict) -> set[str]:
 
 
 def tokenizer_texts(records: dict[str, list[dict]], names: str) -> list[str]:
-    """The text the tokenizer is fitted on: each record's rendered prompt and answer. With the
-    "open" name source every person is swapped for a name of `stand_in_pool()` (a seeded draw), so
+    """The text the tokenizer is fitted on: each record's rendered prompt and answer. With any name
+    source but "lists", every person is swapped for a name of `stand_in_pool()` (a seeded draw), so
     the BPE learns the tasks' text and how names split, but no name of the train or test pool."""
     texts, rng = [], random.Random(0)
-    pool = stand_in_pool() if names == "open" else None
+    pool = stand_in_pool() if names != "lists" else None
     for task_id, recs in records.items():
         for r in recs:
             text = render_prompt(task_id, r) + answer_text(r)
