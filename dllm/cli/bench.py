@@ -28,7 +28,8 @@ def add_parser(sub) -> None:
                    help="generated *_index positions: 0-based as the official files, or 1-based")
     b.add_argument("--names", default="lists", choices=NAME_SOURCES,
                    help="generated Waiting Line people: the project's word lists (one pool for both splits), or "
-                        "Faker's names with the test split drawn from a pool held out of the train split")
+                        "Faker's names with the test split drawn from a pool held out of the train split (open), or "
+                        "made-up names split the same way (pseudo)")
     b.add_argument("--pb", default="80,70,60", help="PB@X levels (default 80,70,60)")
     b.add_argument("--report", action="store_true", help="only print the tables of the runs stored in --out")
     b.add_argument("--write-data", default=None, metavar="DIR",
