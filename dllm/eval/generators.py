@@ -288,7 +288,7 @@ def _check_shard(shard: int) -> None:
 
 def _pool(names: str, split: str):
     """The people a split of a name source draws from (indexable, first-name-major)."""
-    return {"lists": lambda: POOL, "open": lambda: open_pool(split), "pseudo": lambda: pseudo_pool(split)}[names]()
+    return POOL if names == "lists" else {"open": open_pool, "pseudo": pseudo_pool}[names](split)
 
 
 def _draw_line(rng: random.Random, op: str, n: int, pool) -> tuple:

@@ -96,9 +96,13 @@ def check_source(source: str) -> str:
 @lru_cache(maxsize=None)
 def open_pool(split: str) -> NamePool:
     """The pool of the "open" source that `split` ("train" or "test") draws from."""
+    return _split_pool(*_faker_words(FAKER_LOCALES), split)
+
+
+def _split_pool(firsts: tuple[str, ...], lasts: tuple[str, ...], split: str) -> NamePool:
+    """The words of `split` ("train" or "test"; the test side is `held_out`) as a pool."""
     if split not in ("train", "test"):
         raise ValueError(f"unknown split {split!r}; splits: train, test")
-    firsts, lasts = _faker_words(FAKER_LOCALES)
     test = split == "test"
     return NamePool(tuple(w for w in firsts if held_out(w) == test), tuple(w for w in lasts if held_out(w) == test))
 
@@ -106,14 +110,16 @@ def open_pool(split: str) -> NamePool:
 @lru_cache(maxsize=None)
 def pseudo_pool(split: str) -> NamePool:
     """The pool of the "pseudo" source that `split` ("train" or "test") draws from."""
-    if split not in ("train", "test"):
-        raise ValueError(f"unknown split {split!r}; splits: train, test")
+    return _split_pool(*_all_pseudo_words(), split)
+
+
+@lru_cache(maxsize=1)
+def _all_pseudo_words() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(first names, last names) of the "pseudo" source before the split."""
     stand_in = stand_in_pool()
     taken = set().union(*_faker_words(FAKER_LOCALES), stand_in.words())
     firsts = pseudo_words(stand_in.firsts, PSEUDO_WORDS, seed=1, avoid=taken)
-    lasts = pseudo_words(stand_in.lasts, PSEUDO_WORDS, seed=2, avoid=taken | set(firsts))
-    test = split == "test"
-    return NamePool(tuple(w for w in firsts if held_out(w) == test), tuple(w for w in lasts if held_out(w) == test))
+    return firsts, pseudo_words(stand_in.lasts, PSEUDO_WORDS, seed=2, avoid=taken | set(firsts))
 
 
 def pseudo_words(examples: tuple[str, ...], count: int, seed: int, avoid: set[str]) -> tuple[str, ...]:
