@@ -300,6 +300,11 @@ def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
     assert (two.then_steps, two.then_lr, two.then_min_lr, two.then_seed, two.then_task_weights) == (
         (5, 7), (1e-3, 1e-3), (1e-4, 1e-4), (3, 4), ("puzzle/*=2", ""))
     assert T.TrainConfig(then_steps=0, then_lr=5.0).then_steps == ()   # then_ values act only with then_steps
+    # ... so a single-phase run records none, and its checkpoint resumes as the first phase of a longer recipe
+    single = T.recipe_fields(T.TrainConfig(then_steps=0))
+    assert single == T.recipe_fields(T.phase_configs(T.TrainConfig())[0])
+    assert all(single[k] == [] for k in T.THEN_FIELDS)
+    assert T.complete_recipe({**single, "then_lr": [8e-4, 5e-4], "then_seed": [1, 2]}) == single
     import argparse
     parser = argparse.ArgumentParser()
     T.add_train_arguments(parser)

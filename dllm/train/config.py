@@ -313,13 +313,21 @@ def recipe_fields(cfg: TrainConfig) -> dict:
     recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_RECIPE}
     for k in ("tasks", *THEN_FIELDS):
         recipe[k] = list(recipe[k])
-    return recipe
+    return _without_unused_phases(recipe)
+
+
+def _without_unused_phases(recipe: dict) -> dict:
+    """`recipe` with every then_ field empty when it has no later phase (they then change nothing),
+    so a single-phase run and the first phase of a longer recipe record the same settings."""
+    if recipe["then_steps"]:
+        return recipe
+    return {**recipe, **{k: [] for k in THEN_FIELDS}}
 
 
 def complete_recipe(recorded: dict) -> dict:
     """A recipe recorded by an earlier version, with each field added since at its default (the
     value such a run trained with)."""
-    return {**recipe_fields(TrainConfig()), **recorded}
+    return _without_unused_phases({**recipe_fields(TrainConfig()), **recorded})
 
 
 def phase_configs(cfg: TrainConfig) -> list[TrainConfig]:
