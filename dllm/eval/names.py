@@ -28,7 +28,7 @@ NAME_SOURCES = ("lists", "open", "pseudo")
 FAKER_LOCALES = ("en_US", "en_GB", "en_IE", "en_NZ")
 STAND_IN_LOCALES = ("en", "en_IN", "en_KE", "en_NG", "en_PK", "en_TH")
 HELD_OUT_ONE_IN = 5
-PSEUDO_WORDS = 60000            # made-up first names, and as many last names, before the split
+PSEUDO_WORDS = 6000             # made-up first names, and as many last names, before the split
 PSEUDO_LENGTHS = range(3, 11)   # letters per made-up word
 _WORD = re.compile(r"[A-Z][a-z]+")
 
