@@ -249,7 +249,9 @@ class TrainConfig:
         """Each then_ field as one value per later phase (a single value serves every phase), checked."""
         for name, kind in THEN_FIELDS.items():
             setattr(self, name, _then_values(name, getattr(self, name), kind))
-        if not self.then_steps:
+        if not self.then_steps:   # no later phase: the other then_ values would change nothing
+            for name in THEN_FIELDS:
+                setattr(self, name, ())
             return
         n = len(self.then_steps)
         if any(t < 1 for t in self.then_steps):
@@ -313,21 +315,15 @@ def recipe_fields(cfg: TrainConfig) -> dict:
     recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_RECIPE}
     for k in ("tasks", *THEN_FIELDS):
         recipe[k] = list(recipe[k])
-    return _without_unused_phases(recipe)
-
-
-def _without_unused_phases(recipe: dict) -> dict:
-    """`recipe` with every then_ field empty when it has no later phase (they then change nothing),
-    so a single-phase run and the first phase of a longer recipe record the same settings."""
-    if recipe["then_steps"]:
-        return recipe
-    return {**recipe, **{k: [] for k in THEN_FIELDS}}
+    return recipe
 
 
 def complete_recipe(recorded: dict) -> dict:
     """A recipe recorded by an earlier version, with each field added since at its default (the
-    value such a run trained with)."""
-    return _without_unused_phases({**recipe_fields(TrainConfig()), **recorded})
+    value such a run trained with), and without the then_ values that versions kept in runs with no
+    later phase."""
+    recipe = {**recipe_fields(TrainConfig()), **recorded}
+    return recipe if recipe["then_steps"] else {**recipe, **{k: [] for k in THEN_FIELDS}}
 
 
 def phase_configs(cfg: TrainConfig) -> list[TrainConfig]:
