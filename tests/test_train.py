@@ -572,10 +572,10 @@ def test_weighted_runs_draw_tasks_by_weight(trained, tmp_path):
     info = json.loads((tmp_path / "w" / "train_info.json").read_text())
     assert info["batches_per_task"] == {"puzzle/sudoku_n4_12": 0, "waiting_line/copy": 8}
     assert info["recipe"]["task_weights"] == "puzzle/*=0" and info["pair_batches"] == 0
-    opts.update(steps=3, task_weights="", bind_mask=0.3, hole_mask=0.7)       # hole rows in the loop
+    opts.update(steps=3, task_weights="", bind_mask=0.3, hole_mask=0.5, span_mask=0.2)   # hole and span rows
     T.train(T.TrainConfig(out=str(tmp_path / "h"), **opts), progress=False)
     info = json.loads((tmp_path / "h" / "train_info.json").read_text())
-    assert info["recipe"]["hole_mask"] == 0.7 and math.isfinite(info["loss_log"][-1]["loss"])
+    assert info["recipe"]["hole_mask"] == 0.5 and math.isfinite(info["loss_log"][-1]["loss"])
 
 
 def test_name_sides_mark_first_and_last_name_tokens_of_list_items():
@@ -652,6 +652,28 @@ def test_hole_rows_mask_whole_names_and_nothing_else():
     assert not rows.any()
     with pytest.raises(ValueError, match="hole_mask must be in \\[0, 1 - bind_mask = 0.75\\], got 0.8"):
         T.TrainConfig(bind_mask=0.25, hole_mask=0.8)
+
+
+def test_span_rows_mask_one_contiguous_run_half_of_them_to_the_end():
+    """A span row masks one run [a, b) of the response and nothing else; about half the runs reach
+    the last column; taken rows are never chosen; the share of chosen rows follows `share`."""
+    B, G = 400, 13
+    taken = torch.zeros(B, 1, dtype=torch.bool)
+    taken[::4] = True
+    fixed, rows = T.span_rows(B, G, taken, 1.0, torch.Generator().manual_seed(0))
+    assert torch.equal(rows, ~taken)
+    for row in fixed.tolist():
+        cols = [j for j, m in enumerate(row) if m]
+        assert cols and cols == list(range(cols[0], cols[-1] + 1))       # one run, never empty
+    to_end = fixed[rows[:, 0], -1].float().mean().item()
+    by_b = sum(1 / k for k in range(1, G + 1)) / G                   # P(b = G) when b ~ U{a+1 .. G}
+    assert abs(to_end - (0.5 + 0.5 * by_b)) < 0.08
+    starts = {row.index(True) for row in fixed.tolist()}
+    assert starts == set(range(G))                                   # every start column occurs
+    _, rows = T.span_rows(B, G, torch.zeros(B, 1, dtype=torch.bool), 0.25, torch.Generator().manual_seed(1))
+    assert 0.18 < rows.float().mean().item() < 0.32
+    with pytest.raises(ValueError, match="span_mask must be in \\[0, 1 - bind_mask - hole_mask = 0.5\\], got 0.6"):
+        T.TrainConfig(bind_mask=0.15, hole_mask=0.35, span_mask=0.6)
 
 
 def test_probe_binding_examples_keep_pairs_and_the_script_runs(capsys):

@@ -128,6 +128,7 @@ class TrainConfig:
     mask_example: float = 0.5
     bind_mask: float = 0.15
     hole_mask: float = 0.35
+    span_mask: float = 0.0
     task_weights: str = DEFAULT_TASK_WEIGHTS
     then_steps: tuple = (6500, 2000)
     then_lr: tuple = (8e-4, 5e-4)
@@ -228,6 +229,9 @@ class TrainConfig:
             raise ValueError(f"bind_mask must be in [0, 1], got {self.bind_mask}")
         if not 0 <= self.hole_mask <= 1 - self.bind_mask:
             raise ValueError(f"hole_mask must be in [0, 1 - bind_mask = {1 - self.bind_mask:g}], got {self.hole_mask}")
+        room = 1 - self.bind_mask - self.hole_mask
+        if not 0 <= self.span_mask <= room + 1e-12:
+            raise ValueError(f"span_mask must be in [0, 1 - bind_mask - hole_mask = {room:g}], got {self.span_mask}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if not isinstance(self.compile, bool):

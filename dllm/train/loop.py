@@ -21,7 +21,7 @@ from .data import (PAIR_BIND_ROWS, Encoded, answer_text, build_tokenizer, copy_e
                    example_columns, global_pairing, make_batch, pair_example, response_sides, tokenizer_texts,
                    training_records)
 from .model_init import check_start_shape, init_weights, model_config, save_pretrained, start_model
-from .objective import bind_rows, diffusion_loss, hole_rows
+from .objective import bind_rows, diffusion_loss, hole_rows, span_rows
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -188,7 +188,8 @@ def _row_masks(cfg: TrainConfig, items: list[Encoded], L: int, pair_batch: bool,
     """The optional inputs of `diffusion_loss` for one batch of canvas length L: (extra_cols,
     extra_ok) marking the in-context answers of a share `mask_example` of the rows, and (fixed,
     fixed_rows), the name-binding masks (`bind_rows`, on a share `PAIR_BIND_ROWS` of a pair batch's
-    rows) overlaid with the whole-name holes (`hole_rows`, not in pair batches). None where unused."""
+    rows) overlaid with the whole-name holes (`hole_rows`, not in pair batches) and the contiguous
+    spans (`span_rows`, not in pair batches). None where unused."""
     extra_cols = extra_ok = None
     if cfg.mask_example > 0:
         extra_cols, extra_ok = example_columns(items, L)
@@ -202,6 +203,13 @@ def _row_masks(cfg: TrainConfig, items: list[Encoded], L: int, pair_batch: bool,
         hole, hole_in = hole_rows(sides, fixed_rows, cfg.hole_mask / (1 - cfg.bind_mask), gen)
         fixed = torch.where(hole_in, hole, fixed)
         fixed_rows = fixed_rows | hole_in
+    if cfg.span_mask > 0 and not pair_batch:      # span_mask > 0 implies bind_mask + hole_mask < 1
+        B = len(items)
+        taken = fixed_rows if fixed_rows is not None else torch.zeros(B, 1, dtype=torch.bool)
+        left = 1 - cfg.bind_mask - cfg.hole_mask if fixed_rows is not None else 1.0
+        span, span_in = span_rows(B, len(items[0].response), taken, cfg.span_mask / left, gen)
+        fixed = span if fixed is None else torch.where(span_in, span, fixed)
+        fixed_rows = taken | span_in
     return extra_cols, extra_ok, fixed, fixed_rows
 
 

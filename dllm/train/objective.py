@@ -1,5 +1,5 @@
 """The masked-diffusion objective: the loss on one batch, the structured masks that replace its random
-draw in some rows (name binding, whole-name holes), and the binding probe."""
+draw in some rows (name binding, whole-name holes, contiguous spans), and the binding probe."""
 from __future__ import annotations
 
 import torch
@@ -39,6 +39,21 @@ def hole_rows(sides: torch.Tensor, taken: torch.Tensor, share: float, generator:
     hit[none, forced[none]] = True
     fixed = named & hit.gather(1, item.clamp(min=0))
     return fixed, rows
+
+
+def span_rows(B: int, G: int, taken: torch.Tensor, share: float, generator: torch.Generator):
+    """The contiguous masks of a batch of B rows and G response columns: (fixed (B, G) bool, rows
+    (B, 1) bool) for `diffusion_loss`. Among the rows not in `taken` (B, 1), one is chosen with
+    probability `share`; its mask is one run [a, b) of the response with a ~ U{0 .. G-1}, running to
+    the end (b = G) in half the rows and else ending at b ~ U{a+1 .. G}: everything left of a (and
+    right of b) is shown, as when a decode has written the answer up to a."""
+    rows = (torch.rand(B, 1, generator=generator) < share) & ~taken
+    a = (torch.rand(B, 1, generator=generator) * G).long()
+    to_end = torch.rand(B, 1, generator=generator) < 0.5
+    b = a + 1 + (torch.rand(B, 1, generator=generator) * (G - a)).long().clamp(max=G - 1 - a)
+    b = torch.where(to_end, torch.full_like(b, G), b)
+    col = torch.arange(G)[None, :]
+    return (col >= a) & (col < b), rows
 
 
 def end_weights(target: torch.Tensor, end_id: int | None, end_weight: float) -> torch.Tensor | None:
