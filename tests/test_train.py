@@ -46,6 +46,65 @@ def test_loss_masks_only_the_response_and_is_unbiased():
     assert pos[0, lp - 1] == 0 and pos[0, lp] == 1
 
 
+class _FixedLogits(torch.nn.Module):
+    """Logits (or, for `head=`, states) drawn once per (row, canvas column) from a seed."""
+
+    def __init__(self, shape, vocab):
+        super().__init__()
+        self.table = torch.randn(*shape, vocab, generator=torch.Generator().manual_seed(3)) * 3
+        self.seen = None
+
+    def forward(self, x, logits_at, position_ids=None, key_valid=None):
+        self.seen = x.clone()
+        return self.table.gather(1, logits_at[..., None].expand(*logits_at.shape, self.table.shape[-1]))
+
+
+def test_mask_distances_match_a_brute_force_count():
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.rand(50, 17, generator=gen) < torch.rand(50, 1, generator=gen)
+    hidden[0] = True                                                   # a row with nothing shown
+    got = T.mask_distances(hidden)
+    for b in range(50):
+        shown = [j for j in range(17) if not hidden[b, j]]
+        for j in range(17):
+            want = min((abs(j - k) for k in shown), default=18)
+            assert got[b, j] == want, (b, j)
+
+
+def test_distance_smoothing_smooths_targets_by_the_distance_to_shown_tokens():
+    """Against a direct statement: each masked token's loss is the cross-entropy of the smoothed
+    target (1 - e) onehot + e / V with e = 1 - (1 - s)^(d - 1), d its distance to the nearest
+    shown column; the head path gives the same loss; s = 0 is plain cross-entropy."""
+    V = 23
+    items = [T.Encoded("t", [5, 6, 7, 3][: 1 + b % 4], [(8 + 3 * b + j) % 20 for j in range(11)]) for b in range(64)]
+    x, valid, pos, cols = T.make_batch(items, pad_id=0)
+    model = _FixedLogits(x.shape, V)
+    losses = {}
+    for s, head in ((0.0, None), (0.3, None), (0.3, lambda h: h)):
+        losses[s, head is None] = T.diffusion_loss(model, x, valid, pos, cols, mask_id=22, eps=1e-3,
+                                                   generator=torch.Generator().manual_seed(1), loss="masked-mean",
+                                                   head=head, distance_smoothing=s).item()
+    noisy = model.seen
+    want = {0.0: [], 0.3: []}
+    for b in range(len(items)):
+        row = [j for j in range(x.shape[1]) if valid[b, j]]
+        shown = [j for j in row if noisy[b, j] != 22]
+        for j in cols[b].tolist():
+            if noisy[b, j] != 22:
+                continue
+            logp = torch.log_softmax(model.table[b, j], -1)
+            d = min(abs(j - k) for k in shown)
+            for s in want:
+                e = 1 - (1 - s) ** (d - 1)
+                want[s].append(-((1 - e) * logp[x[b, j]] + e * logp.mean()).item())
+    assert losses[0.0, True] == pytest.approx(sum(want[0.0]) / len(want[0.0]), rel=1e-5)
+    assert losses[0.3, True] == pytest.approx(sum(want[0.3]) / len(want[0.3]), rel=1e-5)
+    assert losses[0.3, False] == pytest.approx(losses[0.3, True], rel=1e-5)
+    assert losses[0.3, True] != pytest.approx(losses[0.0, True], rel=1e-3)
+    with pytest.raises(ValueError, match="distance_smoothing must be in \\[0, 1\\), got 1.0"):
+        T.TrainConfig(distance_smoothing=1.0)
+
+
 def test_masked_mean_loss_draws_t_as_a_power_of_u():
     items = [T.Encoded("t", [5, 6, 7][: 1 + b % 3], [8 + b % 4] * 10) for b in range(4000)]
     x, valid, pos, cols = T.make_batch(items, pad_id=0)

@@ -26,7 +26,8 @@ from .loop import lr_at, train
 from .model_init import (PREV_HEAD_BIAS, PREV_HEAD_PAIRS, PREV_HEAD_SCALE, SHAPE_FIELDS, check_start_shape,
                          init_weights, model_config, next_token_head, previous_token_head, save_pretrained,
                          start_model, window_heads)
-from .objective import binding_accuracy, bind_rows, diffusion_loss, end_weights, hole_rows, span_rows
+from .objective import (binding_accuracy, bind_rows, diffusion_loss, end_weights, hole_rows, mask_distances,
+                        smoothing_at, span_rows)
 
 __all__ = [
     "BOS", "CHAT_TEMPLATE", "COPY_WARMUP_LENGTHS", "DEFAULT_TASKS", "DEFAULT_TASK_WEIGHTS", "EMBED_UPDATES", "EOS",
@@ -36,8 +37,8 @@ __all__ = [
     "WHOLE_NAME", "Encoded", "TrainConfig", "add_train_arguments", "answer_text", "bind_rows", "binding_accuracy",
     "build_tokenizer", "check_start_shape", "complete_recipe", "config_from_args", "copy_example", "copy_vocab",
     "diffusion_loss", "encode_records", "end_weights", "example_columns", "example_spans", "global_pairing",
-    "hole_rows", "init_weights", "lr_at", "make_batch", "model_config", "name_sides", "next_token_head",
+    "hole_rows", "init_weights", "lr_at", "make_batch", "mask_distances", "model_config", "name_sides", "next_token_head",
     "pair_example", "phase_configs", "previous_token_head", "recipe_fields", "record_people", "render_prompt",
-    "response_sides", "save_pretrained", "span_rows", "start_model", "tokenizer_texts", "train", "training_records",
+    "response_sides", "save_pretrained", "smoothing_at", "span_rows", "start_model", "tokenizer_texts", "train", "training_records",
     "window_heads",
 ]

@@ -125,6 +125,7 @@ class TrainConfig:
     loss: str = "masked-mean"
     t_power: float = 2.0
     end_weight: float = 1.0
+    distance_smoothing: float = 0.0
     mask_example: float = 0.5
     bind_mask: float = 0.15
     hole_mask: float = 0.35
@@ -223,6 +224,8 @@ class TrainConfig:
             raise ValueError(f"t_power must be in (0, 10], got {self.t_power}")
         if not 1 <= self.end_weight <= 100:
             raise ValueError(f"end_weight must be in [1, 100], got {self.end_weight}")
+        if isinstance(self.distance_smoothing, bool) or not 0 <= self.distance_smoothing < 1:
+            raise ValueError(f"distance_smoothing must be in [0, 1), got {self.distance_smoothing!r}")
         if not 0 <= self.mask_example <= 1:
             raise ValueError(f"mask_example must be in [0, 1], got {self.mask_example}")
         if not 0 <= self.bind_mask <= 1:

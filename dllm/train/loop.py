@@ -305,7 +305,8 @@ def _run_steps(run: _Phase, progress: bool, stop_after: int | None) -> float:
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
             loss = diffusion_loss(run.forward, x, valid, pos, cols, mcfg.mask_token_id, cfg.eps, state.gen, cfg.loss,
                                   cfg.t_power, extra_cols, extra_ok, fixed, fixed_rows, head=model.head_logits,
-                                  end_id=mcfg.eot_token_id, end_weight=cfg.end_weight)
+                                  end_id=mcfg.eot_token_id, end_weight=cfg.end_weight,
+                                  distance_smoothing=cfg.distance_smoothing)
         run.optim.step(model, loss, x, mcfg.mask_token_id, cfg.grad_clip)
         state.step += 1
         tokens_seen += int(valid.sum())

@@ -68,11 +68,28 @@ def end_weights(target: torch.Tensor, end_id: int | None, end_weight: float) -> 
     return torch.where(near, float(end_weight), 1.0)
 
 
+def mask_distances(hidden: torch.Tensor) -> torch.Tensor:
+    """(B, L) long: for each column, the distance to the nearest shown (not `hidden`) column of its
+    row, either side (0 on shown columns; L + 1 when the whole row is hidden)."""
+    B, L = hidden.shape
+    col = torch.arange(L, device=hidden.device).expand(B, L)
+    far = torch.full_like(col, 2 * L + 2)
+    left = torch.cummax(torch.where(hidden, -far, col), 1).values            # nearest shown at or left
+    right = torch.cummin(torch.where(hidden, far + L, col).flip(1), 1).values.flip(1)
+    return torch.minimum(col - left, right - col).clamp(max=L + 1)
+
+
+def smoothing_at(distance: torch.Tensor, per_step: float) -> torch.Tensor:
+    """The label-smoothing share of masked tokens `distance` columns from the nearest shown one:
+    1 - (1 - per_step)^(distance - 1), so 0 next to a shown token and growing with each step away."""
+    return 1 - (1 - per_step) ** (distance.to(torch.float32) - 1).clamp(min=0)
+
+
 def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generator: torch.Generator,
                    loss: str = "llada", t_power: float = 1.0, extra_cols: torch.Tensor | None = None,
                    extra_ok: torch.Tensor | None = None, fixed: torch.Tensor | None = None,
                    fixed_rows: torch.Tensor | None = None, head=None, end_id: int | None = None,
-                   end_weight: float = 1.0):
+                   end_weight: float = 1.0, distance_smoothing: float = 0.0):
     """Masked-diffusion loss on one batch: response tokens masked w.p. t, cross-entropy on them.
 
     loss="llada": t ~ U(eps, 1] (`t_power` ignored), per sequence sum(CE on masked) / t / G, the
@@ -93,7 +110,12 @@ def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generat
     average).
 
     end_id, end_weight: the end-of-turn token and its two neighbours count `end_weight` times in
-    the loss (`end_weights`), where the answer's length is decided."""
+    the loss (`end_weights`), where the answer's length is decided.
+
+    distance_smoothing s > 0: the target of a masked token d columns from the nearest shown token
+    of its row (prompt included, `mask_distances`) is smoothed toward the uniform distribution by
+    `smoothing_at(d, s)`: the model learns to be sure next to what is written and less sure the
+    farther it is, so that a confidence-ordered decode writes outward from the shown tokens."""
     if loss not in LOSSES:
         raise ValueError(f"loss {loss!r} is not one of {', '.join(LOSSES)}")
     B, G = cols.shape
@@ -110,10 +132,14 @@ def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generat
     noisy = x.clone()
     noisy.scatter_(1, cols, torch.where(masked, torch.full_like(target, mask_id), target))
     out = model(noisy, cols, position_ids=pos, key_valid=valid)          # (B, G', V) or (B, G', d)
+    smooth = None
+    if distance_smoothing > 0:
+        distance = mask_distances((noisy == mask_id) & valid).gather(1, cols)
+        smooth = smoothing_at(distance, distance_smoothing)
     if head is None:
-        ce = F.cross_entropy(out.float().transpose(1, 2), target, reduction="none")   # (B, G')
+        ce = _token_loss(out.float(), target, smooth)                                   # (B, G')
     else:
-        picked = F.cross_entropy(head(out[masked]).float(), target[masked], reduction="none")   # (N,)
+        picked = _token_loss(head(out[masked]).float(), target[masked], None if smooth is None else smooth[masked])
         ce = torch.zeros(masked.shape, dtype=picked.dtype, device=picked.device).masked_scatter(masked, picked)
     weight = masked.to(ce.dtype)
     extra = end_weights(target, end_id, end_weight)
@@ -122,6 +148,16 @@ def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generat
     if loss == "llada":
         return ((ce * weight / t).sum(1) / G).mean()
     return (ce * weight).sum() / weight.sum().clamp(min=1)
+
+
+def _token_loss(logits: torch.Tensor, target: torch.Tensor, smooth: torch.Tensor | None) -> torch.Tensor:
+    """Cross-entropy of `logits` (..., V) against `target` (...), each token's target smoothed toward
+    the uniform distribution by `smooth` (...) when given."""
+    ce = F.cross_entropy(logits.movedim(-1, 1) if logits.dim() > 2 else logits, target, reduction="none")
+    if smooth is None:
+        return ce
+    uniform = torch.logsumexp(logits, -1) - logits.mean(-1)              # cross-entropy against uniform
+    return (1 - smooth) * ce + smooth * uniform
 
 
 def binding_accuracy(model, mask_id: int, pad_id: int, examples: list[Encoded]) -> float:
