@@ -67,9 +67,9 @@ def main(argv=None) -> int:
     p.add_argument("--sampler", default="low_confidence")
     p.add_argument("--batch-size", type=int, default=8)
     args = p.parse_args(argv)
-    torch.set_grad_enabled(False)
-    counts = decode_counts(args.model, args.task, args.limit, args.names, args.gen_length, args.sampler,
-                           args.batch_size)
+    with torch.no_grad():
+        counts = decode_counts(args.model, args.task, args.limit, args.names, args.gen_length, args.sampler,
+                               args.batch_size)
     n = sum(counts.values())
     print(f"| model | task | tokens | {' | '.join(KINDS)} |\n|---|---|---|{'---|' * len(KINDS)}")
     shares = " | ".join(f"{counts[k] / max(n, 1):.0%}" for k in KINDS)

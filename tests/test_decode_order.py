@@ -1,6 +1,8 @@
 """benchmarks/decode_order.py sorts committed tokens by which neighbours were written before them."""
 import itertools
 
+import torch
+
 from tests.fixtures.scripts import load_benchmark
 
 order = load_benchmark("decode_order")
@@ -28,3 +30,4 @@ def test_the_script_runs_on_the_shipped_model(capsys):
                        "--gen-length", "32"]) == 0
     out = capsys.readouterr().out
     assert "| dllm/assets/llada-pb-tiny | waiting_line/copy |" in out
+    assert torch.is_grad_enabled()                                      # the script leaves autograd as it was
