@@ -18,8 +18,8 @@ import torch
 
 import dllm
 from dllm.eval import runner
-from dllm.eval.tasks import encode_messages
 from dllm.eval.names import NAME_SOURCES
+from dllm.eval.tasks import encode_messages
 
 KINDS = ("left", "right", "both", "none")
 

@@ -37,8 +37,8 @@ __all__ = [
     "WHOLE_NAME", "Encoded", "TrainConfig", "add_train_arguments", "answer_text", "bind_rows", "binding_accuracy",
     "build_tokenizer", "check_start_shape", "complete_recipe", "config_from_args", "copy_example", "copy_vocab",
     "diffusion_loss", "encode_records", "end_weights", "example_columns", "example_spans", "global_pairing",
-    "hole_rows", "init_weights", "lr_at", "make_batch", "mask_distances", "model_config", "name_sides", "next_token_head",
-    "pair_example", "phase_configs", "previous_token_head", "recipe_fields", "record_people", "render_prompt",
-    "response_sides", "save_pretrained", "smoothing_at", "span_rows", "start_model", "tokenizer_texts", "train", "training_records",
-    "window_heads",
+    "hole_rows", "init_weights", "lr_at", "make_batch", "mask_distances", "model_config", "name_sides",
+    "next_token_head", "pair_example", "phase_configs", "previous_token_head", "recipe_fields", "record_people",
+    "render_prompt", "response_sides", "save_pretrained", "smoothing_at", "span_rows", "start_model",
+    "tokenizer_texts", "train", "training_records", "window_heads",
 ]

@@ -204,10 +204,9 @@ def _row_masks(cfg: TrainConfig, items: list[Encoded], L: int, pair_batch: bool,
         fixed = torch.where(hole_in, hole, fixed)
         fixed_rows = fixed_rows | hole_in
     if cfg.span_mask > 0 and not pair_batch:      # span_mask > 0 implies bind_mask + hole_mask < 1
-        B = len(items)
-        taken = fixed_rows if fixed_rows is not None else torch.zeros(B, 1, dtype=torch.bool)
-        left = 1 - cfg.bind_mask - cfg.hole_mask if fixed_rows is not None else 1.0
-        span, span_in = span_rows(B, len(items[0].response), taken, cfg.span_mask / left, gen)
+        taken = fixed_rows if fixed_rows is not None else torch.zeros(len(items), 1, dtype=torch.bool)
+        share = cfg.span_mask / (1 - cfg.bind_mask - cfg.hole_mask)
+        span, span_in = span_rows(len(items), len(items[0].response), taken, share, gen)
         fixed = span if fixed is None else torch.where(span_in, span, fixed)
         fixed_rows = taken | span_in
     return extra_cols, extra_ok, fixed, fixed_rows
