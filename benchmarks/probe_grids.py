@@ -1,8 +1,8 @@
 """How far a trained model is from solving the grids, before its decoded scores leave zero.
 
-Decoded Latin-square and Sudoku scores stay at 0 for thousands of training steps and then rise;
-this probe measures the two abilities a decode needs, in single forwards on held-out generated
-prompts (the test split), so that checkpoints can be compared while the scores are still 0:
+A model partway to the grids decodes no valid Latin square or Sudoku yet; this probe measures the
+two abilities a decode needs, in single forwards on held-out generated prompts (the test split),
+so that checkpoints can be compared while their decoded scores are still 0:
 
 * **one cell**: the answer on the canvas with one cell masked, everything else shown (the EOT and
   the padding too). The hidden cell is then fixed by its row, so the score is the share of cells
@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a trained model folder")
     ap.add_argument("--canvas", type=int, default=0,
-                    help="response canvas in tokens (0: each task's max_tokens; 64 for a model trained with --canvas 64)")
+                    help="response canvas in tokens (0: each task's max_tokens; "
+                         "64 for a model trained with --canvas 64)")
     ap.add_argument("--limit", type=int, default=24, help="held-out records per task")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -103,13 +104,17 @@ def main(argv=None) -> int:
     import dllm
     from dllm.eval import generators
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    model, tokenizer = dllm.load(args.model, dtype="float32")
-    model.eval()
-    for task in (LATIN, SUDOKU):
-        records = generators.make_records(task, split="test", num_samples=args.limit)
-        scores = probe_task(model, tokenizer, task, records, args.canvas)
-        print(task + ": " + "; ".join(f"{k} {v:.3f}" for k, v in scores.items()), flush=True)
+    try:
+        model, tokenizer = dllm.load(args.model, dtype="float32")
+        model.eval()
+        for task in (LATIN, SUDOKU):
+            records = generators.make_records(task, split="test", num_samples=args.limit)
+            scores = probe_task(model, tokenizer, task, records, args.canvas)
+            print(task + ": " + "; ".join(f"{k} {v:.3f}" for k, v in scores.items()), flush=True)
+    finally:
+        torch.set_num_threads(threads)
     return 0
 
 
