@@ -2,7 +2,7 @@
 
     python benchmarks/eval_model.py --model runs/pb-tiny/model --out runs/pb-tiny/eval.jsonl
     python benchmarks/eval_model.py --model M --tokens-per-step 1,2,4,8 --sampler low_confidence
-    python benchmarks/eval_model.py --model M --out F --names open --gen-length 64   # held-out names
+    python benchmarks/eval_model.py --model M --out F --names open                # held-out names
     python benchmarks/eval_model.py --model M --out F --data-dir PB/data          # the official files
 
 Runs `dllm bench` (the generated test split, or the official files of `--data-dir`) once per
@@ -30,7 +30,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--names", default="lists", choices=NAME_SOURCES, help="generated Waiting Line people")
-    p.add_argument("--gen-length", type=int, default=None, help="default: each task's max_tokens")
+    p.add_argument("--gen-length", type=int, default=None,
+                   help="default: the checkpoint's generation length, else each task's max_tokens")
     p.add_argument("--data-dir", default=None, help="a ParallelBench data folder (official files) instead")
     args = p.parse_args(argv)
     try:

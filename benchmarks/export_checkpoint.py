@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from dllm.models.llada import LLaDAModel
-from dllm.train import TrainConfig, complete_recipe, model_config, save_pretrained
+from dllm.train import TrainConfig, complete_recipe, generation_defaults, model_config, save_pretrained
 
 
 def export_checkpoint(checkpoint: Path, out: Path) -> int:
@@ -28,7 +28,7 @@ def export_checkpoint(checkpoint: Path, out: Path) -> int:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
     model = LLaDAModel(model_config(cfg, tokenizer))
     model.load_state_dict(state["model"])
-    save_pretrained(model.eval(), tokenizer, out)
+    save_pretrained(model.eval(), tokenizer, out, generation_defaults(cfg))
     return state["step"]
 
 

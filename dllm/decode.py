@@ -218,10 +218,20 @@ class Request:
     block_length: int
 
 
+def checkpoint_gen_length(model) -> int | None:
+    """The generation length the checkpoint's generation_config.json names (`max_new_tokens`, as
+    Hugging Face's `generate` reads it; a dllm-trained model names the canvas it was trained on),
+    or None. Requests that give no `gen_length` decode with it."""
+    length = (getattr(model, "generation_defaults", None) or {}).get("max_new_tokens")
+    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        return length
+    return None
+
+
 def resolve_request(model, cfg: GenerationConfig) -> Request:
-    """Resolve `cfg` once for `model`: its length (`DEFAULT_GEN_LENGTH` when None), sampler and
-    cache policy."""
-    cfg = with_instances(cfg.for_length())
+    """Resolve `cfg` once for `model`: its length (when None, the checkpoint's
+    `checkpoint_gen_length`, else `DEFAULT_GEN_LENGTH`), sampler and cache policy."""
+    cfg = with_instances(cfg.for_length(checkpoint_gen_length(model)))
     sampler = resolve_sampler(model, cfg)
     if model.config.attention_block is not None:
         return _block_causal_request(model, cfg, sampler)

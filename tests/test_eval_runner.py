@@ -264,3 +264,30 @@ def test_the_package_exports_what_its_docstring_shows():
     for line in dllm.eval.__doc__.splitlines():
         if line.strip().startswith("from dllm.eval import"):
             exec(line.strip(), {})
+
+
+def test_a_checkpoints_generation_length_is_the_default(model_dir, bench_data, tmp_path):
+    """A checkpoint whose generation_config.json names `max_new_tokens` decodes every request that
+    gives no gen_length with it: bench rows (over the task's max_tokens) and `dllm.generate`."""
+    import shutil
+
+    import dllm
+    from dllm.decode import checkpoint_gen_length, resolve_request
+    folder = Path(shutil.copytree(model_dir, tmp_path / "m"))
+    gen = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**gen, "max_new_tokens": 16}))
+    model, tok = dllm.load(folder, dtype="float32")
+    assert checkpoint_gen_length(model) == 16
+    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(bench_data), limit=1, tasks="waiting_line/copy"))
+    (row,) = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert (row["max_tokens"], row["gen_length_used"], row["steps_used"], row["nfe"]) == (32, 16, 16, 16)
+    (row,) = runner.run_bench(cfg.replace(gen_length=8), model=model, tokenizer=tok, progress=False)
+    assert row["gen_length_used"] == 8
+    assert dllm.generate(model, tok, ["hi"], dllm.GenerationConfig()).nfe == [16]
+    # Without the entry (or with one that is not a positive integer): the task's max_tokens, and 128.
+    for bad in (None, 0, True, "16"):
+        model.generation_defaults = {**gen, "max_new_tokens": bad}
+        assert checkpoint_gen_length(model) is None
+    (row,) = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert row["gen_length_used"] == 32
+    assert resolve_request(model, dllm.GenerationConfig()).config.gen_length == 128

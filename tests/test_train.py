@@ -291,6 +291,18 @@ def _check_export_of_checkpoint(checkpoint, out):
         export.export_checkpoint(out / "missing.pt", out)
 
 
+def test_a_canvas_recipe_names_its_canvas_as_the_generation_length(trained, tmp_path):
+    from dllm.decode import checkpoint_gen_length
+
+    _, folder = trained
+    model, tok = dllm.load(folder, dtype="float32")
+    assert checkpoint_gen_length(model) is None                    # TINY: each task's own length
+    assert T.generation_defaults(T.TrainConfig(canvas=0)) == {}
+    T.save_pretrained(model, tok, tmp_path / "m", T.generation_defaults(T.TrainConfig(canvas=48)))
+    again, _ = dllm.load(tmp_path / "m", dtype="float32")
+    assert checkpoint_gen_length(again) == 48
+
+
 def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):
     out, folder = trained
     start = load_file(str(folder / "model.safetensors"))

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 import dllm
 from dllm import provenance
 from dllm.config import GenerationConfig
-from dllm.decode import resolve_sampler, with_instances
+from dllm.decode import checkpoint_gen_length, resolve_sampler, with_instances
 from dllm.distributed import Distributed
 from dllm.models.loading import resolve_device
 
@@ -56,7 +56,9 @@ class BenchConfig:
     """One benchmark run.
 
     generation:   the decoding request (sampler, cache, lengths, schedule, temperature, seed, ...).
-                  Its gen_length None (the default) means each task's `max_tokens` (32 / 64 / 128);
+                  Its gen_length None (the default) means the checkpoint's generation length when
+                  its generation_config.json names one (`max_new_tokens`, `for_checkpoint`), else
+                  each task's `max_tokens` (32 / 64 / 128);
                   block_length None one block over the whole generation; steps and
                   tokens_per_step None one token per step. Default: GenerationConfig(seed=0).
     tasks:        selection (`waiting_line/copy,puzzle/*`, a group such as `all`, or a list);
@@ -64,6 +66,8 @@ class BenchConfig:
     model:        checkpoint folder, shipped model name or hub id; None = the shipped default model.
     data_dir:     folder with the official files; without it the generated test split is used.
     limit:        the first `limit` samples of each task.
+    names:        the generated split's Waiting Line people (`dllm.eval.names.NAME_SOURCES`); "open"
+                  holds its names out of every training record.
     """
 
     model: str | None = None
@@ -107,6 +111,14 @@ class BenchConfig:
         """The generation request of a task decoded with `max_tokens` (its gen_length when the
         run leaves it open)."""
         return self.generation.for_length(max_tokens)
+
+    def for_checkpoint(self, model) -> "BenchConfig":
+        """This run as it decodes on `model`: a gen_length left open takes the checkpoint's
+        (`dllm.decode.checkpoint_gen_length`) when it names one."""
+        length = checkpoint_gen_length(model)
+        if self.generation.gen_length is not None or length is None:
+            return self
+        return self.replace(gen_length=length)
 
     def lengths(self, max_tokens: int) -> tuple[int, int, int]:
         """(gen_length, block_length, steps) for a task decoded with `max_tokens`."""
@@ -291,7 +303,7 @@ def _start_run(cfg: BenchConfig, dist: Distributed, model, tokenizer) -> tuple[_
                                      cuda_graphs=cfg.cuda_graphs, compile=cfg.compile)
     model_name = getattr(model, "name_or_path", None) or cfg.model
     sampler = resolve_sampler(model, generation)
-    generation = generation.replace(sampler=sampler)
+    generation = generation.replace(sampler=sampler, gen_length=cfg.for_checkpoint(model).generation.gen_length)
     identity = run_identity(cfg, str(model_name), sampler.name, sampler.arguments(), dataset)
     backends = text_backends(cfg, dataset)
     if backends.grammar is not None:    # scores with and without a grammar checker are not one run

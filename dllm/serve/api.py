@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..config import DEFAULT_GEN_LENGTH, GenerationConfig
+from ..decode import checkpoint_gen_length
 from .engine import Engine, Job, QueueFull
 from .metrics import ServerMetrics
 from .schema import ChatRequest, CompletionRequest, RequestError, request_config
@@ -42,7 +43,7 @@ class Server:
             raise RequestError(f"model {body.model!r} is not served here; this server serves {self.model_name!r}",
                                "model")
         config = request_config(body, self.defaults, max_tokens)
-        gen = config.gen_length or DEFAULT_GEN_LENGTH
+        gen = config.gen_length or checkpoint_gen_length(self.engine.model) or DEFAULT_GEN_LENGTH
         limit = self.engine.model.config.max_seq_len
         if len(prompt) + gen > limit:
             raise RequestError(f"the prompt's {len(prompt)} tokens + max_tokens {gen} exceed the model's "

@@ -113,6 +113,7 @@ class _Follow:
 def _preflight(p: SweepPoint, cfg, model, tokenizer, dataset) -> None:
     """Decode the first sample of each distinct generation length with a single forward, so a
     configuration the sampler, cache or model refuses fails here, the same way on every process."""
+    cfg = cfg.for_checkpoint(model)
     firsts = {}
     for t in dataset.tasks:
         if dataset.samples[t]:

@@ -22,10 +22,10 @@ from .data import (BOS, CHAT_TEMPLATE, COPY_WARMUP_LENGTHS, EOS, EOT, GPT2_SPLIT
                    copy_vocab, encode_records, example_columns, example_spans, global_pairing, make_batch,
                    name_sides, pair_example, record_people, render_prompt, response_sides, tokenizer_texts,
                    training_records)
-from .loop import lr_at, train
+from .loop import lr_at, phases_record, train
 from .model_init import (PREV_HEAD_BIAS, PREV_HEAD_PAIRS, PREV_HEAD_SCALE, SHAPE_FIELDS, check_start_shape,
-                         init_weights, model_config, next_token_head, previous_token_head, save_pretrained,
-                         start_model, window_heads)
+                         generation_defaults, init_weights, model_config, next_token_head, previous_token_head,
+                         save_pretrained, start_model, window_heads)
 from .objective import (binding_accuracy, bind_rows, diffusion_loss, end_weights, hole_rows, mask_distances,
                         smoothing_at, span_rows)
 
@@ -36,9 +36,11 @@ __all__ = [
     "PREV_HEAD_SCALE", "SHAPE_FIELDS", "SPECIAL_TOKENS", "THEN_FIELDS", "THEN_TASK_WEIGHTS", "TRAIN_FIELDS",
     "WHOLE_NAME", "Encoded", "TrainConfig", "add_train_arguments", "answer_text", "bind_rows", "binding_accuracy",
     "build_tokenizer", "check_start_shape", "complete_recipe", "config_from_args", "copy_example", "copy_vocab",
-    "diffusion_loss", "encode_records", "end_weights", "example_columns", "example_spans", "global_pairing",
+    "diffusion_loss", "encode_records", "end_weights", "example_columns", "example_spans",
+    "generation_defaults", "global_pairing",
     "hole_rows", "init_weights", "lr_at", "make_batch", "mask_distances", "model_config", "name_sides",
-    "next_token_head", "pair_example", "phase_configs", "previous_token_head", "recipe_fields", "record_people",
+    "next_token_head", "pair_example", "phase_configs", "phases_record", "previous_token_head", "recipe_fields",
+    "record_people",
     "render_prompt", "response_sides", "save_pretrained", "smoothing_at", "span_rows", "start_model",
     "tokenizer_texts", "train", "training_records", "window_heads",
 ]

@@ -20,7 +20,7 @@ from .config import TrainConfig, complete_recipe, phase_configs, recipe_fields
 from .data import (PAIR_BIND_ROWS, Encoded, answer_text, build_tokenizer, copy_example, copy_vocab, encode_records,
                    example_columns, global_pairing, make_batch, pair_example, response_sides, tokenizer_texts,
                    training_records)
-from .model_init import check_start_shape, init_weights, model_config, save_pretrained, start_model
+from .model_init import check_start_shape, generation_defaults, init_weights, model_config, save_pretrained, start_model
 from .objective import bind_rows, diffusion_loss, hole_rows, span_rows
 
 
@@ -64,15 +64,21 @@ def _train_phases(cfg: TrainConfig, progress: bool, stop_after: int | None) -> P
             return None
         done += run.steps
     phases = [json.loads((Path(c.out) / "train_info.json").read_text()) for c in runs]
-    info = {"recipe": recipe_fields(cfg), "steps": sum(p["steps"] for p in phases),
+    info = phases_record(cfg, phases)
+    (Path(cfg.out) / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return folder
+
+
+def phases_record(cfg: TrainConfig, phases: list[dict]) -> dict:
+    """The train_info.json of the recipe `cfg` from its phases' own records, in order: the whole
+    recipe, the totals (steps, training seconds, batches per task) and every phase's record."""
+    return {"recipe": recipe_fields(cfg), "steps": sum(p["steps"] for p in phases),
             "train_seconds": round(sum(p["train_seconds"] for p in phases), 1),
             "parameters": phases[-1]["parameters"],
             "batches_per_task": {t: sum(p["batches_per_task"].get(t, 0) for p in phases)
                                  for t in phases[-1]["batches_per_task"]},
             "init_from_sha256": phases[0]["init_from_sha256"],
             "torch": torch.__version__, "threads": torch.get_num_threads(), "phases": phases}
-    (Path(cfg.out) / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    return folder
 
 
 # -- one phase ------------------------------------------------------------------------------------
@@ -329,7 +335,7 @@ def _run_steps(run: _Phase, progress: bool, stop_after: int | None) -> float:
 def _export(run: _Phase, out: Path, total: float, start, dropped: dict[str, int]) -> Path:
     """Save the trained model to `<out>/model` and its record to `<out>/train_info.json`."""
     run.model.eval()
-    folder = save_pretrained(run.model, run.batches.tokenizer, out / "model")
+    folder = save_pretrained(run.model, run.batches.tokenizer, out / "model", generation_defaults(run.cfg))
     state = run.state
     info = {"recipe": run.recipe, "steps": state.step, "train_seconds": round(total, 1),
             "parameters": run.model.config.n_params,

@@ -205,6 +205,13 @@ def check_start_shape(init_from: str, have, want) -> None:
         raise ValueError(f"init_from {init_from!r} has another shape than the recipe: {', '.join(bad)}")
 
 
+def generation_defaults(cfg: TrainConfig) -> dict:
+    """The generation_config.json entries of a model trained with `cfg`: `max_new_tokens`, the
+    canvas every answer was laid on, when the recipe has one (`canvas` > 0). Decoding uses it as
+    the generation length when a request gives none (`dllm.decode.checkpoint_gen_length`)."""
+    return {"max_new_tokens": cfg.canvas} if cfg.canvas else {}
+
+
 def save_pretrained(model, tokenizer, folder: str | Path, generation_defaults: dict | None = None) -> Path:
     """Write `model` and `tokenizer` (None: weights and configs only) in the LLaDA Hugging Face
     layout."""
