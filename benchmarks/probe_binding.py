@@ -62,6 +62,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dllm.eval.names import NAME_SOURCES  # noqa: E402
 from dllm.models.llada import LLaDAModel  # noqa: E402
 from dllm.models.loading import default_model_path  # noqa: E402
 from dllm.train import (INITS, TrainConfig, bind_rows, binding_accuracy, copy_vocab, diffusion_loss,  # noqa: E402
@@ -69,7 +70,7 @@ from dllm.train import (INITS, TrainConfig, bind_rows, binding_accuracy, copy_vo
                         response_sides)
 
 
-def repeat_probability(model, tokenizer, records: list[dict]) -> tuple[float, float]:
+def repeat_probability(model, tokenizer, records: list[dict], canvas: int = 0) -> tuple[float, float]:
     """On shuffle prompts: the mean probability a model gives to repeating a committed last name.
     The answer is the input list in its own order; the canvas shows its punctuation and the last
     token of the last item's last name, everything else masked; the score is the probability of
@@ -78,7 +79,7 @@ def repeat_probability(model, tokenizer, records: list[dict]) -> tuple[float, fl
     nothing committed, so the pair says whether the model rules out a name it has already written."""
     task = "waiting_line/shuffle"
     in_order = [{**r, "answer": {**r["answer"], "example": json.dumps(r["answer"]["input"])}} for r in records]
-    items, _ = encode_records(tokenizer, {task: in_order})
+    items, _ = encode_records(tokenizer, {task: in_order}, canvas)
     x, valid, pos, cols = make_batch(items, model.config.pad_token_id)
     sides = response_sides(items)
     last = (sides == 2) & (torch.nn.functional.pad(sides[:, 1:], (0, 1)) != 2)   # last token of each last name
@@ -96,20 +97,22 @@ def repeat_probability(model, tokenizer, records: list[dict]) -> tuple[float, fl
     return out[0], out[1]
 
 
-def probe_model(path: str, n: int) -> None:
-    """Binding accuracy on held-out generated prompts (every last name hidden, first names shown)
-    and the repeat probability, for a trained model folder."""
+def probe_model(path: str, n: int, names: str = "lists") -> None:
+    """Binding accuracy on held-out generated prompts (every last name hidden, first names shown;
+    people from `names`) and the repeat probability, for a trained model folder, on its canvas."""
     import dllm
+    from dllm.decode import checkpoint_gen_length
     from dllm.eval import generators
 
     model, tokenizer = dllm.load(path, dtype="float32")
     model.eval()
-    cfg = model.config
+    cfg, canvas = model.config, checkpoint_gen_length(model) or 0
     for task in ("waiting_line/copy", "waiting_line/shuffle", "waiting_line/insert_random"):
-        items, _ = encode_records(tokenizer, {task: generators.make_records(task, split="test", num_samples=n)})
+        records = generators.make_records(task, split="test", num_samples=n, names=names)
+        items, _ = encode_records(tokenizer, {task: records}, canvas)
         print(f"{task}: binding accuracy {binding_accuracy(model, cfg.mask_token_id, cfg.pad_token_id, items):.3f}")
-    records = generators.make_records("waiting_line/shuffle", split="test", num_samples=n)
-    shown, masked = repeat_probability(model, tokenizer, records)
+    records = generators.make_records("waiting_line/shuffle", split="test", num_samples=n, names=names)
+    shown, masked = repeat_probability(model, tokenizer, records, canvas)
     print(f"waiting_line/shuffle: repeat probability {shown:.3f} (with that name still masked: {masked:.3f})",
           flush=True)
 
@@ -138,6 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None,
                     help="probe this trained model folder on held-out generated prompts instead of training")
+    ap.add_argument("--names", default="lists", choices=NAME_SOURCES, help="the probe prompts' people (--model)")
     args = ap.parse_args(argv)
     for name in ("steps", "every", "probe_size", "batch_size", "threads"):
         if getattr(args, name) < 1:
@@ -150,7 +154,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     if args.model is not None:
-        probe_model(args.model, args.probe_size)
+        probe_model(args.model, args.probe_size, args.names)
         return 0
     cfg = TrainConfig(out="unused", d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, lr=args.lr,
                       init=args.init, prev_token_head=args.prev_token_head, seed=args.seed,

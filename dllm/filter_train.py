@@ -14,7 +14,8 @@
    sigmoid > 0.9 on the validation and test splits, as the published notebook reports them.
 3. `train_filter_for_model`: prompts from our ParallelBench generators' train split (Waiting Line
    and Puzzle tasks by default) rendered with the task template and the chat template, exactly as
-   the benchmark renders them, gen_length = the task's max_tokens; the filter is saved with
+   the benchmark renders them, gen_length = the checkpoint's (`max_new_tokens` of its
+   generation_config.json) or else the task's max_tokens; the filter is saved with
    `dllm.samplers.learn2pd.save_filter` (safetensors + JSON metadata).
 
 Published recipe (Learn2PD, arXiv:2509.25188): 40 prompts per task, block 32, steps = gen_length,
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import __version__
-from .decode import generate
+from .decode import checkpoint_gen_length, generate
 from .eval import generators
 from .eval.tasks import encode_messages, get_task, messages
 from .samplers.base import Sampler
@@ -272,9 +273,11 @@ def train_filter(records: LabelRecords, epochs: int = 40000, lr: float = 0.003, 
     return filt, report
 
 
-def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = 1) -> tuple[list[list[int]], list[int]]:
+def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = 1, names: str = "lists",
+                 gen_length: int | None = None) -> tuple[list[list[int]], list[int]]:
     """Token ids and gen_lengths of `samples_per_task` train-split records of each generated task,
-    rendered as the benchmark renders them (task template, in-context example, chat template)."""
+    people from `names`, rendered as the benchmark renders them (task template, in-context example,
+    chat template). The gen_length is `gen_length`, or each task's max_tokens when None."""
 
     bad = [t for t in tasks if t not in generators.generator_tasks()]
     if bad or not tasks:
@@ -284,21 +287,23 @@ def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = 1) -> tup
     for task in tasks:
         spec = get_task(task)
         for record in generators.make_records(task, split=generators.TRAIN_SPLIT, num_samples=samples_per_task,
-                                          shard=shard):
+                                              shard=shard, names=names):
             ids.append(encode_messages(tokenizer, messages(spec, record)))
-            lengths.append(spec.max_tokens)
+            lengths.append(gen_length or spec.max_tokens)
     return ids, lengths
 
 
 def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, samples_per_task: int = 40,
-                           shard: int = 1, block_length: int = 32, epochs: int = 40000, lr: float = 0.003,
-                           seed: int = 0, batch_size: int = 16, accept_thres: float = DEFAULT_ACCEPT_THRES,
+                           shard: int = 1, names: str = "lists", block_length: int = 32, epochs: int = 40000,
+                           lr: float = 0.003, seed: int = 0, batch_size: int = 16,
+                           accept_thres: float = DEFAULT_ACCEPT_THRES,
                            progress: bool = True) -> tuple[Path, dict]:
     """Prompts -> labels -> filter -> `out` (safetensors + `<out>.json`). Returns (path, metadata).
 
-    The gen_length of a task is its max_tokens rounded up to a multiple of block_length.
-    shard: the generators' train-split shard (default 1: `dllm train` uses shard 0 with seed 0, so
-    the labels come from prompts the model was not trained on).
+    The gen_length of a task is the checkpoint's (`checkpoint_gen_length`), else its max_tokens,
+    rounded up to a multiple of block_length.
+    shard: the generators' train-split shard (a recipe trains on shard `seed % 1000` of each phase's
+    seed: the shipped one on shards 0 to 2); names: their people (`dllm.eval.names.NAME_SOURCES`).
     """
     if isinstance(samples_per_task, bool) or not isinstance(samples_per_task, int) or samples_per_task < 1:
         raise ValueError(f"samples_per_task must be an integer >= 1, got {samples_per_task!r}")
@@ -307,7 +312,8 @@ def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, sample
     if isinstance(block_length, bool) or not isinstance(block_length, int) or block_length < 1:
         raise ValueError(f"block_length must be an integer >= 1, got {block_length!r}")
     tasks = tuple(tasks)
-    prompts, lengths = task_prompts(tokenizer, tasks, samples_per_task, shard)
+    prompts, lengths = task_prompts(tokenizer, tasks, samples_per_task, shard, names,
+                                    checkpoint_gen_length(model))
     lengths = [-(-g // block_length) * block_length for g in lengths]
     records = collect_labels(model, tokenizer, prompts, lengths, block_length, batch_size=batch_size,
                              progress=progress)
@@ -317,7 +323,8 @@ def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, sample
             "model": getattr(model, "name_or_path", None), "model_family": model.config.family,
             "labels": {"reference": "low_confidence, steps = gen_length, temperature 0 (the model's own output)",
                        "oracle": "EGP: commit every correct position; copy the reference into a stuck block"},
-            "prompts": {"source": "dllm.eval.generators", "split": "train", "shard": shard, "tasks": list(tasks),
+            "prompts": {"source": "dllm.eval.generators", "split": "train", "shard": shard, "names": names,
+                        "tasks": list(tasks),
                         "samples_per_task": samples_per_task, "rendering": "task template + chat template"},
             "counts": records.counts(),
             "training": {k: v for k, v in report.items() if k not in ("validation", "test")},

@@ -538,3 +538,17 @@ def test_errors(llada, tmp_path):
     assert samplers.get("learn2pd", filter=str(meta_path), accept_thres=0.9).accept_thres == 0.9
     assert samplers.get("learn2pd", filter="none").arguments() == {"filter": "none", "accept_thres": 0.96,
                                                                    "eotp": True}
+
+
+def test_filter_prompts_take_their_people_and_the_checkpoints_length():
+    from transformers import PreTrainedTokenizerFast
+
+    from dllm.eval import generators
+    from dllm.models.loading import default_model_path
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(default_model_path()))
+    lists, lists_lengths = filter_train.task_prompts(tok, ["waiting_line/copy"], 3)
+    held, held_lengths = filter_train.task_prompts(tok, ["waiting_line/copy"], 3, names="open", gen_length=64)
+    assert lists_lengths == [32] * 3 and held_lengths == [64] * 3
+    record = generators.make_records("waiting_line/copy", split="train", num_samples=3, shard=1, names="open")[0]
+    assert json.loads(record["answer"])[0] in tok.decode(held[0]) and held[0] != lists[0]

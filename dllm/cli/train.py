@@ -7,6 +7,7 @@ import sys
 import dllm
 from dllm import filter_train, train
 from dllm.eval import generators
+from dllm.eval.names import NAME_SOURCES
 from dllm.eval.tasks import select_tasks
 
 from .options import add_model_option
@@ -26,6 +27,8 @@ def add_parsers(sub) -> None:
                         "Puzzle tasks)")
     f.add_argument("--samples-per-task", type=int, default=40, help="train-split prompts per task (default 40)")
     f.add_argument("--shard", type=int, default=1, help="generators' train-split shard (default 1)")
+    f.add_argument("--names", default="lists", choices=NAME_SOURCES,
+                   help="generated Waiting Line people (default lists; open: Faker's names of the train pool)")
     f.add_argument("--block-length", type=int, default=32, help="the filter's block size (default 32)")
     f.add_argument("--epochs", type=int, default=40000, help="full-batch epochs (default 40000)")
     f.add_argument("--lr", type=float, default=0.003, help="AdamW learning rate (default 0.003)")
@@ -55,7 +58,7 @@ def _filter_options(args) -> dict:
     tasks = filter_train.DEFAULT_TASKS
     if args.tasks:
         tasks = tuple(select_tasks(args.tasks, generators.generator_tasks()))
-    opts = dict(tasks=tasks, samples_per_task=args.samples_per_task, shard=args.shard,
+    opts = dict(tasks=tasks, samples_per_task=args.samples_per_task, shard=args.shard, names=args.names,
                 block_length=args.block_length, epochs=args.epochs, lr=args.lr, seed=args.seed,
                 batch_size=args.batch_size, accept_thres=args.accept_thres)
     for name in ("samples_per_task", "block_length", "epochs", "batch_size"):
