@@ -36,3 +36,19 @@ def test_counts_per_run_and_task_and_the_table(errors, tmp_path, capsys):
     assert "| r1 | waiting_line/copy | 5 | 2 | 1 | 1 | 1 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no rows of waiting_line/reverse"):
         errors.main([str(path), "--tasks", "waiting_line/reverse"])
+
+
+def test_counts_by_answer_length(errors, tmp_path, capsys):
+    short, long = '["Ann Lee", "Bo Kim"]', '["Ann Lee", "Bo Kim", "Cy Orr"]'
+    rows = [dict(run_id="r1", task="waiting_line/copy", prediction=p, answer=a, score=s)
+            for p, a, s in ((short, short, 1.0), ('["Ann Lee"]', short, 0.0), (long, long, 1.0),
+                            ('["Ann Lee", "Bo Kim", "Cy Or"]', long, 0.0), (long, long, 1.0))]
+    counts = errors.count_errors(rows, {"waiting_line/copy"}, by_length=True)
+    assert counts == {("r1", "waiting_line/copy", 2): {"right": 1, "run-on": 1},
+                      ("r1", "waiting_line/copy", 3): {"right": 2, "misspelt": 1}}
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert errors.main([str(path), "--tasks", "waiting_line/copy", "--by-length"]) == 0
+    out = capsys.readouterr().out
+    assert "| run | task | answer length | samples |" in out
+    assert "| r1 | waiting_line/copy | 3 | 3 | 2 | 0 | 1 | 0 |" in out
