@@ -105,6 +105,20 @@ def test_distance_smoothing_smooths_targets_by_the_distance_to_shown_tokens():
         T.TrainConfig(distance_smoothing=1.0)
 
 
+def test_auto_precision_is_bf16_only_on_a_cpu_with_bf16_matrix_units(monkeypatch):
+    for amx, avx512_bf16, want in ((True, False, "bf16"), (False, True, "bf16"), (False, False, "fp32")):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        assert T.cpu_has_bf16_units() is (want == "bf16")
+        assert T.step_precision("auto") == want
+        assert T.step_precision("fp32") == "fp32" and T.step_precision("bf16") == "bf16"
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    assert T.step_precision("auto") == "fp32"
+    with pytest.raises(ValueError, match="precision 'half' is not one of auto, bf16, fp32"):
+        T.step_precision("half")
+
+
 def test_masked_mean_loss_draws_t_as_a_power_of_u():
     items = [T.Encoded("t", [5, 6, 7][: 1 + b % 3], [8 + b % 4] * 10) for b in range(4000)]
     x, valid, pos, cols = T.make_batch(items, pad_id=0)
@@ -266,6 +280,7 @@ def test_saved_model_is_a_llada_checkpoint_that_generates(trained):
     assert out_.generated.shape == (1, 8)
     info = json.loads((out / "a" / "train_info.json").read_text())
     assert info["steps"] == TINY["steps"] and info["parameters"] == model.config.n_params
+    assert info["precision"] == "fp32"
 
 
 def test_interrupted_run_resumes_to_the_same_weights(trained, tmp_path):
@@ -432,7 +447,7 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
         T.TrainConfig(mask_example=1.5)
     with pytest.raises(ValueError, match="bind_mask must be in \\[0, 1\\], got -0.1"):
         T.TrainConfig(bind_mask=-0.1)
-    with pytest.raises(ValueError, match="precision 'fp16' is not one of bf16, fp32"):
+    with pytest.raises(ValueError, match="precision 'fp16' is not one of auto, bf16, fp32"):
         T.TrainConfig(precision="fp16")
     with pytest.raises(ValueError, match="compile must be true or false, got 'yes'"):
         T.TrainConfig(compile="yes")

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+import torch
+
 from ..config import check_fields
 from ..eval import generators
 from ..eval.names import NAME_SOURCES
@@ -29,7 +31,7 @@ DEFAULT_TASK_WEIGHTS = ("waiting_line/copy=0.5,waiting_line/reverse=0.5,waiting_
 
 LOSSES = ("masked-mean", "llada")
 INITS = ("mimetic", "normal")
-PRECISIONS = ("bf16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp32")
 EMBED_UPDATES = ("dense", "lazy", "frozen")
 PREV_HEAD_INPUTS = ("embedding", "bias")
 MAX_CANVAS = 1024
@@ -47,6 +49,22 @@ NO_LATER_PHASES = {name: () for name in THEN_FIELDS}   # the then_ fields of a s
 
 # TrainConfig fields that do not change the trained model: left out of the recorded recipe.
 _NOT_RECIPE = ("out", "threads", "save_every", "name")
+
+
+def cpu_has_bf16_units() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX512-BF16)."""
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def step_precision(precision: str) -> str:
+    """The precision a training step runs in: "auto" is bf16 on a CPU with bf16 matrix units and
+    fp32 elsewhere; "bf16" and "fp32" as given."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision != "auto":
+        return precision
+    return "bf16" if cpu_has_bf16_units() else "fp32"
 
 
 def _then_values(name: str, value, kind: type) -> tuple:

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
 from ..models.llada import LLaDAModel
-from .config import TrainConfig, complete_recipe, phase_configs, recipe_fields
+from .config import TrainConfig, complete_recipe, phase_configs, recipe_fields, step_precision
 from .data import (PAIR_BIND_ROWS, Encoded, answer_text, build_tokenizer, copy_example, copy_vocab, encode_records,
                    example_columns, global_pairing, make_batch, pair_example, response_sides, tokenizer_texts,
                    training_records)
@@ -231,6 +231,7 @@ class _Phase:
     optim: _Optimizers
     batches: _BatchSource
     state: _Progress
+    precision: str          # the step's precision, "bf16" or "fp32" ("auto" resolved)
 
 
 def _phase_tokenizer(cfg: TrainConfig, tok_dir: Path, records: dict[str, list[dict]], start):
@@ -252,7 +253,7 @@ def _build_model(cfg: TrainConfig, tokenizer, start) -> LLaDAModel:
     mcfg = model_config(cfg, tokenizer)
     # eager attention: plain matmuls and softmax, which torch.compile fuses and bf16 autocast runs
     # on the CPU's bf16 matrix units (docs/training.md, "Speed").
-    model = LLaDAModel(mcfg, attention="eager" if cfg.precision == "bf16" or cfg.compile else "sdpa")
+    model = LLaDAModel(mcfg, attention="eager" if step_precision(cfg.precision) == "bf16" or cfg.compile else "sdpa")
     init_weights(model, cfg)
     if start is not None:
         check_start_shape(cfg.init_from, start[0].config, mcfg)
@@ -307,7 +308,7 @@ def _run_steps(run: _Phase, progress: bool, stop_after: int | None) -> float:
         x, valid, pos, cols = make_batch(items, mcfg.pad_token_id)
         extra_cols, extra_ok, fixed, fixed_rows = _row_masks(cfg, items, x.shape[1], pair_batch, state.gen)
         run.optim.set_lr(lr_at(cfg, state.step))
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=run.precision == "bf16"):
             loss = diffusion_loss(run.forward, x, valid, pos, cols, mcfg.mask_token_id, cfg.eps, state.gen, cfg.loss,
                                   cfg.t_power, extra_cols, extra_ok, fixed, fixed_rows, head=model.head_logits,
                                   end_id=mcfg.eot_token_id, end_weight=cfg.end_weight,
@@ -343,7 +344,8 @@ def _export(run: _Phase, out: Path, total: float, start, dropped: dict[str, int]
             "batches_per_task": state.drawn, "pair_batches": state.pair_batches,
             "init_from_sha256": start[2] if start is not None else None,
             "dropped_too_long": dropped,
-            "loss_log": state.log, "torch": torch.__version__, "threads": torch.get_num_threads()}
+            "loss_log": state.log, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "precision": run.precision}
     (out / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
     return folder
 
@@ -365,7 +367,7 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     model = _build_model(cfg, tokenizer, start)
     forward = torch.compile(model.hidden_at, dynamic=True) if cfg.compile else model.hidden_at
     run = _Phase(cfg, recipe_fields(cfg), out / "checkpoint.pt", model, forward, _Optimizers.build(cfg, model),
-                 batches, _Progress.fresh(cfg, batches.tasks))
+                 batches, _Progress.fresh(cfg, batches.tasks), step_precision(cfg.precision))
     if run.ckpt_path.is_file():
         _resume(run)
     model.train()
