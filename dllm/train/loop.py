@@ -247,13 +247,13 @@ def _phase_tokenizer(cfg: TrainConfig, tok_dir: Path, records: dict[str, list[di
     return tokenizer
 
 
-def _build_model(cfg: TrainConfig, tokenizer, start) -> LLaDAModel:
+def _build_model(cfg: TrainConfig, tokenizer, start, precision: str) -> LLaDAModel:
     """The recipe's model, initialised by `init_weights` (from the global torch RNG), then given the
-    start model's weights when there is one (of the same shape)."""
+    start model's weights when there is one (of the same shape). `precision` is the step's."""
     mcfg = model_config(cfg, tokenizer)
     # eager attention: plain matmuls and softmax, which torch.compile fuses and bf16 autocast runs
     # on the CPU's bf16 matrix units (docs/training.md, "Speed").
-    model = LLaDAModel(mcfg, attention="eager" if step_precision(cfg.precision) == "bf16" or cfg.compile else "sdpa")
+    model = LLaDAModel(mcfg, attention="eager" if precision == "bf16" or cfg.compile else "sdpa")
     init_weights(model, cfg)
     if start is not None:
         check_start_shape(cfg.init_from, start[0].config, mcfg)
@@ -364,10 +364,11 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     data, dropped = encode_records(tokenizer, records, cfg.canvas)
     batches = _BatchSource.build(cfg, tokenizer, data)
     torch.manual_seed(cfg.seed)
-    model = _build_model(cfg, tokenizer, start)
+    precision = step_precision(cfg.precision)
+    model = _build_model(cfg, tokenizer, start, precision)
     forward = torch.compile(model.hidden_at, dynamic=True) if cfg.compile else model.hidden_at
     run = _Phase(cfg, recipe_fields(cfg), out / "checkpoint.pt", model, forward, _Optimizers.build(cfg, model),
-                 batches, _Progress.fresh(cfg, batches.tasks), step_precision(cfg.precision))
+                 batches, _Progress.fresh(cfg, batches.tasks), precision)
     if run.ckpt_path.is_file():
         _resume(run)
     model.train()
