@@ -273,7 +273,7 @@ def train_filter(records: LabelRecords, epochs: int = 40000, lr: float = 0.003, 
     return filt, report
 
 
-def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = 1, names: str = "lists",
+def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = 3, names: str = "open",
                  gen_length: int | None = None) -> tuple[list[list[int]], list[int]]:
     """Token ids and gen_lengths of `samples_per_task` train-split records of each generated task,
     people from `names`, rendered as the benchmark renders them (task template, in-context example,
@@ -294,7 +294,7 @@ def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = 1, names:
 
 
 def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, samples_per_task: int = 40,
-                           shard: int = 1, names: str = "lists", block_length: int = 32, epochs: int = 40000,
+                           shard: int = 3, names: str = "open", block_length: int = 32, epochs: int = 40000,
                            lr: float = 0.003, seed: int = 0, batch_size: int = 16,
                            accept_thres: float = DEFAULT_ACCEPT_THRES,
                            progress: bool = True) -> tuple[Path, dict]:
@@ -303,7 +303,8 @@ def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, sample
     The gen_length of a task is the checkpoint's (`checkpoint_gen_length`), else its max_tokens,
     rounded up to a multiple of block_length.
     shard: the generators' train-split shard (a recipe trains on shard `seed % 1000` of each phase's
-    seed: the shipped one on shards 0 to 2); names: their people (`dllm.eval.names.NAME_SOURCES`).
+    seed: the shipped one on shards 0 to 2, so the default 3 holds prompts it never trained on);
+    names: their people (`dllm.eval.names.NAME_SOURCES`).
     """
     if isinstance(samples_per_task, bool) or not isinstance(samples_per_task, int) or samples_per_task < 1:
         raise ValueError(f"samples_per_task must be an integer >= 1, got {samples_per_task!r}")

@@ -547,8 +547,8 @@ def test_filter_prompts_take_their_people_and_the_checkpoints_length():
     from dllm.models.loading import default_model_path
 
     tok = PreTrainedTokenizerFast.from_pretrained(str(default_model_path()))
-    lists, lists_lengths = filter_train.task_prompts(tok, ["waiting_line/copy"], 3)
-    held, held_lengths = filter_train.task_prompts(tok, ["waiting_line/copy"], 3, names="open", gen_length=64)
+    lists, lists_lengths = filter_train.task_prompts(tok, ["waiting_line/copy"], 3, names="lists")
+    held, held_lengths = filter_train.task_prompts(tok, ["waiting_line/copy"], 3, gen_length=64)   # open, shard 3
     assert lists_lengths == [32] * 3 and held_lengths == [64] * 3
-    record = generators.make_records("waiting_line/copy", split="train", num_samples=3, shard=1, names="open")[0]
+    record = generators.make_records("waiting_line/copy", split="train", num_samples=3, shard=3, names="open")[0]
     assert json.loads(record["answer"])[0] in tok.decode(held[0]) and held[0] != lists[0]
