@@ -87,7 +87,7 @@ class BenchConfig:
     bertscore_model: str | None = None
     sort_key: str = "full_name"
     index_base: int = 0
-    names: str = "lists"
+    names: str = "open"
 
     def __post_init__(self):
         if self.data_dir is None:  # nothing to download: our generators' held-out test split
