@@ -3,6 +3,7 @@ import json
 import re
 
 import pytest
+import torch
 
 import dllm
 from dllm.eval import generators, runner
@@ -18,8 +19,9 @@ def shipped():
 
 
 def _held_out_copies(tok, n):
-    """The first `n` records of the generated copy test split and their prompt ids, as the bench renders them."""
-    records = generators.make_records("waiting_line/copy", split="test", num_samples=n, shard=0)
+    """The first `n` records of the generated copy test split (held-out names) and their prompt ids,
+    as the bench renders them."""
+    records = generators.make_records("waiting_line/copy", split="test", num_samples=n, shard=0, names="open")
     return records, [encode_messages(tok, messages("waiting_line/copy", r)) for r in records]
 
 
@@ -32,6 +34,19 @@ def test_shipped_model_has_the_llada_layout_and_fits_the_budget():
     assert cfg["model_type"] == "llada" and cfg["weight_tying"] is True
     assert sum(p.stat().st_size for p in FOLDER.iterdir()) <= 25 * 2 ** 20
     assert loading.DEFAULT_MODEL in loading.shipped_models()
+    assert json.loads((FOLDER / "generation_config.json").read_text())["max_new_tokens"] == 64
+
+
+def test_shipped_tokenizer_splits_held_out_names_into_several_tokens(shipped):
+    """The model reads names it never saw: the people of its test split are held out of training and
+    are no single token of its tokenizer."""
+    from dllm.eval import names
+
+    _, tok = shipped
+    pool = names.open_pool("test")
+    sample = [pool[i] for i in range(0, len(pool), max(1, len(pool) // 200))]
+    counts = [len(tok(" " + name, add_special_tokens=False)["input_ids"]) for name in sample]
+    assert min(counts) >= 2 and sum(counts) / len(counts) >= 4, counts
 
 
 def test_default_train_config_is_the_shipped_recipe():
@@ -64,7 +79,8 @@ def test_default_train_config_is_the_shipped_recipe():
 def test_shipped_model_copies_held_out_lists(shipped):
     model, tok = shipped
     records, ids = _held_out_copies(tok, 4)
-    out = dllm.generate(model, tok, ids, gen_length=64, steps=64, sampler="low_confidence")
+    out = dllm.generate(model, tok, ids, steps=64, sampler="low_confidence")    # the checkpoint's 64 tokens
+    assert out.sequences.shape[1] == max(map(len, ids)) + 64
     right = sum(text.strip() == r["answer"] for text, r in zip(out.texts, records))
     assert right >= 3, list(zip(out.texts, [r["answer"] for r in records]))
 
@@ -81,6 +97,10 @@ def test_three_sample_bench_on_the_shipped_model(shipped, tmp_path):
 def test_learn2pd_finds_the_filter_shipped_with_the_default_model(shipped):
     model, tok = shipped
     assert model.name_or_path == loading.DEFAULT_MODEL
-    records, ids = _held_out_copies(tok, 2)
-    out = dllm.generate(model, tok, ids, gen_length=32, block_length=32, steps=32, sampler="learn2pd")
-    assert max(out.nfe) < 32 and [t.strip() for t in out.texts] == [r["answer"] for r in records]
+    _, ids = _held_out_copies(tok, 2)
+    settings = dict(gen_length=64, block_length=32, steps=64, sampler="learn2pd")
+    found = dllm.generate(model, tok, ids, **settings)
+    named = dllm.generate(model, tok, ids, **settings, sampler_kwargs={"filter": str(FOLDER / "learn2pd_filter.safetensors")})
+    alone = dllm.generate(model, tok, ids, **settings, sampler_kwargs={"filter": "none"})
+    assert torch.equal(found.sequences, named.sequences) and found.nfe == named.nfe
+    assert max(found.nfe) < min(alone.nfe)          # the filter accepts positions beyond the base count
