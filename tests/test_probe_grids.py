@@ -41,10 +41,10 @@ def test_cell_columns_skip_the_separators():
 
 
 def test_the_shipped_model_rules_out_what_its_row_holds(capsys):
-    """The shipped model solves most Latin squares and Sudokus, so its one-cell predictions are
-    near perfect."""
+    """With the rest of a held-out grid shown, the shipped model fills a single masked cell right
+    nearly always (its row and column fix it)."""
     threads = torch.get_num_threads()
-    assert probe.main(["--model", SHIPPED, "--limit", "2", "--threads", "1"]) == 0
+    assert probe.main(["--model", SHIPPED, "--limit", "4", "--threads", "1"]) == 0
     assert torch.get_num_threads() == threads                           # the script leaves the thread count
     lines = capsys.readouterr().out.strip().splitlines()
     scores = {line.split(":")[0]: dict(kv.rsplit(" ", 1) for kv in line.split(": ", 1)[1].split("; "))
