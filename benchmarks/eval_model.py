@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from dllm.eval import report, runner
-from dllm.eval.names import NAME_SOURCES
+from dllm.eval.names import DEFAULT_SOURCE, NAME_SOURCES
 
 
 def main(argv=None) -> int:
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--names", default="open", choices=NAME_SOURCES, help="generated Waiting Line people")
+    p.add_argument("--names", default=DEFAULT_SOURCE, choices=NAME_SOURCES, help="generated Waiting Line people")
     p.add_argument("--gen-length", type=int, default=None,
                    help="default: the checkpoint's generation length, else each task's max_tokens")
     p.add_argument("--data-dir", default=None, help="a ParallelBench data folder (official files) instead")

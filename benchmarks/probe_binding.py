@@ -62,7 +62,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dllm.eval.names import NAME_SOURCES  # noqa: E402
+from dllm.eval.names import DEFAULT_SOURCE, NAME_SOURCES  # noqa: E402
 from dllm.models.llada import LLaDAModel  # noqa: E402
 from dllm.models.loading import default_model_path  # noqa: E402
 from dllm.train import (INITS, TrainConfig, bind_rows, binding_accuracy, copy_vocab, diffusion_loss,  # noqa: E402
@@ -97,7 +97,7 @@ def repeat_probability(model, tokenizer, records: list[dict], canvas: int = 0) -
     return out[0], out[1]
 
 
-def probe_model(path: str, n: int, names: str = "open") -> None:
+def probe_model(path: str, n: int, names: str = DEFAULT_SOURCE) -> None:
     """Binding accuracy on held-out generated prompts (every last name hidden, first names shown;
     people from `names`) and the repeat probability, for a trained model folder, on its canvas."""
     import dllm
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None,
                     help="probe this trained model folder on held-out generated prompts instead of training")
-    ap.add_argument("--names", default="open", choices=NAME_SOURCES, help="the probe prompts' people (--model)")
+    ap.add_argument("--names", default=DEFAULT_SOURCE, choices=NAME_SOURCES, help="the probe prompts' people (--model)")
     args = ap.parse_args(argv)
     for name in ("steps", "every", "probe_size", "batch_size", "threads"):
         if getattr(args, name) < 1:

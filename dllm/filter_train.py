@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from . import __version__
 from .decode import checkpoint_gen_length, generate
 from .eval import generators
+from .eval.names import DEFAULT_SOURCE
 from .eval.tasks import encode_messages, get_task, messages
 from .samplers.base import Sampler
 from .samplers.learn2pd import DEFAULT_ACCEPT_THRES, Learn2PDFilter, save_filter
@@ -47,6 +48,9 @@ DEFAULT_TASKS = (
     "waiting_line/remove_random", "waiting_line/replace_index", "waiting_line/replace_random",
     "puzzle/latin_square_n4", "puzzle/sudoku_n4_12",
 )
+# The train-split shard of the prompts: the shipped recipe trains on shards 0 to 2 (seed % 1000 of its
+# phases' seeds), so shard 3 holds prompts the model never trained on.
+DEFAULT_SHARD = 3
 VALIDATION_THRESHOLD = 0.9
 
 
@@ -273,8 +277,8 @@ def train_filter(records: LabelRecords, epochs: int = 40000, lr: float = 0.003, 
     return filt, report
 
 
-def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = 3, names: str = "open",
-                 gen_length: int | None = None) -> tuple[list[list[int]], list[int]]:
+def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = DEFAULT_SHARD,
+                 names: str = DEFAULT_SOURCE, gen_length: int | None = None) -> tuple[list[list[int]], list[int]]:
     """Token ids and gen_lengths of `samples_per_task` train-split records of each generated task,
     people from `names`, rendered as the benchmark renders them (task template, in-context example,
     chat template). The gen_length is `gen_length`, or each task's max_tokens when None."""
@@ -294,8 +298,8 @@ def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = 3, names:
 
 
 def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, samples_per_task: int = 40,
-                           shard: int = 3, names: str = "open", block_length: int = 32, epochs: int = 40000,
-                           lr: float = 0.003, seed: int = 0, batch_size: int = 16,
+                           shard: int = DEFAULT_SHARD, names: str = DEFAULT_SOURCE, block_length: int = 32,
+                           epochs: int = 40000, lr: float = 0.003, seed: int = 0, batch_size: int = 16,
                            accept_thres: float = DEFAULT_ACCEPT_THRES,
                            progress: bool = True) -> tuple[Path, dict]:
     """Prompts -> labels -> filter -> `out` (safetensors + `<out>.json`). Returns (path, metadata).
@@ -303,7 +307,7 @@ def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, sample
     The gen_length of a task is the checkpoint's (`checkpoint_gen_length`), else its max_tokens,
     rounded up to a multiple of block_length.
     shard: the generators' train-split shard (a recipe trains on shard `seed % 1000` of each phase's
-    seed: the shipped one on shards 0 to 2, so the default 3 holds prompts it never trained on);
+    seed: the shipped one on shards 0 to 2; `DEFAULT_SHARD` holds prompts it never trained on);
     names: their people (`dllm.eval.names.NAME_SOURCES`).
     """
     if isinstance(samples_per_task, bool) or not isinstance(samples_per_task, int) or samples_per_task < 1:
@@ -336,5 +340,5 @@ def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, sample
     return path, meta
 
 
-__all__ = ["DEFAULT_TASKS", "EGPOracle", "LabelRecords", "collect_labels", "task_prompts", "train_filter",
+__all__ = ["DEFAULT_SHARD", "DEFAULT_TASKS", "EGPOracle", "LabelRecords", "collect_labels", "task_prompts", "train_filter",
            "train_filter_for_model"]

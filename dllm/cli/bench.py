@@ -5,7 +5,7 @@ import sys
 
 from dllm.distributed import is_main_process
 from dllm.eval import data, generators, report, runner
-from dllm.eval.names import NAME_SOURCES
+from dllm.eval.names import DEFAULT_SOURCE, NAME_SOURCES
 
 from .options import (add_benchmark_options, add_model_option, add_request_options, add_runtime_options,
                       generation_config)
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
                         "prompt reads")
     b.add_argument("--index-base", type=int, default=0, choices=(0, 1),
                    help="generated *_index positions: 0-based as the official files, or 1-based")
-    b.add_argument("--names", default="open", choices=NAME_SOURCES,
+    b.add_argument("--names", default=DEFAULT_SOURCE, choices=NAME_SOURCES,
                    help="generated Waiting Line people: the project's word lists (one pool for both splits), or "
                         "Faker's names with the test split drawn from a pool held out of the train split (open), or "
                         "made-up names split the same way (pseudo)")

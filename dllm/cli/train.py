@@ -7,7 +7,7 @@ import sys
 import dllm
 from dllm import filter_train, train
 from dllm.eval import generators
-from dllm.eval.names import NAME_SOURCES
+from dllm.eval.names import DEFAULT_SOURCE, NAME_SOURCES
 from dllm.eval.tasks import select_tasks
 
 from .options import add_model_option
@@ -26,9 +26,9 @@ def add_parsers(sub) -> None:
                    help="comma-separated generated task ids, patterns or groups (default: the Waiting Line and "
                         "Puzzle tasks)")
     f.add_argument("--samples-per-task", type=int, default=40, help="train-split prompts per task (default 40)")
-    f.add_argument("--shard", type=int, default=3,
+    f.add_argument("--shard", type=int, default=filter_train.DEFAULT_SHARD,
                    help="generators' train-split shard (default 3, one the shipped recipe does not train on)")
-    f.add_argument("--names", default="open", choices=NAME_SOURCES,
+    f.add_argument("--names", default=DEFAULT_SOURCE, choices=NAME_SOURCES,
                    help="generated Waiting Line people (default open: Faker's names of the train pool; lists: the "
                         "project's word lists)")
     f.add_argument("--block-length", type=int, default=32, help="the filter's block size (default 32)")

@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from functools import lru_cache
 
 NAME_SOURCES = ("lists", "open", "pseudo")
+DEFAULT_SOURCE = "open"          # what bench, sweep, train and train-filter use unless told
 FAKER_LOCALES = ("en_US", "en_GB", "en_IE", "en_NZ")
 STAND_IN_LOCALES = ("en", "en_IN", "en_KE", "en_NG", "en_PK", "en_TH")
 HELD_OUT_ONE_IN = 5

@@ -38,7 +38,7 @@ from dllm.models.loading import resolve_device
 
 from . import generators, metrics, text_metrics
 from .data import Dataset, Sample, discover, load_generated, load_official
-from .names import check_source
+from .names import DEFAULT_SOURCE, check_source
 from .tasks import GROUPS, TASKS, encode_messages, prompt_id, select_tasks
 
 ROW_VERSION = 1
@@ -87,7 +87,7 @@ class BenchConfig:
     bertscore_model: str | None = None
     sort_key: str = "full_name"
     index_base: int = 0
-    names: str = "open"
+    names: str = DEFAULT_SOURCE
 
     def __post_init__(self):
         if self.data_dir is None:  # nothing to download: our generators' held-out test split

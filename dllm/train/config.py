@@ -14,7 +14,7 @@ import torch
 
 from ..config import check_fields
 from ..eval import generators
-from ..eval.names import NAME_SOURCES
+from ..eval.names import DEFAULT_SOURCE, NAME_SOURCES
 
 DEFAULT_TASKS = (
     "waiting_line/copy", "waiting_line/reverse", "waiting_line/sort", "waiting_line/shuffle",
@@ -106,7 +106,7 @@ class TrainConfig:
     seed: int = 0
     tasks: tuple = DEFAULT_TASKS
     samples_per_task: int = 13000
-    names: str = "open"
+    names: str = DEFAULT_SOURCE
     pseudo_share: float = 0.5
     canvas: int = 64
     vocab_size: int = 2048
