@@ -22,6 +22,11 @@ _SAMPLERS: dict[str, str] = {
     "learn2pd": "dllm.samplers.learn2pd:Learn2PD",
     "llada2": "dllm.samplers.llada2:LLaDA2Block",
     "llada21": "dllm.samplers.llada2:LLaDA21Edit",
+    "margin_topk": "dllm.samplers.topk:MarginTopK",
+    "entropy_topk": "dllm.samplers.topk:EntropyTopK",
+    "left_to_right": "dllm.samplers.topk:LeftToRight",
+    "dus": "dllm.samplers.dus:Dilated",
+    "klass": "dllm.samplers.klass:KLASS",
 }
 
 

@@ -1,0 +1,86 @@
+"""KLASS, KL-adaptive stability sampling (arXiv:2511.05664; shkim0116/KLASS `stable_confident_decode`
+with alg "klass" and unmask strategy "all").
+
+LLaDA's schedule (`low_confidence`, docs/samplers.md §2) with an early exit per position. Every
+forward scores every masked position of the generation region, in float64: p its softmax, and
+KL(p || p_prev) = sum p (log(p + 1e-12) - log(p_prev + 1e-12)) against the same position's p of
+the forward before (zeros before the first forward, so the first KL is large). A masked position
+of the active block is *ready* when its last `kl_history_length` KL values are all below
+`kl_threshold` (checked from step `kl_history_length` - 1 of the block on), and its candidate's
+probability is above `conf_threshold` (both strict). A step commits every ready position; when
+none is, it commits the schedule's count of the most confident ones (ties to the lower position).
+The KL history runs on across blocks, as in the reference.
+
+Where the reference would leave a block with masks after its steps (ready steps that committed
+fewer than the schedule's count), the block goes on at the last step's count until it is full.
+At temperature > 0 the candidate is the loop's Gumbel-max sample and p stays un-tempered.
+Published defaults: conf_threshold 0.9, kl_threshold 0.01, kl_history_length 2 (the code and
+ParallelBench); the scripts use gen_length 256, block_length 64, steps 256, temperature 0.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import check_number, top_k_mask
+from .llada import LowConfidence
+from dllm.state import Decision
+
+
+class KLASS(LowConfidence):
+    """KLASS: commit every confident masked position whose distribution has stopped moving (KL), else the schedule's top-k."""
+
+    name = "klass"
+    fixed_schedule = False
+    needs_logits = True
+    row_state = None     # its KL state is sized by the vocabulary at the first forward
+
+    def __init__(self, *, conf_threshold: float = 0.9, kl_threshold: float = 0.01, kl_history_length: int = 2):
+        check_number("conf_threshold", conf_threshold, low=0, high=1, sampler=self.name)
+        check_number("kl_threshold", kl_threshold, low=0, sampler=self.name)
+        check_number("kl_history_length", kl_history_length, low=1, integer=True, sampler=self.name)
+        self.logits_eos_inf = self.confidence_eos_eot_inf = False
+        self.conf_threshold, self.kl_threshold = float(conf_threshold), float(kl_threshold)
+        self.history = kl_history_length
+        self._args = dict(conf_threshold=conf_threshold, kl_threshold=kl_threshold,
+                          kl_history_length=kl_history_length)
+
+    def setup(self, state) -> None:
+        super().setup(state)
+        state.extra.pop("klass_prev", None)
+        state.extra.pop("klass_history", None)
+
+    def planned_widths(self, state):
+        return None
+
+    def score_mask(self, state, rows):
+        """Every masked column of the generation region: their KL history runs across blocks."""
+        return state.is_mask[rows] & state.in_generation()[None, :]
+
+    def kl_history(self, state, rows, positions, valid, p) -> torch.Tensor:
+        """Append KL(p || p_prev) of the scored columns to their history and store p; returns the
+        (B', Q, H) history at the scored columns."""
+        if "klass_prev" not in state.extra:   # one spare column (G) takes the writes of padding entries
+            B, G = state.batch_size, state.gen_length
+            state.extra["klass_prev"] = p.new_zeros(B, G + 1, p.shape[-1])
+            state.extra["klass_history"] = p.new_zeros(B, G + 1, self.history)
+        cols = torch.where(valid, positions - state.gen_start, state.gen_length)        # (B', Q)
+        prev_all, hist_all = state.extra["klass_prev"], state.extra["klass_history"]
+        at = rows[:, None].expand_as(cols)
+        prev = prev_all[at, cols]                                                       # (B', Q, V)
+        kl = (p * (torch.log(p + 1e-12) - torch.log(prev + 1e-12))).sum(-1)
+        hist = torch.cat([hist_all[at, cols][..., 1:], kl[..., None]], dim=-1)          # (B', Q, H)
+        prev_all[at, cols] = p
+        hist_all[at, cols] = hist
+        return hist
+
+    def step(self, state, rows, positions, valid, scores):
+        p = torch.softmax(scores.logits.double(), dim=-1)                                 # (B', Q, V)
+        hist = self.kl_history(state, rows, positions, valid, p)
+        conf = p.gather(-1, scores.token[..., None]).squeeze(-1)                          # (B', Q)
+        in_block = valid & (positions >= state.block_start[rows, None]) & (positions < state.block_end[rows, None])
+        settled = (state.step_in_block[rows] >= self.history - 1)[:, None]
+        ready = in_block & settled & (hist < self.kl_threshold).all(-1) & (conf > self.conf_threshold)
+        step = state.step_in_block[rows].clamp(max=state.extra["steps_per_block"] - 1)
+        k = state.extra["counts"][rows].gather(1, step[:, None]).squeeze(1)               # (B',)
+        fallback = top_k_mask(conf.masked_fill(~in_block, float("-inf")), k) & in_block
+        return Decision(commit=torch.where(ready.any(1, keepdim=True), ready, fallback))

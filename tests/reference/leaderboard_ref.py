@@ -1,0 +1,166 @@
+"""Literal re-transcriptions of the decoding loops of methods on the ParallelBench leaderboard, used
+as oracles for dllm's samplers (docs/samplers.md §16-§17).
+
+* :func:`parallelbench_topk_ref`: ParallelBench's LLaDA generation loop with its top-k scorers
+  (``confidence_topk``, ``topk_margin``, ``entropy_topk``, ``left_to_right``).
+* :func:`dus_ref`: DUS ``generate_scheduled`` with the dilated scheduler, no re-masking, no early
+  stop (omerlux/DUS).
+* :func:`klass_ref`: KLASS ``stable_confident_decode`` with alg "klass" and strategy "all"
+  (shkim0116/KLASS).
+
+Each is written from the published algorithm, step for step in the reference order, batch 1 as the
+DUS and KLASS references are and batched with left padding as ParallelBench's loop is. As in samplers_ref.py,
+``torch.topk``'s backend-defined order among equal values is replaced by a stable descending sort
+(ties go to the lowest position), and the model is a callable ``logits_fn(x, attention_mask) ->
+aligned logits (B, L, V)``. Temperature 0 only.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .samplers_ref import LogitsFn, _topk_lowest_first, llada_transfer_counts
+
+__all__ = ["dus_levels_ref", "dus_ref", "klass_ref", "parallelbench_topk_ref"]
+
+
+@torch.no_grad()
+def parallelbench_topk_ref(logits_fn: LogitsFn, prompt: Tensor, attention_mask: Tensor | None = None, *,
+                           steps: int, gen_length: int, block_length: int, score: str, mask_id: int) -> Tensor:
+    """ParallelBench's LLaDA loop at temperature 0: blocks, LLaDA's per-step counts, the mask logit at
+    -inf, x0 the argmax, and the k masked in-block positions of highest ``score`` committed, with
+    score one of "confidence", "margin", "entropy", "left_to_right". Returns the final canvas."""
+    if score not in ("confidence", "margin", "entropy", "left_to_right"):
+        raise ValueError(f"unknown score {score!r}")
+    B, Lp = prompt.shape
+    x = torch.full((B, Lp + gen_length), mask_id, dtype=torch.long)
+    x[:, :Lp] = prompt
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask, torch.ones(B, gen_length, dtype=attention_mask.dtype)], dim=1)
+    num_blocks = gen_length // block_length
+    assert gen_length % block_length == 0 and steps % num_blocks == 0
+    per_block = steps // num_blocks
+    for block in range(num_blocks):
+        start, end = Lp + block * block_length, Lp + (block + 1) * block_length
+        counts = llada_transfer_counts(x[:, start:end] == mask_id, per_block)
+        for i in range(per_block):
+            mask_index = x == mask_id
+            logits = logits_fn(x, attention_mask).clone()
+            logits[:, :, mask_id] = -torch.inf
+            p = F.softmax(logits, dim=-1)
+            x0 = p.argmax(dim=-1)
+            if score == "confidence":
+                s = p.gather(-1, x0[..., None]).squeeze(-1)
+            elif score == "margin":
+                ordered = p.sort(dim=-1, descending=True).values
+                s = ordered[..., 0] - ordered[..., 1]
+            elif score == "entropy":
+                s = (p * torch.log(p + 1e-10)).sum(-1)
+            else:
+                s = -torch.arange(x.shape[1], dtype=torch.float32).expand(B, -1).clone()
+            s = s.to(torch.float64)
+            s[:, end:] = -torch.inf
+            s = torch.where(mask_index, s, -torch.inf)
+            x0 = torch.where(mask_index, x0, x)
+            for row in range(B):
+                chosen = _topk_lowest_first(s[row], int(counts[row, i]))
+                x[row, chosen] = x0[row, chosen]
+    return x
+
+
+def dus_levels_ref(start: int, end: int, base: int, skip: int) -> list[list[int]]:
+    """The dilated groups of the block [start, end] (inclusive, absolute positions), in order."""
+    size = end - start + 1
+    if base == 1:
+        return [list(range(start, end + 1))]
+    revealed: set[int] = set()
+    levels = []
+    stride = size // (base ** skip)
+    while stride >= 1:
+        level = [i for i in range(start, end + 1) if (i - start) % stride == 0 and i not in revealed]
+        if level:
+            levels.append(level)
+            revealed.update(level)
+        stride //= base
+    leftover = [i for i in range(start, end + 1) if i not in revealed]
+    if leftover:
+        levels.append(leftover)
+    if len(levels) >= 2 and len(levels[-1]) < len(levels[-2]):
+        last = levels.pop()
+        levels[-1] = levels[-1] + last
+    return levels
+
+
+@torch.no_grad()
+def dus_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, block_length: int, mask_id: int,
+            base: int = 2, skip: int = 1) -> tuple[Tensor, int]:
+    """DUS at temperature 0, batch 1: per block, per level, one forward over the whole canvas and
+    every position of the level set to the argmax. Returns (canvas (1, L), forwards)."""
+    assert prompt.shape[0] == 1 and gen_length % block_length == 0
+    Lp = prompt.shape[1]
+    x = torch.full((1, Lp + gen_length), mask_id, dtype=torch.long)
+    x[:, :Lp] = prompt
+    forwards = 0
+    for block in range(gen_length // block_length):
+        start = Lp + block * block_length
+        for level in dus_levels_ref(start, start + block_length - 1, base, skip):
+            if not (x == mask_id).any():
+                break
+            x0 = logits_fn(x, None).argmax(dim=-1)
+            forwards += 1
+            for pos in level:
+                if x[0, pos] == mask_id:
+                    x[0, pos] = x0[0, pos]
+    return x, forwards
+
+
+@torch.no_grad()
+def klass_ref(logits_fn: LogitsFn, prompt: Tensor, *, steps: int, gen_length: int, block_length: int,
+              mask_id: int, conf_threshold: float = 0.9, kl_threshold: float = 0.01,
+              history: int = 2) -> tuple[Tensor, int]:
+    """KLASS (``stable_confident_decode``, alg "klass", strategy "all") at temperature 0, batch 1:
+    per block LLaDA's step counts; every forward, float64 p over the whole canvas, KL(p || p_prev)
+    with 1e-12 in both logs appended to a per-position history that runs across blocks; ready =
+    all of the last ``history`` KLs below ``kl_threshold`` (from step ``history`` - 1 of the block)
+    and top-1 probability above ``conf_threshold``, masked and inside the block; commit every
+    ready position, or else the step's count of the most confident masked block positions.
+    Returns (canvas (1, L), forwards)."""
+    assert prompt.shape[0] == 1 and gen_length % block_length == 0
+    Lp = prompt.shape[1]
+    x = torch.full((1, Lp + gen_length), mask_id, dtype=torch.long)
+    x[:, :Lp] = prompt
+    num_blocks = gen_length // block_length
+    assert steps % num_blocks == 0
+    per_block = steps // num_blocks
+    kl_hist = p_prev = None
+    forwards = 0
+    for block in range(num_blocks):
+        start, end = Lp + block * block_length, Lp + (block + 1) * block_length
+        counts = llada_transfer_counts(x[:, start:end] == mask_id, per_block)
+        for t in range(per_block):
+            mask_index = x == mask_id
+            mask_index[:, :start] = False
+            mask_index[:, end:] = False
+            if not mask_index.any():
+                break
+            logits = logits_fn(x, None)
+            forwards += 1
+            p = F.softmax(logits.to(torch.float64), dim=-1)
+            if p_prev is None:
+                p_prev = torch.zeros_like(p)
+                kl_hist = torch.zeros(*p.shape[:2], history, dtype=torch.float64)
+            x0 = p.argmax(dim=-1)
+            conf = p.gather(-1, x0[..., None]).squeeze(-1)
+            kl = (p * (torch.log(p + 1e-12) - torch.log(p_prev + 1e-12))).sum(-1)
+            kl_hist = torch.roll(kl_hist, shifts=-1, dims=-1)
+            kl_hist[..., -1] = kl
+            p_prev = p.clone()
+            stable = (kl_hist < kl_threshold).all(-1) if t >= history - 1 else torch.zeros_like(mask_index)
+            ready = stable & (conf > conf_threshold) & mask_index
+            if ready.any():
+                chosen = ready[0].nonzero().flatten()
+            else:
+                chosen = _topk_lowest_first(torch.where(mask_index, conf, -torch.inf)[0], int(counts[0, t]))
+            x[0, chosen] = x0[0, chosen]
+    return x, forwards

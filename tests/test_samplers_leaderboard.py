@@ -1,0 +1,134 @@
+"""Samplers of the methods on the ParallelBench leaderboard against independent transcriptions of
+their published loops (tests/reference/leaderboard_ref.py), on the tiny LLaDA checkpoint: one
+prompt and a ragged batch, token for token at temperature 0. The loop invariants of every
+registered sampler are checked in test_samplers_parallel.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from dllm import samplers
+from dllm.samplers.dus import dilated_groups
+from tests.reference.leaderboard_ref import dus_levels_ref, dus_ref, klass_ref, parallelbench_topk_ref
+from tests.test_generate import PROMPTS, PROMPTS4, _batch, llada_logits_fn
+
+TOPK = {"low_confidence": "confidence", "margin_topk": "margin", "entropy_topk": "entropy",
+        "left_to_right": "left_to_right"}
+TOPK_CASES = [(16, 16, 16), (16, 16, 4), (20, 10, 6), (15, 5, 3)]   # (gen_length, block_length, steps)
+
+
+def _raw_logits_fn(model):
+    """The model's logits as they are: ParallelBench's loop sets the mask column to -inf itself."""
+    def fn(x, attention_mask):
+        return model(x, key_valid=None if attention_mask is None else attention_mask.bool())
+    return fn
+
+
+@pytest.mark.parametrize("name", sorted(TOPK))
+@pytest.mark.parametrize("gen,block,steps", TOPK_CASES, ids=str)
+def test_parallelbench_topk_equal_reference(llada, name, gen, block, steps):
+    model, _ = llada
+    for rows in ([PROMPTS[0]], PROMPTS4):
+        ids, mask = _batch(rows, model.config.pad_token_id)
+        want = parallelbench_topk_ref(_raw_logits_fn(model), ids, mask, steps=steps, gen_length=gen,
+                                      block_length=block, score=TOPK[name], mask_id=model.config.mask_token_id)
+        out = dllm.generate(model, None, rows, gen_length=gen, block_length=block, steps=steps, sampler=name)
+        assert torch.equal(out.sequences, want), (name, out.sequences, want)
+        assert out.nfe == [steps] * len(rows)
+
+
+def test_left_to_right_one_token_per_step_writes_in_order(llada):
+    model, _ = llada
+    seen = []
+    out = dllm.generate(model, None, PROMPTS, gen_length=12, block_length=12, steps=12, sampler="left_to_right", trace=True,
+                        on_step=lambda s: seen.append(s.is_mask[:, s.gen_start:s.gen_end].clone()))
+    for t, masked in enumerate(seen):
+        assert masked[:, :t + 1].logical_not().all() and masked[:, t + 1:].all()
+    assert out.trace[0].tolist() == list(range(12))
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 5, 7, 8, 12, 16, 24, 27, 31, 32, 33, 64, 65, 81])
+@pytest.mark.parametrize("base,skip", [(1, 1), (2, 1), (2, 2), (3, 1), (4, 1), (2, 3)])
+def test_dilated_groups_partition_and_equal_reference(K, base, skip):
+    groups = dilated_groups(K, base, skip)
+    assert sorted(o for g in groups for o in g) == list(range(K))
+    assert groups == [[p - 100 for p in level] for level in dus_levels_ref(100, 100 + K - 1, base, skip)]
+
+
+def test_dilated_groups_published_examples():
+    assert dilated_groups(8) == [[0, 4], [2, 6], [1, 3, 5, 7]]
+    assert [len(g) for g in dilated_groups(32)] == [2, 2, 4, 8, 16]
+    assert [len(g) for g in dilated_groups(24)] == [2, 2, 4, 16]
+    assert [len(g) for g in dilated_groups(32, 4)] == [4, 12, 16]
+
+
+@pytest.mark.parametrize("gen,block,base,skip", [(16, 16, 2, 1), (16, 8, 2, 1), (24, 8, 2, 1), (18, 6, 3, 1),
+                                                  (16, 16, 2, 2), (12, 12, 1, 1), (20, 5, 2, 1)])
+def test_dus_equals_reference_alone_and_in_a_ragged_batch(llada, gen, block, base, skip):
+    model, _ = llada
+    kw = dict(gen_length=gen, block_length=block, sampler="dus", sampler_kwargs=dict(base=base, base_skip=skip))
+    batch = dllm.generate(model, None, PROMPTS4, **kw)
+    lp = max(map(len, PROMPTS4))
+    for b, row in enumerate(PROMPTS4):
+        want, forwards = dus_ref(llada_logits_fn(model), torch.tensor([row]), gen_length=gen, block_length=block,
+                                 mask_id=model.config.mask_token_id, base=base, skip=skip)
+        assert batch.sequences[b, lp:].tolist() == want[0, len(row):].tolist(), b
+        assert batch.nfe[b] == forwards == gen // block * len(dilated_groups(block, base, skip))
+
+
+@pytest.mark.parametrize("name,kwargs,message", [
+    ("dus", dict(base=0), "sampler 'dus': base must be >= 1, got 0"),
+    ("dus", dict(base=2.0), "sampler 'dus': base must be an integer, got 2.0"),
+    ("dus", dict(base_skip=0), "sampler 'dus': base_skip must be >= 1, got 0"),
+    ("left_to_right", dict(k=2), "sampler 'left_to_right' has no argument"),
+    ("klass", dict(conf_threshold=1.5), "sampler 'klass': conf_threshold must be <= 1, got 1.5"),
+    ("klass", dict(kl_threshold=-0.1), "sampler 'klass': kl_threshold must be >= 0, got -0.1"),
+    ("klass", dict(kl_history_length=0), "sampler 'klass': kl_history_length must be >= 1, got 0"),
+])
+def test_bad_arguments_are_clear_errors(name, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        samplers.get(name, **kwargs)
+
+
+def test_dus_refuses_a_partial_last_block(llada):
+    model, _ = llada
+    with pytest.raises(ValueError, match="sampler 'dus': gen_length 12 must be a multiple of block_length 8"):
+        dllm.generate(model, None, PROMPTS, gen_length=12, block_length=8, sampler="dus")
+
+
+@pytest.fixture(scope="module")
+def peaked_llada():
+    """Random weights at init_std 1: peaked distributions, so KLASS's early exit fires."""
+    return dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0, init_std=1.0)
+
+
+KLASS_CASES = [  # (model, gen_length, block_length, conf_threshold, kl_threshold, history)
+    ("llada", 16, 16, 0.9, 0.01, 2), ("llada", 12, 4, 0.0, 1.0, 3), ("peaked", 16, 16, 0.9, 0.01, 2),
+    ("peaked", 16, 8, 0.5, 0.05, 2), ("peaked", 20, 10, 0.3, 0.5, 1),
+]
+
+
+@pytest.mark.parametrize("which,gen,block,conf,kl,history", KLASS_CASES, ids=str)
+def test_klass_equals_reference_alone_and_in_a_ragged_batch(request, which, gen, block, conf, kl, history):
+    model = request.getfixturevalue("llada")[0] if which == "llada" else request.getfixturevalue("peaked_llada")
+    args = dict(conf_threshold=conf, kl_threshold=kl, kl_history_length=history)
+    batch = dllm.generate(model, None, PROMPTS4, gen_length=gen, block_length=block, steps=gen, sampler="klass",
+                          sampler_kwargs=args)
+    lp = max(map(len, PROMPTS4))
+    for b, row in enumerate(PROMPTS4):
+        want, forwards = klass_ref(llada_logits_fn(model), torch.tensor([row]), steps=gen, gen_length=gen,
+                                   block_length=block, mask_id=model.config.mask_token_id, conf_threshold=conf,
+                                   kl_threshold=kl, history=history)
+        assert batch.sequences[b, lp:].tolist() == want[0, len(row):].tolist(), b
+        assert batch.nfe[b] == forwards, b
+
+
+def test_klass_commits_early_when_the_distributions_settle(peaked_llada):
+    out = dllm.generate(peaked_llada, None, PROMPTS, gen_length=16, block_length=16, steps=16, sampler="klass",
+                        sampler_kwargs=dict(conf_threshold=0.5, kl_threshold=0.05))
+    never = dllm.generate(peaked_llada, None, PROMPTS, gen_length=16, block_length=16, steps=16, sampler="klass",
+                          sampler_kwargs=dict(kl_threshold=0.0))
+    assert min(out.nfe) < 16 and never.nfe == [16] * len(PROMPTS)
+    assert torch.equal(never.sequences, dllm.generate(peaked_llada, None, PROMPTS, gen_length=16, block_length=16,
+                                                      steps=16, sampler="low_confidence").sequences)
