@@ -27,7 +27,7 @@ from dllm.state import Decision
 
 
 class KLASS(LowConfidence):
-    """KLASS: commit every confident masked position whose distribution has stopped moving (KL), else the schedule's top-k."""
+    """KLASS: every confident mask whose distribution has settled (KL), else the schedule's top-k."""
 
     name = "klass"
     fixed_schedule = False

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from dllm.distributed import is_main_process
-from dllm.eval import data, generators, report, runner
+from dllm.eval import data, generators, leaderboard, report, runner
 from dllm.eval.names import DEFAULT_SOURCE, NAME_SOURCES
 
 from .options import (add_benchmark_options, add_model_option, add_request_options, add_runtime_options,
@@ -32,6 +33,12 @@ def add_parser(sub) -> None:
                         "made-up names split the same way (pseudo)")
     b.add_argument("--pb", default="80,70,60", help="PB@X levels (default 80,70,60)")
     b.add_argument("--report", action="store_true", help="only print the tables of the runs stored in --out")
+    b.add_argument("--format", default="text", choices=("text", "leaderboard"),
+                   help="text: per-run tables and PB@X (default); leaderboard: also write the runs stored in --out "
+                        "as the public leaderboard's CSV files (<model>/<method>.csv: task,tps,accuracy) to --out-dir")
+    b.add_argument("--out-dir", default=None, metavar="DIR", help="folder for --format leaderboard")
+    b.add_argument("--compare", default=None, metavar="DIR",
+                   help="leaderboard CSV files (<model>/<method>.csv) to put beside the stored runs: PB@X of both")
     b.add_argument("--write-data", default=None, metavar="DIR",
                    help="write the generated test sets in the official layout to DIR and exit")
     b.add_argument("--no-progress", action="store_true")
@@ -49,14 +56,35 @@ def parse_levels(text: str) -> tuple[float, ...]:
     return levels
 
 
-def print_report(rows, levels, run_ids=None) -> None:
-    """Each run's per-task table (only `run_ids` when given), then the PB@X leaderboard."""
+def print_report(rows, levels, run_ids=None, args=None) -> None:
+    """Each run's per-task table (only `run_ids` when given), then the PB@X leaderboard; with
+    `--format leaderboard` the runs' leaderboard CSV files, with `--compare` PB@X beside the
+    leaderboard's files."""
     summaries = report.summarize(rows)
     for s in summaries:
         if run_ids is None or s.run_id in run_ids:
             print(report.format_run(s) + "\n")
     print(f"PB@X: the largest tokens/forward whose average score is >= X, over the {len(summaries)} run(s) stored")
     print(report.format_leaderboard(report.leaderboard(summaries, levels), levels))
+    if args is None or (args.format == "text" and not args.compare):
+        return
+    ours = leaderboard.curves_from_runs(summaries)
+    if args.format == "leaderboard":
+        for path in leaderboard.write_curves(ours, args.out_dir):
+            print(f"wrote {path}")
+    if args.compare:
+        print(f"\nBeside the leaderboard files under {args.compare} (tps: tokens per forward)")
+        print(leaderboard.format_comparison(ours, leaderboard.read_curves(args.compare), levels))
+
+
+def check_report_options(args) -> None:
+    """--format leaderboard needs --out-dir, and --out-dir only serves it."""
+    if args.format == "leaderboard" and not args.out_dir:
+        raise ValueError("--format leaderboard writes CSV files; give their folder with --out-dir DIR")
+    if args.out_dir and args.format != "leaderboard":
+        raise ValueError(f"--out-dir {args.out_dir!r} is the folder of --format leaderboard; add --format leaderboard")
+    if args.compare and not Path(args.compare).is_dir():
+        raise FileNotFoundError(f"--compare {args.compare!r}: no such folder of leaderboard CSV files")
 
 
 def _write_data(args) -> int:
@@ -84,10 +112,11 @@ def run(args) -> int:
     try:
         if args.write_data:
             return _write_data(args)
+        check_report_options(args)
         if args.report:
             if not args.out:
                 raise ValueError("--report prints the tables of a results file; give it with --out FILE")
-            print_report(runner.ResultsFile(args.out).rows(), levels)
+            print_report(runner.ResultsFile(args.out).rows(), levels, args=args)
             return 0
         rows = runner.run_bench(bench_config(args), progress=not args.no_progress)
     except (ValueError, FileNotFoundError, FloatingPointError, RuntimeError) as err:
@@ -99,5 +128,9 @@ def run(args) -> int:
         print("no samples selected")
         return 0
     stored = runner.ResultsFile(args.out).rows() if args.out else rows
-    print_report(stored, levels, run_ids={rows[0]["run_id"]})
+    try:
+        print_report(stored, levels, run_ids={rows[0]["run_id"]}, args=args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0

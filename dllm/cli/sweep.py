@@ -45,6 +45,9 @@ def add_arguments(p) -> None:
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rewrite report.md and the plots from the stored summaries")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--compare", default=None, metavar="DIR",
+                   help="leaderboard CSV files (<model>/<method>.csv: task,tps,accuracy) to put beside the sweep in "
+                        "the report (PB@X) and the tokens/forward plot")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -58,7 +61,7 @@ def run(args) -> int:
             print(f"{len(grid.points)} configuration(s)")
             return 0
         result = run_sweep(grid, args.out_dir, progress=not args.no_progress, plots=not args.no_plots,
-                           report_only=args.report_only)
+                           report_only=args.report_only, compare=args.compare)
     except CONFIG_ERRORS as err:
         print(f"error: {error_text(err)}", file=sys.stderr)
         return 2

@@ -62,9 +62,19 @@ def _scatter_panel(ax, summaries, styles, xkey: str, ykey, front: bool, legend: 
         ax.legend(fontsize=7, loc="best")
 
 
-def write_plots(summaries: list[dict], out_dir: str | os.PathLike) -> list[Path]:
-    """Accuracy vs tokens/forward (with the Pareto front), accuracy vs tokens/s, and one panel per
-    task, as PNGs; one colour and marker per sampler. Returns the files written."""
+def _curves(ax, compare) -> None:
+    """The leaderboard's curves (`avg` points by tps) as grey lines, one line style per curve."""
+    styles = ["-", "--", "-.", ":"]
+    for i, c in enumerate(compare):
+        pts = sorted(c.points)
+        ax.plot([t for t, _ in pts], [a for _, a in pts], color="grey", linestyle=styles[i % len(styles)],
+                marker=".", linewidth=1.0, label=f"leaderboard {c.model}/{c.method}".replace(" /", " "))
+
+
+def write_plots(summaries: list[dict], out_dir: str | os.PathLike, compare=()) -> list[Path]:
+    """Accuracy vs tokens/forward (with the Pareto front and the leaderboard's curves `compare`),
+    accuracy vs tokens/s, and one panel per task, as PNGs; one colour and marker per sampler.
+    Returns the files written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ok = [s for s in summaries if s["status"] == "ok" and s["average"] is not None]
@@ -78,6 +88,8 @@ def write_plots(summaries: list[dict], out_dir: str | os.PathLike) -> list[Path]
                                       ("tokens_per_second", "tokens per second", "speed", PLOT_TPS)):
         fig = _figure((7.5, 5.0))
         ax = fig.add_subplot()
+        if xkey == "tokens_per_forward":
+            _curves(ax, compare)
         _scatter_panel(ax, ok, styles, xkey, avg, front=True, legend=True)
         ax.set_xlabel(f"{xlabel} (log2)")
         ax.set_ylabel("average accuracy (%)")

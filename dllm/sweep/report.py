@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from dllm.eval import leaderboard
 from dllm.eval import report as bench_report
 
 from .pareto import best_per_level, pareto_front
@@ -19,9 +20,11 @@ def _num(v, spec=".1f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def markdown_report(summaries: list[dict], levels: Sequence[float], plots: Sequence[str] = ()) -> str:
+def markdown_report(summaries: list[dict], levels: Sequence[float], plots: Sequence[str] = (),
+                    compare: Sequence[leaderboard.Curve] = ()) -> str:
     """The sweep report: one row per configuration, PB@X per method, the best configuration per
-    accuracy level, and the configurations that failed."""
+    accuracy level, PB@X beside the leaderboard's curves (`compare`), and the configurations that
+    failed."""
     ok = [s for s in summaries if s["status"] == "ok"]
     failed = [s for s in summaries if s["status"] != "ok"]
     tasks: list[str] = []
@@ -74,11 +77,24 @@ def markdown_report(summaries: list[dict], levels: Sequence[float], plots: Seque
         else:
             lines.append(f"- average >= {x:g}: **{s['label']}**: {s['tokens_per_forward']:.2f} tokens/forward, "
                          f"average {s['average']:.1f}, {_num(s['tokens_per_second'])} tokens/s")
+    if compare:
+        lines += _comparison(scored, compare, levels)
     if failed:
         lines += ["", "## Failed configurations", ""]
         for s in failed:
             lines.append(f"- {s['label']}: {s['error']}")
     return "\n".join(lines) + "\n"
+
+
+def _comparison(scored: list[dict], compare, levels) -> list[str]:
+    """The report's section of PB@X beside the leaderboard's curves."""
+    ours = leaderboard.curves_from_runs([_run_summary(s) for s in scored])
+    head = leaderboard.comparison_head(levels)
+    lines = ["", "## Beside the leaderboard", "",
+             "PB@X of the methods above (tps: tokens per forward) and of the leaderboard files given with "
+             "`--compare`, from their `avg` rows; their curves are drawn on the tokens/forward plot.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(r) + " |" for r in leaderboard.comparison_rows(ours, list(compare), levels)]
 
 
 def _run_summary(row: dict):
@@ -95,11 +111,12 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_report(summaries: list[dict], out_dir: str | os.PathLike, levels: Sequence[float],
-                 plots: bool = True) -> str:
-    """Write the plots (optional) and report.md into `out_dir`; returns the report text."""
+                 plots: bool = True, compare: Sequence[leaderboard.Curve] = ()) -> str:
+    """Write the plots (optional) and report.md into `out_dir`, with the leaderboard's curves
+    `compare` beside the sweep's; returns the report text."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = write_plots(summaries, out_dir) if plots else []
-    text = markdown_report(summaries, levels, [f.name for f in files])
+    files = write_plots(summaries, out_dir, compare) if plots else []
+    text = markdown_report(summaries, levels, [f.name for f in files], compare)
     _atomic_write_text(out_dir / REPORT_FILE, text)
     return text

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 import dllm
 from dllm.distributed import Distributed
-from dllm.eval import runner
+from dllm.eval import leaderboard, runner
 from dllm.models.loading import resolve_device
 from dllm.eval.tasks import encode_messages
 
@@ -289,9 +289,11 @@ def _run_point(i: int, plan: _Plan, models: _Models, bar: _Progress, dist) -> No
 
 
 def run_sweep(grid: Grid, out_dir: str | os.PathLike, *, progress: bool = True, plots: bool = True,
-              report_only: bool = False) -> SweepResult:
+              report_only: bool = False, compare: str | None = None) -> SweepResult:
     """Run (or resume) every configuration of `grid`, then write the summaries, report and plots
-    into `out_dir` (main process only). Returns this grid's summaries and the report."""
+    into `out_dir` (main process only), with the leaderboard CSV files under `compare` beside them.
+    Returns this grid's summaries and the report."""
+    curves = leaderboard.read_curves(compare) if compare else []
     out_dir = Path(out_dir)
     dist = Distributed()
     plan = _plan(grid, out_dir, dist)
@@ -311,5 +313,5 @@ def run_sweep(grid: Grid, out_dir: str | os.PathLike, *, progress: bool = True, 
         return SweepResult([], "", out_dir)
     by_id = {s["summary_id"]: s for s in read_summaries(plan.summaries_path)}
     mine = [by_id[plan.sids[i]] for i in plan.todo if plan.sids[i] in by_id]
-    text = write_report(mine, out_dir, plan.settings.levels, plots=plots)
+    text = write_report(mine, out_dir, plan.settings.levels, plots=plots, compare=curves)
     return SweepResult(mine, text, out_dir)
