@@ -1,0 +1,83 @@
+"""The log-likelihood of a continuation under a masked-diffusion model: LLaDA's Monte-Carlo
+estimator (ML-GSAI/LLaDA `get_log_likelihood.py` and `eval_llada.py`; arXiv:2502.09992, Eq. 6).
+
+Only the target (the continuation's tokens) is ever masked. The estimate runs `mc_num / batch_size`
+rounds of `batch_size` rows. A round draws k uniformly from 1..L (L the target length); row i of the
+round masks m_i = round(k + i * L / batch_size), wrapped into 1..L, target positions picked by a
+random permutation; the round's loss is the mean over its rows of (L / m_i) times the summed
+cross-entropy of the masked tokens. The estimate is minus the mean of the rounds' losses: a lower
+bound of log p(target | prefix), summed over the target's tokens, exact when L = 1. With
+`cfg_scale` > 0 the logits are u + (cfg_scale + 1)(c - u), u those of a copy whose prefix is all
+masks.
+
+`greedy_matches` is the reference's greedy check: from the target all masked, L steps each commit
+the single most confident masked position with its argmax; True when the result is the target.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _logits(model, x: torch.Tensor, prefix_length: int, cfg_scale: float) -> torch.Tensor:
+    """(B, L, V) float32 logits of the canvases x, guided when cfg_scale > 0."""
+    if cfg_scale <= 0:
+        return model(x).float()
+    uncond = x.clone()
+    uncond[:, :prefix_length] = model.config.mask_token_id
+    both = model(torch.cat([x, uncond])).float()
+    cond, un = both.chunk(2)
+    return un + (cfg_scale + 1) * (cond - un)
+
+
+def _check(prefix, target, mc_num: int, batch_size: int) -> None:
+    if not target:
+        raise ValueError("the target (continuation) has no tokens; its log-likelihood is not defined")
+    if not prefix:
+        raise ValueError("the prefix (context) has no tokens")
+    if not isinstance(mc_num, int) or not isinstance(batch_size, int) or batch_size < 1 or mc_num < batch_size \
+            or mc_num % batch_size:
+        raise ValueError(f"mc_num must be a positive multiple of batch_size >= 1, got mc_num={mc_num!r}, "
+                         f"batch_size={batch_size!r}")
+
+
+@torch.no_grad()
+def mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int = 128, batch_size: int = 32,
+                     cfg_scale: float = 0.0, generator: torch.Generator | None = None) -> float:
+    """LLaDA's Monte-Carlo estimate of log p(target | prefix) (module docstring)."""
+    _check(prefix, target, mc_num, batch_size)
+    device = model.device
+    seq = torch.tensor(prefix + target, dtype=torch.long, device=device).repeat(batch_size, 1)   # (b, P + L)
+    P, L = len(prefix), len(target)
+    losses = []
+    for _ in range(mc_num // batch_size):
+        k = int(torch.randint(1, L + 1, (), generator=generator))
+        counts = torch.round(torch.linspace(float(k), k + (batch_size - 1) * (L / batch_size), batch_size)).long()
+        counts = (counts - 1) % L + 1                                                          # (b,) in 1..L
+        masked = torch.zeros(batch_size, P + L, dtype=torch.bool)
+        for i in range(batch_size):
+            masked[i, P + torch.randperm(L, generator=generator)[:int(counts[i])]] = True
+        masked = masked.to(device)
+        noisy = torch.where(masked, model.config.mask_token_id, seq)
+        logits = _logits(model, noisy, P, cfg_scale)
+        ce = F.cross_entropy(logits[masked], seq[masked], reduction="none")                    # (sum m_i,)
+        weight = (L / counts.to(device=device, dtype=torch.float32))[:, None].expand(-1, P + L)[masked]
+        losses.append(float((ce * weight).sum()) / batch_size)
+    return -sum(losses) / len(losses)
+
+
+@torch.no_grad()
+def greedy_matches(model, prefix: list[int], target: list[int], *, cfg_scale: float = 0.0) -> bool:
+    """Whether one-token-per-step confidence decoding of the masked target gives the target."""
+    _check(prefix, target, 1, 1)
+    P, L = len(prefix), len(target)
+    mask = model.config.mask_token_id
+    x = torch.tensor([prefix + [mask] * L], dtype=torch.long, device=model.device)
+    for _ in range(L):
+        logits = _logits(model, x, P, cfg_scale)[0, P:]                                         # (L, V)
+        logits[:, mask] = float("-inf")
+        prob, token = torch.softmax(logits, dim=-1).max(dim=-1)
+        still = x[0, P:] == mask
+        pick = int(prob.masked_fill(~still, -1.0).argmax())
+        x[0, P + pick] = token[pick]
+    return x[0, P:].tolist() == list(target)

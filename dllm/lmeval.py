@@ -1,0 +1,157 @@
+"""An lm-evaluation-harness model: `lm_eval --model dllm --model_args pretrained=PATH,...`
+(docs/parallelbench.md, "lm-evaluation-harness").
+
+`generate_until` runs `dllm.generate` on batches of `--batch_size` requests sharing a length and
+stop strings (temperature 0 unless given), and cuts each answer at its first stop string.
+`loglikelihood` is LLaDA's Monte-Carlo estimator (`dllm.likelihood.mc_loglikelihood`) with
+`mc_num` samples in batches of `mc_batch_size` rows and `cfg` guidance; the greedy flag is
+`greedy_matches` when `is_check_greedy`, else False. `loglikelihood_rolling` is not offered (a
+masked-diffusion model has no left-to-right likelihood).
+
+Model arguments: pretrained (a checkpoint folder or a shipped model name; the shipped default
+model when absent), sampler, sampler_kwargs and cache_kwargs (`key=value` pairs separated by `;`,
+values read as in `--sampler-arg`), cache, gen_length (default: each request's `max_gen_toks`),
+block_length, steps, tokens_per_step, temperature, seed, chat (False: contexts are used as given;
+lm_eval's `--apply_chat_template` goes through the tokenizer's template), dtype, mc_num (128),
+mc_batch_size (32), cfg (0), is_check_greedy (False). Under `accelerate launch` each process takes
+its share of the requests, as lm_eval expects (rank, world size, gather, barrier).
+
+The lm_eval releases without model plugins (0.4.13 and before) do not find `--model dllm` by
+themselves: `python -m dllm.lmeval ...` takes the same arguments as `lm_eval` with the model
+registered. Later releases load it through the `lm_eval.models` entry point.
+"""
+from __future__ import annotations
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+import dllm
+from dllm.cli.options import parse_kv
+from dllm.distributed import Distributed
+from dllm.likelihood import greedy_matches, mc_loglikelihood
+
+
+def _pairs(text, what: str) -> dict:
+    """`k=v;k2=v2` model-argument text (lm_eval splits its arguments at commas) as a dict."""
+    if isinstance(text, dict):
+        return text
+    items = [item for item in str(text or "").split(";") if item.strip()]
+    try:
+        return parse_kv(items, what)
+    except SystemExit as err:
+        raise ValueError(str(err).removeprefix("error: ")) from None
+
+
+@register_model("dllm")
+class DLLMEvalModel(LM):
+    """dllm models in lm-evaluation-harness (module docstring)."""
+
+    def __init__(self, pretrained: str | None = None, sampler: str | None = None, sampler_kwargs="", cache: str = "none",
+                 cache_kwargs="", gen_length: int | None = None, block_length: int | None = None,
+                 steps: int | None = None, tokens_per_step: int | None = None, temperature: float = 0.0,
+                 seed: int = 0, chat: bool = False, dtype: str = "auto", mc_num: int = 128, mc_batch_size: int = 32,
+                 cfg: float = 0.0, is_check_greedy: bool = False, batch_size=1, max_batch_size=None, device=None,
+                 **unknown):
+        super().__init__()
+        if unknown:
+            raise ValueError(f"unknown dllm model argument(s) {', '.join(sorted(unknown))}; see dllm.lmeval")
+        self.dist = Distributed()
+        self._rank, self._world_size = self.dist.rank, self.dist.world
+        on = self.dist.device or (device if device not in (None, "cuda") or torch.cuda.is_available() else "cpu")
+        self.model, self.tokenizer = dllm.load(pretrained, dtype=dtype, device=on)
+        self.config = dllm.GenerationConfig(
+            gen_length=gen_length, block_length=block_length, steps=steps, tokens_per_step=tokens_per_step,
+            sampler=sampler, sampler_kwargs=_pairs(sampler_kwargs, "sampler_kwargs"), cache=cache,
+            cache_kwargs=_pairs(cache_kwargs, "cache_kwargs"), temperature=temperature, seed=seed, chat=chat)
+        self.batch_size = int(batch_size)
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        self.mc_num, self.mc_batch_size, self.cfg = int(mc_num), int(mc_batch_size), float(cfg)
+        self.is_check_greedy, self.seed = bool(is_check_greedy), int(seed)
+
+    # -- requests ----------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Each context decoded with the model's settings, cut at its first stop string."""
+        answers: list[str | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for i, request in enumerate(requests):
+            kwargs = dict(request.args[1])
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            length = self.config.gen_length or int(kwargs.get("max_gen_toks", 256))
+            groups.setdefault((length, tuple(until)), []).append(i)
+        for (length, until), indices in groups.items():
+            for start in range(0, len(indices), self.batch_size):
+                batch = indices[start:start + self.batch_size]
+                out = dllm.generate(self.model, self.tokenizer, [requests[i].args[0] for i in batch],
+                                    config=self.config, gen_length=length)
+                for i, text in zip(batch, out.texts):
+                    answers[i] = cut_at_stops(text, until)
+        return answers
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        out = []
+        for request in requests:
+            prefix, target = self.encode_pair(*request.args)
+            generator = torch.Generator().manual_seed(self.seed)
+            ll = mc_loglikelihood(self.model, prefix, target, mc_num=self.mc_num, batch_size=self.mc_batch_size,
+                                  cfg_scale=self.cfg, generator=generator)
+            greedy = self.is_check_greedy and greedy_matches(self.model, prefix, target, cfg_scale=self.cfg)
+            out.append((ll, bool(greedy)))
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError("dllm models do not give rolling (left-to-right) log-likelihoods; tasks with "
+                                  "output_type loglikelihood_rolling (perplexity) are not supported")
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """The context's and the continuation's token ids, the context's trailing spaces moved to the
+        continuation, the continuation's ids taken from the joint encoding (as LLaDA's evaluation)."""
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        whole = self.tokenizer(context + continuation)["input_ids"]
+        prefix = self.tokenizer(context)["input_ids"]
+        return whole[:len(prefix)], whole[len(prefix):]
+
+    # -- chat templates and data parallel ----------------------------------------------------------
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.tokenizer.name_or_path).replace("/", "__")
+
+    def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def all_gather(self, tensor):
+        if self._world_size <= 1:
+            return tensor
+        from accelerate.utils import gather
+        return gather(tensor)
+
+    def gather_object(self, obj, dst: int = 0):
+        if self._world_size <= 1:
+            return [obj]
+        result = [None] * self._world_size if self._rank == dst else None
+        torch.distributed.gather_object(obj=obj, object_gather_list=result, dst=dst)
+        return result
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+
+def cut_at_stops(text: str, stops) -> str:
+    """`text` up to the earliest of the stop strings (all of it when none occurs)."""
+    cut = min((text.find(s) for s in stops if s and s in text), default=len(text))
+    return text[:cut]
+
+
+def main() -> None:
+    """`python -m dllm.lmeval ARGS`: lm_eval's command line with the dllm model registered."""
+    from lm_eval.__main__ import cli_evaluate
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

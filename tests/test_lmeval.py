@@ -1,0 +1,142 @@
+"""`lm_eval --model dllm` (dllm.lmeval) end to end on the shipped model, offline: a local
+generate-until task and a local multiple-choice (loglikelihood) task from local jsonl files, whose
+logged answers and log-likelihoods equal `dllm.generate` and the estimator run directly; the
+estimator against the exact log-probability where it is exact; data parallel over two processes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dllm
+from dllm.likelihood import greedy_matches, mc_loglikelihood
+from dllm.lmeval import cut_at_stops
+
+GEN_DOCS = [{"question": "Copy the list: Ann Lee, Bo Chan", "answer": "Ann Lee, Bo Chan"},
+            {"question": "Reverse: 1, 2, 3", "answer": "3, 2, 1"},
+            {"question": "Sort the names: Zed, Amy", "answer": "Amy, Zed"}]
+MC_DOCS = [{"question": "The list has", "choices": ["one name", "two names", "Sudoku"], "label": 1},
+           {"question": "A grid of", "choices": ["4 rows", "names"], "label": 0}]
+MODEL_ARGS = ("gen_length=16,sampler=threshold,sampler_kwargs=tau=0.8,cache=dual,block_length=8,"
+              "mc_num=4,mc_batch_size=2,seed=3")
+
+
+def _write_tasks(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, docs in (("gen", GEN_DOCS), ("mc", MC_DOCS)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+
+    def data(name):
+        return f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / name}.jsonl\ntest_split: test\n"
+    (folder / "gen.yaml").write_text(
+        "task: dllm_local_gen\n" + data("gen") + "output_type: generate_until\n"
+        "doc_to_text: \"Question: {{question}}\\nAnswer:\"\ndoc_to_target: \"{{answer}}\"\n"
+        "generation_kwargs:\n  until: [\"\\n\", \"]\"]\n  max_gen_toks: 32\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\nmetadata:\n  version: 1.0\n")
+    (folder / "mc.yaml").write_text(
+        "task: dllm_local_mc\n" + data("mc") + "output_type: multiple_choice\ndoc_to_text: \"{{question}}\"\n"
+        "doc_to_choice: \"{{choices}}\"\ndoc_to_target: label\n"
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\nmetadata:\n  version: 1.0\n")
+    return folder
+
+
+def _run_lm_eval(tmp_path: Path, launcher: list[str], out: str) -> tuple[dict[str, list[dict]], str]:
+    """lm_eval's logged samples per task ("gen", "mc") and its log."""
+    tasks = _write_tasks(tmp_path / "tasks")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    cmd = [*launcher, "-m", "dllm.lmeval", "--model", "dllm", "--model_args", MODEL_ARGS, "--batch_size", "2",
+           "--include_path", str(tasks), "--tasks", "dllm_local_gen,dllm_local_mc", "--device", "cpu",
+           "--output_path", str(tmp_path / out), "--log_samples"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    samples = {}
+    for path in (tmp_path / out).rglob("samples_*.jsonl"):
+        task = "gen" if "dllm_local_gen" in path.name else "mc"
+        samples[task] = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda s: s["doc_id"])
+    assert set(samples) == {"gen", "mc"}
+    return samples, proc.stderr
+
+
+def _direct_answers(model, tok):
+    out = dllm.generate(model, tok, [f"Question: {d['question']}\nAnswer:" for d in GEN_DOCS], gen_length=16,
+                        sampler="threshold", sampler_kwargs={"tau": 0.8}, cache="dual", block_length=8, chat=False)
+    return [cut_at_stops(t, ["\n", "]"]) for t in out.texts]
+
+
+def _direct_loglikelihood(model, tok, context, continuation):
+    whole = tok(context + continuation)["input_ids"]
+    prefix = tok(context)["input_ids"]
+    return mc_loglikelihood(model, whole[:len(prefix)], whole[len(prefix):], mc_num=4, batch_size=2,
+                            generator=torch.Generator().manual_seed(3))
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return dllm.load(dtype="float32")
+
+
+def test_lm_eval_runs_local_tasks_and_equals_direct_runs(tmp_path, shipped):
+    samples, _ = _run_lm_eval(tmp_path, [sys.executable], "out")
+    model, tok = shipped
+    assert [s["resps"][0][0] for s in samples["gen"]] == _direct_answers(model, tok)
+    for s, doc in zip(samples["mc"], MC_DOCS):
+        assert len(s["resps"]) == len(doc["choices"])
+        for (ll, greedy), choice in zip((r[0] for r in s["resps"]), doc["choices"]):
+            assert float(ll) == pytest.approx(_direct_loglikelihood(model, tok, doc["question"], " " + choice), rel=1e-5)
+            assert greedy in (False, "False")
+
+
+def test_lm_eval_data_parallel_equals_one_process(tmp_path):
+    """Two processes of one launch (torchrun here, the launcher `accelerate launch --multi_gpu` runs
+    on GPUs; both set the environment accelerate reads) split the requests and gather them."""
+    one, _ = _run_lm_eval(tmp_path, [sys.executable], "one")
+    two, log = _run_lm_eval(tmp_path, [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"], "two")
+    assert "dllm_local_gen on rank 1" in log and "dllm_local_mc on rank 1" in log
+    # lm_eval pads the shorter rank with a copy of its last request, whose answer it logs twice.
+    for task in ("gen", "mc"):
+        assert [[r[0] for r in s["resps"]] for s in two[task]] == [[r[0] for r in s["resps"]] for s in one[task]]
+        assert [s["filtered_resps"] for s in two[task]] == [s["filtered_resps"] for s in one[task]]
+
+
+def test_estimator_is_exact_for_one_token_and_follows_guidance(shipped):
+    model, _ = shipped
+    prefix, target = [5, 17, 33, 40], [60]
+    x = torch.tensor([prefix + [model.config.mask_token_id]])
+    exact = F.log_softmax(model(x).float()[0, -1], dim=-1)[60].item()
+    assert mc_loglikelihood(model, prefix, target, mc_num=4, batch_size=2) == pytest.approx(exact, rel=1e-5)
+    un = x.clone()
+    un[0, :4] = model.config.mask_token_id
+    c, u = model(x).float()[0, -1], model(un).float()[0, -1]
+    guided = F.log_softmax(u + 1.5 * (c - u), dim=-1)[60].item()
+    assert mc_loglikelihood(model, prefix, target, mc_num=2, batch_size=1, cfg_scale=0.5) == pytest.approx(guided, rel=1e-5)
+
+
+def test_estimator_counts_and_greedy_check(shipped, monkeypatch):
+    model, _ = shipped
+    prefix, target = [5, 17, 33, 40], [60, 61, 62, 63, 64]
+    seen = []
+    real = model.forward
+
+    def counting(x, *args, **kwargs):
+        seen.append((x == model.config.mask_token_id)[:, 4:].sum(1).tolist())
+        return real(x, *args, **kwargs)
+    monkeypatch.setattr(model, "forward", counting)
+    a = mc_loglikelihood(model, prefix, target, mc_num=8, batch_size=4, generator=torch.Generator().manual_seed(0))
+    # Each round: one forward of 4 rows whose mask counts are k, k + 1.25, k + 2.5, k + 3.75 rounded, wrapped into 1..5.
+    assert len(seen) == 2 and all(len(c) == 4 and all(1 <= m <= 5 for m in c) for c in seen)
+    for counts in seen:
+        k = counts[0]
+        assert counts == [((round(k + i * 1.25) - 1) % 5) + 1 for i in range(4)]
+    b = mc_loglikelihood(model, prefix, target, mc_num=8, batch_size=4, generator=torch.Generator().manual_seed(0))
+    assert a == b < 0
+    decoded = dllm.generate(model, None, [prefix], gen_length=5, steps=5, sampler="low_confidence", chat=False)
+    assert greedy_matches(model, prefix, decoded.generated[0].tolist())
+    with pytest.raises(ValueError, match="mc_num must be a positive multiple of batch_size >= 1, got mc_num=6, batch_size=4"):
+        mc_loglikelihood(model, prefix, target, mc_num=6, batch_size=4)
