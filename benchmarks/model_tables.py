@@ -5,7 +5,8 @@
     python benchmarks/model_tables.py --out runs/tables.jsonl --only samplers    # or caches, twins, guard
 
 Each row of a table is one `dllm bench --generated --tasks pure --dtype float32` run (greedy, one
-block over the answer; `learn2pd` at block length 32, the length its filter is trained for). All
+block over the answer; `learn2pd` at block length 32, the length its filter is trained for, and
+`dus` at 32, its published block length). All
 runs append to one results file, so a stopped script resumes where it was. Prints three Markdown
 tables: every sampler at its defaults, per task; the caches under one token per step and under
 `threshold`, with the summed per-sample decode seconds and the speedup against the same sampler
@@ -35,6 +36,11 @@ SAMPLERS = [
     ("learn2pd (block 32)", "learn2pd", {"block_length": 32}),
     ("prophet", "prophet", {}),
     ("eb", "eb", {}),
+    ("margin_topk, 1 token/step", "margin_topk", {"tokens_per_step": 1}),
+    ("entropy_topk, 1 token/step", "entropy_topk", {"tokens_per_step": 1}),
+    ("left_to_right, 1 token/step", "left_to_right", {"tokens_per_step": 1}),
+    ("dus (block 32)", "dus", {"block_length": 32}),
+    ("klass, 1 token/step", "klass", {"tokens_per_step": 1}),
 ]
 # (sampler label, sampler, run settings, cache label, cache, cache args)
 CACHES = [
