@@ -41,6 +41,7 @@ SAMPLERS = [
     ("left_to_right, 1 token/step", "left_to_right", {"tokens_per_step": 1}),
     ("dus (block 32)", "dus", {"block_length": 32}),
     ("klass, 1 token/step", "klass", {"tokens_per_step": 1}),
+    ("slowfast", "slowfast", {}),
 ]
 # (sampler label, sampler, run settings, cache label, cache, cache args)
 CACHES = [

@@ -376,14 +376,19 @@ def _width_groups(plan: torch.Tensor, sizes: tuple[int, int] | None = None) -> l
 
 def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv, cfg_scale: float,
              width: int | None = None, logits_from: torch.Tensor | None = None,
-             group_sizes: tuple[int, int] | None = None, hidden_only: bool = False):
+             group_sizes: tuple[int, int] | None = None, hidden_only: bool = False,
+             key_end: torch.Tensor | None = None):
     """Logits (B', Q, V) at `positions` for the rows `rows`, on the canvas columns [0, width)
-    (truncated rows need no more); with classifier-free guidance the prompt-masked copy runs in
+    (truncated rows need no more); keys at columns >= `key_end` (B',) are hidden from this forward
+    when given (`Sampler.key_end`); with classifier-free guidance the prompt-masked copy runs in
     the same batched forward."""
     width = state.length if width is None else width
     x = state.x[rows, :width]                                                       # (B', W)
     pos_ids = state.position_ids[rows, :width]
     key_valid = state.key_valid[rows, :width] if padded else None
+    if key_end is not None:
+        before = state.columns()[None, :width] < key_end[:, None]
+        key_valid = before if key_valid is None else key_valid & before
     if kv is not None and width < kv.length:
         kv = kv.narrow(width)
     if cfg_scale <= 0:
@@ -606,7 +611,7 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         plan, logits_from = cover_columns(step.recompute, sources, read["plan_width"])
     mask_keys = state.padded or read["shortest"] < width   # without padding or cuts, no attention mask
     out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
-                   (read["n_narrow"], read["narrow_width"]), hidden_only=fused)
+                   (read["n_narrow"], read["narrow_width"]), hidden_only=fused, key_end=sampler.key_end(state, rows))
     state.nfe[rows] += 1
     scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out,
                                                                     policy.wants_confidence)

@@ -68,6 +68,11 @@ class Sampler:
         """Transform the (B', Q, V) logits before scoring (may edit them in place). Default: none."""
         return logits
 
+    def key_end(self, state: DecodeState, rows: torch.Tensor) -> torch.Tensor | None:
+        """(B',) long: the column from which this step's forward hides the keys of each row, as if
+        the canvas ended there (SlowFast's truncated forwards); None (the default): none hidden."""
+        return None
+
     def forward_allowance(self, state: DecodeState) -> int:
         """Forwards beyond one per generated token that the default forward cap grants (a sampler
         that keeps full blocks open to edit them). Default: 0."""

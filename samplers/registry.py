@@ -27,6 +27,7 @@ _SAMPLERS: dict[str, str] = {
     "left_to_right": "dllm.samplers.topk:LeftToRight",
     "dus": "dllm.samplers.dus:Dilated",
     "klass": "dllm.samplers.klass:KLASS",
+    "slowfast": "dllm.samplers.slowfast:SlowFast",
 }
 
 

@@ -10,7 +10,7 @@ import torch
 import dllm
 from dllm import samplers
 from dllm.samplers.dus import dilated_groups
-from tests.reference.leaderboard_ref import dus_levels_ref, dus_ref, klass_ref, parallelbench_topk_ref
+from tests.reference.leaderboard_ref import dus_levels_ref, dus_ref, klass_ref, parallelbench_topk_ref, slowfast_ref
 from tests.test_generate import PROMPTS, PROMPTS4, _batch, llada_logits_fn
 
 TOPK = {"low_confidence": "confidence", "margin_topk": "margin", "entropy_topk": "entropy",
@@ -132,3 +132,50 @@ def test_klass_commits_early_when_the_distributions_settle(peaked_llada):
     assert min(out.nfe) < 16 and never.nfe == [16] * len(PROMPTS)
     assert torch.equal(never.sequences, dllm.generate(peaked_llada, None, PROMPTS, gen_length=16, block_length=16,
                                                       steps=16, sampler="low_confidence").sequences)
+
+
+SLOWFAST_CASES = [  # (model, gen_length, block_length, sampler arguments)
+    ("peaked", 16, 16, {}), ("peaked", 24, 8, dict(explore_steps=2, span_threshold=0.1, high_threshold=0.5)),
+    ("llada", 16, 16, {}), ("llada", 20, 10, dict(explore_steps=3, window=3, std_threshold=2.0, high_threshold=0.3)),
+    ("llada", 24, 8, dict(explore_steps=2, span_threshold=0.0)),    # spans to the block end: later blocks hidden
+]
+
+
+@pytest.mark.parametrize("which,gen,block,args", SLOWFAST_CASES, ids=str)
+def test_slowfast_equals_reference_alone_and_in_a_ragged_batch(request, monkeypatch, which, gen, block, args):
+    model = request.getfixturevalue("llada")[0] if which == "llada" else request.getfixturevalue("peaked_llada")
+    cut = []
+    real = samplers.sampler_class("slowfast").key_end
+    monkeypatch.setattr(samplers.sampler_class("slowfast"), "key_end",
+                        lambda self, state, rows: (cut.append(out := real(self, state, rows)) and False) or
+                        (cut.__setitem__(-1, bool((out < state.length).any())) or out))
+    batch = dllm.generate(model, None, PROMPTS4, gen_length=gen, block_length=block, sampler="slowfast",
+                          sampler_kwargs=args)
+    names = dict(explore_steps="explore", span_threshold="tau_min", high_threshold="tau_high", window="window",
+                 std_threshold="std_max")
+    lp = max(map(len, PROMPTS4))
+    for b, row in enumerate(PROMPTS4):
+        want, forwards, idle = slowfast_ref(llada_logits_fn(model), torch.tensor([row]), gen_length=gen,
+                                            block_length=block, mask_id=model.config.mask_token_id,
+                                            **{names[k]: v for k, v in args.items()})
+        assert batch.sequences[b, lp:].tolist() == want[0, len(row):].tolist(), b
+        assert batch.nfe[b] == forwards - idle, b
+    if args.get("span_threshold") == 0.0:
+        assert any(cut)     # fast phases ran forwards with the keys after their span hidden
+
+
+def test_slowfast_arguments_are_checked():
+    with pytest.raises(ValueError, match="sampler 'slowfast': window 4 must be <= explore_steps 3"):
+        samplers.get("slowfast", explore_steps=3, window=4)
+    with pytest.raises(ValueError, match="sampler 'slowfast': high_threshold must be <= 1, got 2"):
+        samplers.get("slowfast", high_threshold=2)
+
+
+def test_slowfast_hidden_keys_change_the_answer(llada, monkeypatch):
+    """Without hiding the keys after the span, the fast phases' logits and tokens differ from the reference's."""
+    model = llada[0]
+    kw = dict(gen_length=24, block_length=8, sampler="slowfast", sampler_kwargs=dict(explore_steps=2, span_threshold=0.0))
+    hidden = dllm.generate(model, None, PROMPTS4, **kw)
+    monkeypatch.setattr(samplers.sampler_class("slowfast"), "key_end", lambda self, state, rows: None)
+    shown = dllm.generate(model, None, PROMPTS4, **kw)
+    assert not torch.equal(hidden.sequences, shown.sequences)

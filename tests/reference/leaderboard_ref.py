@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .samplers_ref import LogitsFn, _topk_lowest_first, llada_transfer_counts
 
-__all__ = ["dus_levels_ref", "dus_ref", "klass_ref", "parallelbench_topk_ref"]
+__all__ = ["dus_levels_ref", "dus_ref", "klass_ref", "parallelbench_topk_ref", "slowfast_ref"]
 
 
 @torch.no_grad()
@@ -164,3 +164,70 @@ def klass_ref(logits_fn: LogitsFn, prompt: Tensor, *, steps: int, gen_length: in
                 chosen = _topk_lowest_first(torch.where(mask_index, conf, -torch.inf)[0], int(counts[0, t]))
             x[0, chosen] = x0[0, chosen]
     return x, forwards
+
+
+@torch.no_grad()
+def slowfast_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, block_length: int, mask_id: int,
+                 explore: int = 6, tau_min: float = 0.3, tau_high: float = 0.9, window: int = 2,
+                 std_max: float = 1.0) -> tuple[Tensor, int]:
+    """SlowFast (``generate_slow_fast_sampling``) at temperature 0, batch 1, in the logits' dtype:
+    per block, sub-cycles of ``explore`` exploration forwards (span estimate from the farthest mask
+    at >= ``tau_min``, settled by the population std of the last ``window`` estimates, else the
+    floor of their mean; commits: every mask >= ``tau_high`` of the rest of the block when two or
+    more, else the top one), then fast forwards over the span, the second on run on the canvas cut
+    after the span. Returns (canvas (1, L), forwards, idle), idle counting the exploration forwards
+    run on a block with no mask left (the reference finishes an exploration phase regardless)."""
+    assert prompt.shape[0] == 1 and gen_length % block_length == 0
+    P = prompt.shape[1]
+    x = torch.full((1, P + gen_length), mask_id, dtype=torch.long)
+    x[:, :P] = prompt
+    forwards = idle = 0
+
+    def scores(length=None):
+        nonlocal forwards
+        forwards += 1
+        logits = logits_fn(x if length is None else x[:, :length], None)[0]
+        p = F.softmax(logits, dim=-1)
+        x0 = p.argmax(-1)
+        conf = p.gather(-1, x0[:, None]).squeeze(-1)
+        return x0, torch.where(x[0, :logits.shape[0]] == mask_id, conf, -torch.inf)
+
+    def commit(x0, conf, lo, hi):
+        window_conf = conf[lo:hi]
+        masked = x[0, lo:hi] == mask_id
+        if not masked.any():
+            return
+        high = masked & (window_conf >= tau_high)
+        chosen = high.nonzero().flatten() if int(high.sum()) > 1 else _topk_lowest_first(window_conf, 1)
+        x[0, lo + chosen] = x0[lo + chosen]
+
+    for b in range(gen_length // block_length):
+        bs = P + b * block_length
+        be = bs + block_length
+        last, cur = 0, block_length
+        while (x[0, bs:be] == mask_id).any():
+            settled, hist = False, []
+            for k in range(explore):
+                idle += not (x[0, bs:be] == mask_id).any()
+                x0, conf = scores()
+                if not settled:
+                    lo = bs + last
+                    hits = ((conf[lo:be] >= tau_min) & (x[0, lo:be] == mask_id)).nonzero().flatten()
+                    inc = (int(hits[-1]) + 1 if len(hits) else 1) if be > lo else 0
+                    est = min(max(last + inc, 1), block_length)
+                    hist = (hist + [est])[-window:]
+                    if len(hist) >= window:
+                        mean = sum(hist) / len(hist)
+                        std = (sum((h - mean) ** 2 for h in hist) / len(hist)) ** 0.5
+                        if std < std_max:
+                            cur, settled = est, True
+                        else:
+                            cur, settled = min(max(int(mean), 1), block_length), k == explore - 1
+                commit(x0, conf, bs + last, be)
+            n = 0
+            while (x[0, bs + last:bs + cur] == mask_id).any():
+                n += 1
+                x0, conf = scores(None if n == 1 else bs + cur)
+                commit(x0, conf, bs + last, bs + cur)
+            last = cur
+    return x, forwards, idle
