@@ -14,7 +14,8 @@ values read as in `--sampler-arg`), cache, gen_length (default: each request's `
 block_length, steps, tokens_per_step, temperature, seed, chat (False: contexts are used as given;
 lm_eval's `--apply_chat_template` goes through the tokenizer's template), dtype, mc_num (128),
 mc_batch_size (32), cfg (0), is_check_greedy (False). Under `accelerate launch` each process takes
-its share of the requests, as lm_eval expects (rank, world size, gather, barrier).
+its share of the requests, as lm_eval expects (rank, world size, gather, barrier); lm_eval's
+default CUDA device falls back to the CPU on a machine without CUDA.
 
 The lm_eval releases without model plugins (0.4.13 and before) do not find `--model dllm` by
 themselves: `python -m dllm.lmeval ...` takes the same arguments as `lm_eval` with the model
@@ -58,7 +59,10 @@ class DLLMEvalModel(LM):
             raise ValueError(f"unknown dllm model argument(s) {', '.join(sorted(unknown))}; see dllm.lmeval")
         self.dist = Distributed()
         self._rank, self._world_size = self.dist.rank, self.dist.world
-        on = self.dist.device or (device if device not in (None, "cuda") or torch.cuda.is_available() else "cpu")
+        # lm_eval names a CUDA device by default, also on machines without one: there, the CPU.
+        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            device = "auto"
+        on = self.dist.device or device
         self.model, self.tokenizer = dllm.load(pretrained, dtype=dtype, device=on)
         self.config = dllm.GenerationConfig(
             gen_length=gen_length, block_length=block_length, steps=steps, tokens_per_step=tokens_per_step,
