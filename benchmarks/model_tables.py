@@ -42,6 +42,7 @@ SAMPLERS = [
     ("dus (block 32)", "dus", {"block_length": 32}),
     ("klass, 1 token/step", "klass", {"tokens_per_step": 1}),
     ("slowfast", "slowfast", {}),
+    ("wino", "wino", {}),
 ]
 # (sampler label, sampler, run settings, cache label, cache, cache args)
 CACHES = [

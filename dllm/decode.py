@@ -312,7 +312,11 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
         conf = scores.prob.double().masked_fill(~(allowed & in_block), float("-inf"))
         best = conf.argmax(1)
         commit |= stuck[:, None] & (torch.arange(commit.shape[1], device=commit.device) == best[:, None])
+    written = ~state.is_mask[rows] if dec.remask is not None and sampler.remasks else None  # (B', L) before the commits
     _write_commits(state, rows, positions, commit, tokens)
+    if written is not None and flush is not True:
+        keep = written & state.in_block(rows) & state.in_generation()[None, :]
+        _remask(state, rows, dec.remask & keep & (flush is False or ~flush[:, None]))
     if dec.edit is not None:
         _write_edits(state, rows, positions, dec.edit & valid & ~cols_masked & in_block & (positions >= state.gen_start)
                      & (positions < state.row_end[rows, None]), tokens)
@@ -336,6 +340,13 @@ def _write_commits(state: DecodeState, rows, positions, commit, tokens) -> None:
     cols = (positions - state.gen_start).clamp(min=0)
     delta = torch.where(commit, state.global_step - steps.gather(1, cols), 0)
     state.commit_step[rows] = steps.scatter_add(1, cols, delta)
+
+
+def _remask(state: DecodeState, rows, remask: torch.Tensor) -> None:
+    """Mask the canvas columns `remask` (B', L) of rows `rows` again; they count as uncommitted."""
+    state.x[rows] = state.x[rows].masked_fill(remask, state.ids.mask)
+    gen = remask[:, state.gen_start:state.gen_end]
+    state.commit_step[rows] = state.commit_step[rows].masked_fill(gen, -1)
 
 
 def _write_edits(state: DecodeState, rows, positions, edit, tokens) -> None:
@@ -482,6 +493,8 @@ class Decoder:
         self.rows = torch.arange(state.batch_size, device=state.x.device)
         sampler.begin_block(state, self.rows)
         policy.setup(state, model)
+        if sampler.shadow_block:
+            _check_shadow_block(model, sampler, policy, cfg)
         self.planned = _planned_widths(sampler, policy, state, cfg)
         self.fused = _fuses_head_scoring(model, sampler, state, cfg, policy.wants_confidence)
         self.forwards = 0
@@ -581,6 +594,39 @@ def decode(model, state: DecodeState, request: Request,
     return decoder.forwards
 
 
+def _check_shadow_block(model, sampler, policy, cfg: GenerationConfig) -> None:
+    """A sampler with shadow copies runs full forwards with one key mask per query."""
+    why = ("a cache policy that stores K/V" if policy.needs_storage else
+           "classifier-free guidance" if cfg.cfg_scale > 0 else
+           "a model with shifted logits (Dream)" if model.config.logit_shift else
+           "a block-causal model" if model.config.attention_block is not None else None)
+    if why is not None:
+        raise ValueError(f"sampler {sampler.name!r} runs shadow copies of its block in every full forward, which "
+                         f"does not work with {why}; use cache 'none', cfg_scale 0 and a LLaDA-family model")
+
+
+def _forward_shadowed(model, state: DecodeState, rows, at, width: int, padded: bool, key_end, shadow):
+    """A full forward of the rows' canvas [0, width) with the shadow copies `shadow` = (columns
+    (B', K), valid (B', K)) appended (`Sampler.shadow_columns`): the logits at `at` (B', Q, V) and
+    those of the copies (B', K, V)."""
+    columns, valid = shadow
+    n, K = columns.shape
+    cols = state.columns()[:width]
+    keys = state.key_valid[rows, :width] if padded else torch.ones(n, width, dtype=torch.bool, device=cols.device)
+    if key_end is not None:
+        keys = keys & (cols[None, :] < key_end[:, None])
+    x = torch.cat([state.x[rows, :width], torch.full_like(columns, state.ids.mask)], 1)        # (B', W + K)
+    pos_ids = state.position_ids[rows, :width]
+    pos_ids = torch.cat([pos_ids, pos_ids.gather(1, columns)], 1)
+    real = torch.cat([keys[:, None, :].expand(n, width, width),
+                      torch.zeros(n, width, K, dtype=torch.bool, device=cols.device)], 2)      # (B', W, W + K)
+    copies = torch.cat([keys[:, None, :] & (cols[None, None, :] != columns[..., None]),
+                        valid[:, None, :].expand(n, K, K)], 2)                                # (B', K, W + K)
+    wanted = torch.cat([at, width + torch.arange(K, device=cols.device).expand(n, K)], 1)
+    logits = model(x, wanted, position_ids=pos_ids, key_valid=torch.cat([real, copies], 1))
+    return logits[:, :at.shape[1]], logits[:, at.shape[1]:]
+
+
 def _check_fixed_schedule_fits(state: DecodeState, sampler) -> None:
     """A fixed schedule spreads its steps over gen_length / block_length blocks; blocks aligned with
     a model's attention blocks add a partial first block unless every prompt fills whole blocks."""
@@ -610,8 +656,16 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         sources = hidden_source(at, model.config.logit_shift)
         plan, logits_from = cover_columns(step.recompute, sources, read["plan_width"])
     mask_keys = state.padded or read["shortest"] < width   # without padding or cuts, no attention mask
-    out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
-                   (read["n_narrow"], read["narrow_width"]), hidden_only=fused, key_end=sampler.key_end(state, rows))
+    if sampler.shadow_block:
+        shadow = sampler.shadow_columns(state, rows)
+        out, shadow_logits = _forward_shadowed(model, state, rows, at, width, mask_keys,
+                                               sampler.key_end(state, rows), shadow)
+        shadow_logits[..., state.ids.mask] = float("-inf")
+        sampler.read_shadow(state, rows, *shadow, shadow_logits)
+    else:
+        out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
+                       (read["n_narrow"], read["narrow_width"]), hidden_only=fused,
+                       key_end=sampler.key_end(state, rows))
     state.nfe[rows] += 1
     scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out,
                                                                     policy.wants_confidence)
@@ -660,7 +714,7 @@ def _fuses_head_scoring(model, sampler, state: DecodeState, cfg: GenerationConfi
     if head_weight is None or head_scoring_impl(None, state.x.device, head_weight().dtype) == "unfused":
         return False
     return (_score_fields(sampler, observe) <= {"prob"} and not sampler.needs_logits and state.temperature == 0 and cfg.cfg_scale <= 0
-            and not sampler.edits_logits)
+            and not sampler.edits_logits and not sampler.shadow_block)
 
 
 def _score_fields(sampler, observe: bool) -> frozenset:

@@ -34,6 +34,11 @@ class Sampler:
       score_fields:    TokenScores statistics the sampler reads ("prob", "margin", "entropy",
                        "logit_gap"); the candidate token is always there.
       row_state:       what rows joining a running batch carry (below); None: they cannot join.
+      remasks:         the sampler may mask written tokens again (`Decision.remask`), so a row's
+                       mask count may grow between steps.
+      shadow_block:    every forward also runs shadow copies of canvas columns (`shadow_columns`,
+                       `read_shadow`; WINO's verification block): a full forward without a cache,
+                       without guidance, of a model without shifted logits or attention blocks.
     """
 
     name: ClassVar[str] = "base"
@@ -49,6 +54,8 @@ class Sampler:
     # Whether the sampler may rewrite written tokens (`Decision.edit`): then a finished prefix of
     # the canvas is not final until the whole row is.
     rewrites_tokens: ClassVar[bool] = False
+    remasks: ClassVar[bool] = False
+    shadow_block: ClassVar[bool] = False
 
     def setup(self, state: DecodeState) -> None:
         """Called once per request before the first step; validate against the request here."""
@@ -72,6 +79,19 @@ class Sampler:
         """(B',) long: the column from which this step's forward hides the keys of each row, as if
         the canvas ended there (SlowFast's truncated forwards); None (the default): none hidden."""
         return None
+
+    def shadow_columns(self, state: DecodeState, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a `shadow_block` sampler: the canvas columns (B', K) long whose shadow copies this
+        step's forward appends, and which entries are real (B', K) bool (the others pad a row).
+        A copy holds the mask token at its column's rotary position and attends to every key of
+        the canvas but its own column, and to the other real copies; no canvas column attends to
+        a copy, so the canvas logits are those of a forward without copies."""
+        raise NotImplementedError(f"sampler {self.name!r} declares shadow_block but no shadow_columns")
+
+    def read_shadow(self, state: DecodeState, rows: torch.Tensor, columns: torch.Tensor, valid: torch.Tensor,
+                    logits: torch.Tensor) -> None:
+        """The logits (B', K, V) of this step's shadow copies (the mask token's suppressed), before
+        `step` and before the step's commits."""
 
     def forward_allowance(self, state: DecodeState) -> int:
         """Forwards beyond one per generated token that the default forward cap grants (a sampler

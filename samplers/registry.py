@@ -28,6 +28,7 @@ _SAMPLERS: dict[str, str] = {
     "dus": "dllm.samplers.dus:Dilated",
     "klass": "dllm.samplers.klass:KLASS",
     "slowfast": "dllm.samplers.slowfast:SlowFast",
+    "wino": "dllm.samplers.wino:WINO",
 }
 
 

@@ -120,7 +120,8 @@ def test_loading_weights_drops_graphs_and_odd_shaped_inputs_are_refused():
     x = torch.zeros(2, 9, dtype=torch.long)
     with pytest.raises(ValueError, match=r"position_ids must have the canvas shape \(2, 9\) of x, got \(1, 9\)"):
         model(x, position_ids=torch.arange(9)[None])
-    with pytest.raises(ValueError, match=r"key_valid must have the canvas shape \(2, 9\) of x, got \(2, 10\)"):
+    with pytest.raises(ValueError, match=r"key_valid must have the canvas shape \(2, 9\) of x \(or \(2, 9, 9\), one key mask "
+                                         r"per query\), got \(2, 10\)"):
         model(x, key_valid=torch.ones(2, 10, dtype=torch.bool))
 
 

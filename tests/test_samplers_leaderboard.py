@@ -10,7 +10,8 @@ import torch
 import dllm
 from dllm import samplers
 from dllm.samplers.dus import dilated_groups
-from tests.reference.leaderboard_ref import dus_levels_ref, dus_ref, klass_ref, parallelbench_topk_ref, slowfast_ref
+from tests.reference.leaderboard_ref import (dus_levels_ref, dus_ref, klass_ref, parallelbench_topk_ref, slowfast_ref,
+                                            wino_ref)
 from tests.test_generate import PROMPTS, PROMPTS4, _batch, llada_logits_fn
 
 TOPK = {"low_confidence": "confidence", "margin_topk": "margin", "entropy_topk": "entropy",
@@ -179,3 +180,82 @@ def test_slowfast_hidden_keys_change_the_answer(llada, monkeypatch):
     monkeypatch.setattr(samplers.sampler_class("slowfast"), "key_end", lambda self, state, rows: None)
     shown = dllm.generate(model, None, PROMPTS4, **kw)
     assert not torch.equal(hidden.sequences, shown.sequences)
+
+
+def test_per_query_key_mask_forward_equals_reference(llada_dir, llada):
+    """A forward with one key mask per query and chosen positions (WINO's shadow block) equals the
+    plain re-statement of LLaDA's forward given the same 4-D mask and position ids."""
+    from tests.fixtures.checkpoints import load_state_dict
+    from tests.reference.arch_ref import llada_forward_ref
+    import json
+
+    model = llada[0]
+    sd, cfg = load_state_dict(llada_dir), json.loads((llada_dir / "config.json").read_text())
+    g = torch.Generator().manual_seed(3)
+    L = 13
+    x = torch.randint(0, 250, (1, L), generator=g)
+    mask = torch.rand(1, 1, L, L, generator=g) < 0.6
+    mask |= torch.eye(L, dtype=torch.bool)                      # every query sees at least itself
+    pos = torch.randint(0, 20, (L,), generator=g)
+    want = llada_forward_ref(sd, cfg, x, mask, pos)
+    got = model(x, position_ids=pos[None], key_valid=mask[:, 0])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+    part = model(x, torch.tensor([[2, 7, 12]]), position_ids=pos[None], key_valid=mask[:, 0])
+    torch.testing.assert_close(part, got[:, [2, 7, 12]], rtol=0, atol=1e-6 * want.abs().max().item())
+
+
+def _shadow_logits_fn(model):
+    """WINO's patched LLaDA: a 4-D attention mask and position ids, through dllm's per-query mask."""
+    return lambda x, mask, position_ids: model(x, position_ids=position_ids[None], key_valid=mask[:, 0])
+
+
+WINO_CASES = [  # (model, gen_length, block_length, threshold, threshold_back)
+    ("llada", 16, 16, 0.6, 0.9), ("llada", 16, 8, 0.1, 0.3), ("llada", 24, 8, 0.05, 0.5), ("llada", 20, 10, 0.12, 0.2),
+    ("peaked", 16, 16, 0.6, 0.9), ("peaked", 24, 8, 0.3, 0.95), ("peaked", 16, 4, 0.5, 0.99),
+]
+
+
+@pytest.mark.parametrize("which,gen,block,tau,tau_back", WINO_CASES, ids=str)
+def test_wino_equals_reference_alone_and_in_a_ragged_batch(request, which, gen, block, tau, tau_back):
+    model = request.getfixturevalue("llada")[0] if which == "llada" else request.getfixturevalue("peaked_llada")
+    kw = dict(gen_length=gen, block_length=block, sampler="wino", score_dtype="float64",
+              sampler_kwargs=dict(threshold=tau, threshold_back=tau_back))
+    batch = dllm.generate(model, None, PROMPTS4, **kw)
+    lp = max(map(len, PROMPTS4))
+    remasked = 0
+    for b, row in enumerate(PROMPTS4):
+        want, forwards, again = wino_ref(_shadow_logits_fn(model), torch.tensor([row]), gen_length=gen,
+                                         block_length=block, mask_id=model.config.mask_token_id, threshold=tau,
+                                         threshold_back=tau_back)
+        alone = dllm.generate(model, None, [row], **kw)
+        assert alone.sequences[0, len(row):].tolist() == want[0, len(row):].tolist(), b
+        assert batch.sequences[b, lp:].tolist() == want[0, len(row):].tolist(), b
+        assert alone.nfe[0] == batch.nfe[b] == forwards, b
+        remasked += again
+    if (which, tau_back) in (("llada", 0.3), ("llada", 0.5), ("peaked", 0.99)):
+        assert remasked > 0         # the narrow-out path ran
+
+
+def test_wino_masks_written_tokens_again(llada):
+    """Narrow out: a token written at one step is a mask at a later one, and the canvas ends full."""
+    model = llada[0]
+    seen = []
+    out = dllm.generate(model, None, PROMPTS, gen_length=16, block_length=8, sampler="wino",
+                        sampler_kwargs=dict(threshold=0.1, threshold_back=0.3),
+                        on_step=lambda s: seen.append(s.is_mask[:, s.gen_start:s.gen_end].clone()))
+    again = any((~a & b).any() for a, b in zip(seen, seen[1:]))
+    assert again and not seen[-1].any() and not (out.sequences == model.config.mask_token_id).any()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(cache="dual"), "sampler 'wino' runs shadow copies of its block .* a cache policy that stores K/V"),
+    (dict(cfg_scale=1.0), "sampler 'wino' runs shadow copies .* classifier-free guidance"),
+])
+def test_wino_refuses_what_its_shadow_block_cannot_run_with(llada, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        dllm.generate(llada[0], None, PROMPTS, gen_length=16, block_length=8, sampler="wino", **kwargs)
+
+
+def test_wino_refuses_a_model_with_shifted_logits(dream):
+    with pytest.raises(ValueError, match="sampler 'wino' runs shadow copies .* shifted logits"):
+        dllm.generate(dream[0], None, PROMPTS, gen_length=16, block_length=8, sampler="wino")

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import dllm
 from dllm import samplers
@@ -591,6 +591,7 @@ SAMPLER_KWARGS = {"adablock": dict(delimiter_ids=[NEWLINE], base_block=4), "lear
 def test_loop_invariants_under_adversarial_scores(name, family, pattern, seed, G, blocks, few_steps, prompt_lens):
     model = ScriptedModel(family, adversarial_logits(pattern, seed))
     sampler = samplers.get(name, **SAMPLER_KWARGS.get(name, {}))
+    assume(not (sampler.shadow_block and family == "dream"))      # refused with a clear error
     blocks = blocks if G % blocks == 0 else 1
     kw = dict(gen_length=G, steps=blocks if few_steps else G)
     if sampler.uses_blocks:
@@ -617,7 +618,7 @@ def test_loop_invariants_under_adversarial_scores(name, family, pattern, seed, G
         for b in range(len(prompts)):
             stalls = 0
             for t in range(1, len(masks)):
-                if alive[t - 1][b]:
+                if alive[t - 1][b] and not sampler.remasks:
                     assert masks[t][b] <= masks[t - 1][b], (t, b)
                     stalls += masks[t][b] == masks[t - 1][b]
             assert stalls <= allowance, (b, stalls)

@@ -195,6 +195,18 @@ def take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))
 
 
+def _check_key_valid(key_valid, B: int, L: int, cache, attention_block) -> None:
+    """key_valid is (B, L), or (B, L, L) in a forward without a cache of a bidirectional model."""
+    if key_valid is None or tuple(key_valid.shape) == (B, L):
+        return
+    if tuple(key_valid.shape) != (B, L, L):
+        raise ValueError(f"key_valid must have the canvas shape {(B, L)} of x (or {(B, L, L)}, one key mask per "
+                         f"query), got {tuple(key_valid.shape)}")
+    if cache is not None or attention_block is not None:
+        raise ValueError("a per-query key_valid (B, L, L) needs a forward without a cache of a bidirectional model "
+                         f"(cache {'given' if cache is not None else 'None'}, attention_block {attention_block})")
+
+
 class _ForwardContext:
     """What every layer of one forward shares."""
 
@@ -204,8 +216,9 @@ class _ForwardContext:
         return self.cos.gather(2, index), self.sin.gather(2, index)
 
     def keys_for(self, keep: torch.Tensor | None):
-        """The key mask of the queries: key_valid (B, L), or with block-causal attention the
-        (B, Q, L) mask of the recomputed columns (of the rows `keep` when given)."""
+        """The key mask of the queries: key_valid (B, L), or with block-causal attention or a
+        key_valid of one mask per query the (B, Q, L) mask of the recomputed columns (of the rows
+        `keep` when given)."""
         if self.block_keys is None:
             return self.key_valid
         return self.block_keys if keep is None else take_rows(self.block_keys, keep)
@@ -214,7 +227,9 @@ class _ForwardContext:
         self.attn, self.cos, self.sin = attn, cos, sin
         self.key_valid, self.cache, self.rows, self.positions = key_valid, cache, rows, positions
         self.block_keys = None
-        if attention_block is not None:
+        if key_valid is not None and key_valid.dim() == 3:   # one key mask per query column (B, L, L)
+            self.block_keys, self.key_valid = key_valid, None
+        elif attention_block is not None:
             # Blocks count rotary positions (a left-padded row's from its first real token): a query
             # at position p sees the keys before position (p // n + 1) * n, i.e. the columns before
             # that end shifted by the row's padding (column - position).
@@ -370,7 +385,9 @@ class DiffusionTransformer(nn.Module):
                       recomputed once however often it is named.
         position_ids: (B, L) rotary position of every column (left padding recounts from the
                       first real token); None = 0..L-1.
-        key_valid:    (B, L) bool, False for padding keys; None = all valid.
+        key_valid:    (B, L) bool, False for padding keys; None = all valid. Without a cache also
+                      (B, L, L): row i the keys column i attends to (a per-query mask, as WINO's
+                      shadow block needs; not for block-causal models; eager and sdpa attention).
         cache:        a `dllm.cache.KVCache`; the recomputed K/V are written into it.
         rows:         (B,) cache rows of this batch, distinct and increasing (None: 0..B-1).
         logits_from:  (B, Q) with a subset `positions` only: the index in `positions` of the column
@@ -392,9 +409,9 @@ class DiffusionTransformer(nn.Module):
                                         or tuple(logits_from.shape) != tuple(logits_at.shape)):
             raise ValueError("logits_from indexes the requested logits' sources in a recompute plan: give it with "
                              "positions=PLAN and logits_at of its shape (B, Q)")
-        for name, t in (("position_ids", position_ids), ("key_valid", key_valid)):
-            if t is not None and tuple(t.shape) != (B, L):
-                raise ValueError(f"{name} must have the canvas shape {(B, L)} of x, got {tuple(t.shape)}")
+        if position_ids is not None and tuple(position_ids.shape) != (B, L):
+            raise ValueError(f"position_ids must have the canvas shape {(B, L)} of x, got {tuple(position_ids.shape)}")
+        _check_key_valid(key_valid, B, L, cache, self.config.attention_block)
         graphs = self._graphs if self._graphs is not None and not torch.is_grad_enabled() else None
         if graphs is not None and x.device.type != "cuda":
             raise ValueError(f"CUDA graphs are on but the input is on {x.device}; move the model and its inputs to "

@@ -134,13 +134,16 @@ def llada_forward_ref(
     config: Mapping,
     input_ids: Tensor,
     attention_mask: Tensor | None = None,
+    position_ids: Tensor | None = None,
 ) -> Tensor:
     """LLaDA forward: ``input_ids`` (B, L) -> aligned logits (B, L, embedding_size).
 
     ``state_dict`` uses the real names (``model.transformer.wte.weight`` ...); ``config`` is the
     ``config.json`` dict. ``attention_mask`` (B, L), 1 = real token, is used only when it contains a
-    zero (additive key-only bias). Positions are the absolute columns 0..L-1. Runs in the dtype of
-    the weights; row i predicts token i (no shift).
+    zero (additive key-only bias); or a bool (B, 1, L, L), True where the query row attends to the
+    key column, as WINO's patched LLaDA takes it. Positions are the absolute columns 0..L-1, or
+    ``position_ids`` (L,) when given (WINO's). Runs in the dtype of the weights; row i predicts
+    token i (no shift).
     """
     _check_llada_config(config)
     p = "model.transformer."
@@ -153,11 +156,15 @@ def llada_forward_ref(
     x = F.embedding(input_ids, state_dict[p + "wte.weight"])  # (B, L, d)
 
     bias = None
-    if attention_mask is not None and bool((attention_mask == 0).any()):
+    if attention_mask is not None and attention_mask.dim() == 4:
+        bias = torch.zeros(attention_mask.shape, dtype=torch.float32, device=input_ids.device)
+        bias = bias.masked_fill(~attention_mask, torch.finfo(torch.float32).min)  # (B, 1, L, L)
+    elif attention_mask is not None and bool((attention_mask == 0).any()):
         m = attention_mask.to(torch.float32).view(B, L)
         bias = ((1.0 - m) * torch.finfo(torch.float32).min)[:, None, None, :]  # (B, 1, 1, L), keys only
 
-    angles = _rope_angles(torch.arange(L, device=input_ids.device)[None], head_dim, config["rope_theta"])
+    positions = torch.arange(L, device=input_ids.device) if position_ids is None else position_ids
+    angles = _rope_angles(positions[None], head_dim, config["rope_theta"])
     cos, sin = angles.cos(), angles.sin()  # (1, 1, L, D) fp32
 
     for i in range(config["n_layers"]):

@@ -1,5 +1,5 @@
 """Literal re-transcriptions of the decoding loops of methods on the ParallelBench leaderboard, used
-as oracles for dllm's samplers (docs/samplers.md §16-§17).
+as oracles for dllm's samplers (docs/samplers.md §16-§20).
 
 * :func:`parallelbench_topk_ref`: ParallelBench's LLaDA generation loop with its top-k scorers
   (``confidence_topk``, ``topk_margin``, ``entropy_topk``, ``left_to_right``).
@@ -7,6 +7,9 @@ as oracles for dllm's samplers (docs/samplers.md §16-§17).
   stop (omerlux/DUS).
 * :func:`klass_ref`: KLASS ``stable_confident_decode`` with alg "klass" and strategy "all"
   (shkim0116/KLASS).
+* :func:`slowfast_ref`: SlowFast ``generate_slow_fast_sampling`` (LiangrunFlora/Slow-Fast-Sampling).
+* :func:`wino_ref`: WINO ``decoding_wino`` with its shadow block (Feng-Hong/WINO-DLLM), on a
+  forward that takes WINO's 4-D attention mask and position ids.
 
 Each is written from the published algorithm, step for step in the reference order, batch 1 as the
 DUS and KLASS references are and batched with left padding as ParallelBench's loop is. As in samplers_ref.py,
@@ -16,13 +19,15 @@ aligned logits (B, L, V)``. Temperature 0 only.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .samplers_ref import LogitsFn, _topk_lowest_first, llada_transfer_counts
 
-__all__ = ["dus_levels_ref", "dus_ref", "klass_ref", "parallelbench_topk_ref", "slowfast_ref"]
+__all__ = ["dus_levels_ref", "dus_ref", "klass_ref", "parallelbench_topk_ref", "slowfast_ref", "wino_ref"]
 
 
 @torch.no_grad()
@@ -231,3 +236,73 @@ def slowfast_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, block_
                 commit(x0, conf, bs + last, bs + cur)
             last = cur
     return x, forwards, idle
+
+
+ShadowLogitsFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+@torch.no_grad()
+def wino_ref(logits_fn: ShadowLogitsFn, prompt: Tensor, *, gen_length: int, block_length: int, mask_id: int,
+             threshold: float = 0.6, threshold_back: float = 0.9, max_forwards: int = 10_000) -> tuple[Tensor, int, int]:
+    """WINO (``decoding_wino``) at temperature 0, batch 1, float64 probabilities. The canvas is the
+    prompt, the generation region and a shadow block of ``block_length`` masks; ``logits_fn(x,
+    attention_mask (1, 1, L, L) bool, position_ids (L,))`` is the patched LLaDA forward. The mask
+    token's logit is set to -inf before every argmax and softmax (dllm's scoring convention; the
+    reference leaves it, which a trained LLaDA never picks). Returns (canvas without the shadow
+    (1, P + G), forwards, tokens masked again)."""
+    assert prompt.shape[0] == 1 and gen_length % block_length == 0
+    P, G, B = prompt.shape[1], gen_length, block_length
+    L = P + G + B
+    x = torch.full((1, L), mask_id, dtype=torch.long)
+    x[:, :P] = prompt
+    forwards = remasked = 0
+    for k in range(G // B):
+        s, e = P + k * B, P + (k + 1) * B
+        position_ids = torch.cat([torch.arange(P + G), torch.arange(s, e)])
+        mask = torch.ones(1, 1, L, L, dtype=torch.bool)
+        mask[:, :, :, P + G:] = False
+        mask[:, :, P + G:, P + G:] = True
+        mask[:, :, P + G:, s:e] = ~torch.eye(B, dtype=torch.bool)
+        M = x == mask_id
+        M[:, e:] = False
+        U = torch.zeros(1, L, dtype=torch.bool)
+        U[:, P + G:] = ~M[:, s:e]
+        last_accept = 30
+        while M.any():
+            assert forwards < max_forwards, "no end"
+            max_accept = min(max(int(int(M.sum()) * 0.7), 5), 20)
+            logits = logits_fn(x, mask, position_ids).double()
+            logits[..., mask_id] = -torch.inf
+            forwards += 1
+            x0 = logits.argmax(-1)
+            x0[:, P + G:][U[:, P + G:]] = x[:, s:e][U[:, P + G:]]
+            p = F.softmax(logits, dim=-1)
+            x0_p = p.gather(-1, x0[..., None]).squeeze(-1)
+            x0 = torch.where(M, x0, x)
+            conf = torch.where(M, x0_p, -torch.inf)
+            conf_back = torch.where(U, x0_p, torch.inf)
+            T = conf > threshold
+            if int(T.sum()) > max_accept:
+                T = torch.zeros_like(T)
+                T.view(-1)[_topk_lowest_first(conf.view(-1), max_accept)] = True
+            elif not T.any():
+                T = torch.zeros_like(T)
+                T.view(-1)[conf.view(-1).argmax()] = True
+            x[T] = x0[T]
+            n_acc = int(T.sum())
+            R = torch.zeros_like(U)
+            if n_acc > 1:
+                R = conf_back < threshold_back
+                if int(R.sum()) >= last_accept:
+                    R = torch.zeros_like(U)
+                    R.view(-1)[_topk_lowest_first(-conf_back.view(-1), last_accept - 1)] = True
+            Rr = torch.zeros_like(M)
+            Rr[:, s:e] = R[:, P + G:]
+            x[Rr] = mask_id
+            remasked += int(Rr.sum())
+            M[T] = False
+            M[Rr] = True
+            U[:, P + G:] |= T[:, s:e]
+            U[R] = False
+            last_accept = n_acc
+    return x[:, :P + G], forwards, remasked
