@@ -38,7 +38,7 @@ class KLASS(LowConfidence):
         check_number("conf_threshold", conf_threshold, low=0, high=1, sampler=self.name)
         check_number("kl_threshold", kl_threshold, low=0, sampler=self.name)
         check_number("kl_history_length", kl_history_length, low=1, integer=True, sampler=self.name)
-        self.logits_eos_inf = self.confidence_eos_eot_inf = False
+        super().__init__()
         self.conf_threshold, self.kl_threshold = float(conf_threshold), float(kl_threshold)
         self.history = kl_history_length
         self._args = dict(conf_threshold=conf_threshold, kl_threshold=kl_threshold,

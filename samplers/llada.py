@@ -47,7 +47,8 @@ class LowConfidence(Sampler):
                 raise ValueError(f"sampler {self.name!r}: {name} must be True or False, got {value!r}")
         self.logits_eos_inf = logits_eos_inf
         self.confidence_eos_eot_inf = confidence_eos_eot_inf
-        self.needs_logits = confidence_eos_eot_inf
+        if confidence_eos_eot_inf:      # a subclass that needs logits anyway keeps its class value
+            self.needs_logits = True
         self._args = dict(logits_eos_inf=logits_eos_inf, confidence_eos_eot_inf=confidence_eos_eot_inf)
 
     def setup(self, state):

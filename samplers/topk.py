@@ -30,7 +30,7 @@ class _ParallelBenchTopK(LowConfidence):
     row_state = ("counts",)
 
     def __init__(self):
-        self.logits_eos_inf = self.confidence_eos_eot_inf = False
+        super().__init__()
         self._args = {}
 
     def probabilities(self, state, scores) -> torch.Tensor:
