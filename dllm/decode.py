@@ -55,8 +55,9 @@ class GenerationOutput:
     seconds:    wall-clock time of the loop.
     hit_cap:    rows whose remaining masks were flushed at the forward cap.
     trace:      (B, G) step at which each generated position was committed, or last edited (when
-                asked for).
+                asked for); a position masked again and committed later holds the later step.
     edits:      tokens rewritten per row by an editing sampler (LLaDA2.1's `llada21`).
+    remasks:    written tokens masked again per row (WINO's `wino`).
     cache, cache_args: the cache policy and its arguments (model-dependent defaults resolved).
     """
 
@@ -74,6 +75,7 @@ class GenerationOutput:
     sampler_args: dict[str, Any]
     trace: torch.Tensor | None = None
     edits: list[int] | None = None
+    remasks: list[int] | None = None
     cache: str = "none"
     cache_args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -345,6 +347,7 @@ def _write_commits(state: DecodeState, rows, positions, commit, tokens) -> None:
 def _remask(state: DecodeState, rows, remask: torch.Tensor) -> None:
     """Mask the canvas columns `remask` (B', L) of rows `rows` again; they count as uncommitted."""
     state.x[rows] = state.x[rows].masked_fill(remask, state.ids.mask)
+    state.remasks[rows] += remask.sum(1)
     gen = remask[:, state.gen_start:state.gen_end]
     state.commit_step[rows] = state.commit_step[rows].masked_fill(gen, -1)
 
@@ -810,4 +813,5 @@ def _output(state: DecodeState, tokenizer, request: Request, forwards: int, seco
         tokens_per_forward=[c / max(n, 1) for c, n in zip(committed.tolist(), nfe)], answer_lengths=lengths,
         seconds=seconds, hit_cap=[b in capped for b in range(state.batch_size)], sampler=request.sampler.name,
         sampler_args=request.sampler.arguments(), trace=state.commit_step if request.config.trace else None,
-        cache=request.policy.name, cache_args=request.policy.arguments(), edits=state.edits.tolist())
+        cache=request.policy.name, cache_args=request.policy.arguments(), edits=state.edits.tolist(),
+        remasks=state.remasks.tolist())

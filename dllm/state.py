@@ -105,6 +105,7 @@ class DecodeState:
         self.finished = torch.zeros(B, dtype=torch.bool, device=dev)
         self.block_hold = torch.zeros(B, dtype=torch.bool, device=dev)     # Decision.hold of the last step
         self.edits = zeros()                                                # tokens rewritten per row
+        self.remasks = zeros()                                              # tokens masked again per row
         self.commit_step = torch.full((B, self.gen_length), -1, dtype=torch.long, device=dev)
         self.row_end = torch.full((B,), self.gen_end, dtype=torch.long, device=dev)
         cols = torch.arange(self.x.shape[1], device=dev)
@@ -191,7 +192,7 @@ class DecodeState:
 
     # -- rows joining and leaving (continuous batching) ---------------------------------------
     _ROW_TENSORS = ("x", "pad_len", "block_start", "block_end", "step_in_block", "nfe", "finished", "block_hold",
-                    "edits", "commit_step", "row_end", "key_valid", "position_ids")
+                    "edits", "remasks", "commit_step", "row_end", "key_valid", "position_ids")
     _ROW_EXTRA = ("hit_cap",)      # per-row entries of `extra` the loop itself keeps
 
     def keep_rows(self, rows: torch.Tensor, row_extra: tuple = ()) -> None:

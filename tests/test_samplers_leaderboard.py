@@ -231,20 +231,26 @@ def test_wino_equals_reference_alone_and_in_a_ragged_batch(request, which, gen, 
         assert alone.sequences[0, len(row):].tolist() == want[0, len(row):].tolist(), b
         assert batch.sequences[b, lp:].tolist() == want[0, len(row):].tolist(), b
         assert alone.nfe[0] == batch.nfe[b] == forwards, b
+        assert alone.remasks[0] == batch.remasks[b] == again, b
         remasked += again
     if (which, tau_back) in (("llada", 0.3), ("llada", 0.5), ("peaked", 0.99)):
         assert remasked > 0         # the narrow-out path ran
 
 
 def test_wino_masks_written_tokens_again(llada):
-    """Narrow out: a token written at one step is a mask at a later one, and the canvas ends full."""
+    """Narrow out: a token written at one step is a mask at a later one, the output counts the
+    re-masks, the trace holds each position's last commit, and the canvas ends full."""
     model = llada[0]
     seen = []
     out = dllm.generate(model, None, PROMPTS, gen_length=16, block_length=8, sampler="wino",
-                        sampler_kwargs=dict(threshold=0.1, threshold_back=0.3),
+                        sampler_kwargs=dict(threshold=0.1, threshold_back=0.3), trace=True,
                         on_step=lambda s: seen.append(s.is_mask[:, s.gen_start:s.gen_end].clone()))
-    again = any((~a & b).any() for a, b in zip(seen, seen[1:]))
-    assert again and not seen[-1].any() and not (out.sequences == model.config.mask_token_id).any()
+    again = sum(int((~a & b).sum()) for a, b in zip([torch.ones_like(seen[0])] + seen, seen))
+    assert again == sum(out.remasks) > 0 and not seen[-1].any()
+    assert not (out.sequences == model.config.mask_token_id).any()
+    last = [max(t for t, m in enumerate(seen) if not bool(m[b, c]) and (t == 0 or bool(seen[t - 1][b, c])))
+            for b in range(len(PROMPTS)) for c in range(16)]
+    assert out.trace.flatten().tolist() == last
 
 
 @pytest.mark.parametrize("kwargs,message", [
