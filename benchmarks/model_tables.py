@@ -43,6 +43,7 @@ SAMPLERS = [
     ("klass, 1 token/step", "klass", {"tokens_per_step": 1}),
     ("slowfast", "slowfast", {}),
     ("wino", "wino", {}),
+    ("remdm, 1 token/step", "remdm", {"tokens_per_step": 1}),
 ]
 # (sampler label, sampler, run settings, cache label, cache, cache args)
 CACHES = [

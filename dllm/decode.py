@@ -314,10 +314,9 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
         conf = scores.prob.double().masked_fill(~(allowed & in_block), float("-inf"))
         best = conf.argmax(1)
         commit |= stuck[:, None] & (torch.arange(commit.shape[1], device=commit.device) == best[:, None])
-    written = ~state.is_mask[rows] if dec.remask is not None and sampler.remasks else None  # (B', L) before the commits
     _write_commits(state, rows, positions, commit, tokens)
-    if written is not None and flush is not True:
-        keep = written & state.in_block(rows) & state.in_generation()[None, :]
+    if dec.remask is not None and sampler.remasks and flush is not True:
+        keep = ~state.is_mask[rows] & state.in_block(rows) & state.in_generation()[None, :]
         _remask(state, rows, dec.remask & keep & (flush is False or ~flush[:, None]))
     if dec.edit is not None:
         _write_edits(state, rows, positions, dec.edit & valid & ~cols_masked & in_block & (positions >= state.gen_start)

@@ -46,9 +46,9 @@ class Decision:
               change; masks are committed through `commit`, never through `edit`.
     hold:     (B',) bool, rows whose active block stays open for another step though it holds no
               mask (more edits may follow); the sampler bounds how long, the forward cap too.
-    remask:   (B', L) bool, canvas columns written before this step that are masked again (WINO's
-              narrow-out). Only generated columns of the active block change, never a column
-              committed at this step, and none at the forward cap's last step.
+    remask:   (B', L) bool, written canvas columns masked again after this step's commits (WINO's
+              narrow-out, ReMDM's revision steps). Only generated columns of the active block
+              change, and none at the forward cap's last step.
     """
 
     commit: torch.Tensor

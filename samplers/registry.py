@@ -29,6 +29,7 @@ _SAMPLERS: dict[str, str] = {
     "klass": "dllm.samplers.klass:KLASS",
     "slowfast": "dllm.samplers.slowfast:SlowFast",
     "wino": "dllm.samplers.wino:WINO",
+    "remdm": "dllm.samplers.remdm:ReMDM",
 }
 
 

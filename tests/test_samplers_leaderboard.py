@@ -10,7 +10,7 @@ import torch
 import dllm
 from dllm import samplers
 from dllm.samplers.dus import dilated_groups
-from tests.reference.leaderboard_ref import (dus_levels_ref, dus_ref, klass_ref, parallelbench_topk_ref, slowfast_ref,
+from tests.reference.leaderboard_ref import (dus_levels_ref, dus_ref, klass_ref, parallelbench_topk_ref, remdm_ref, slowfast_ref,
                                             wino_ref)
 from tests.test_generate import PROMPTS, PROMPTS4, _batch, llada_logits_fn
 
@@ -265,3 +265,38 @@ def test_wino_refuses_what_its_shadow_block_cannot_run_with(llada, kwargs, messa
 def test_wino_refuses_a_model_with_shifted_logits(dream):
     with pytest.raises(ValueError, match="sampler 'wino' runs shadow copies .* shifted logits"):
         dllm.generate(dream[0], None, PROMPTS, gen_length=16, block_length=8, sampler="wino")
+
+
+REMDM_CASES = [  # (model, gen_length, block_length, steps, remdm_steps, remdm_number)
+    ("llada", 16, 16, 16, 1, 1), ("llada", 16, 8, 8, 2, 1), ("llada", 24, 8, 12, 3, 2), ("llada", 16, 16, 8, 1, 3),
+    ("peaked", 16, 8, 16, 1, 1), ("peaked", 20, 10, 10, 2, 2), ("llada", 12, 4, 12, 0, 1),
+]
+
+
+@pytest.mark.parametrize("which,gen,block,steps,r_steps,r_number", REMDM_CASES, ids=str)
+def test_remdm_equals_reference_alone_and_in_a_ragged_batch(request, which, gen, block, steps, r_steps, r_number):
+    model = request.getfixturevalue("llada")[0] if which == "llada" else request.getfixturevalue("peaked_llada")
+    kw = dict(gen_length=gen, block_length=block, steps=steps, sampler="remdm", score_dtype="float64",
+              sampler_kwargs=dict(remdm_steps=r_steps, remdm_number=r_number))
+    batch = dllm.generate(model, None, PROMPTS4, **kw)
+    lp = max(map(len, PROMPTS4))
+    for b, row in enumerate(PROMPTS4):
+        want, forwards, again = remdm_ref(llada_logits_fn(model), torch.tensor([row]), steps=steps, gen_length=gen,
+                                          block_length=block, mask_id=model.config.mask_token_id,
+                                          remdm_steps=r_steps, remdm_number=r_number)
+        assert batch.sequences[b, lp:].tolist() == want[0, len(row):].tolist(), b
+        assert batch.nfe[b] == forwards == steps + gen // block * r_steps, b
+        assert batch.remasks[b] == again == gen // block * r_steps * r_number, b
+    if r_steps == 0:
+        plain = dllm.generate(model, None, PROMPTS4, **{**kw, "sampler": "low_confidence", "sampler_kwargs": {}})
+        assert torch.equal(plain.sequences, batch.sequences)
+
+
+def test_remdm_revision_schedule():
+    from dllm.samplers.remdm import revision_schedule
+
+    assert revision_schedule(32, 32, 2) == [False] * 28 + [True, True] + [False] * 4
+    assert revision_schedule(8, 4, 1) == [False] * 4 + [True]          # fewer steps than the insertion point
+    assert revision_schedule(1, 1, 1) == [False, True]
+    with pytest.raises(ValueError, match="sampler 'remdm': remdm_number must be >= 1, got 0"):
+        samplers.get("remdm", remdm_number=0)

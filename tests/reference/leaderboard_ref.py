@@ -1,5 +1,5 @@
 """Literal re-transcriptions of the decoding loops of methods on the ParallelBench leaderboard, used
-as oracles for dllm's samplers (docs/samplers.md §16-§20).
+as oracles for dllm's samplers (docs/samplers.md §16-§21).
 
 * :func:`parallelbench_topk_ref`: ParallelBench's LLaDA generation loop with its top-k scorers
   (``confidence_topk``, ``topk_margin``, ``entropy_topk``, ``left_to_right``).
@@ -10,6 +10,8 @@ as oracles for dllm's samplers (docs/samplers.md §16-§20).
 * :func:`slowfast_ref`: SlowFast ``generate_slow_fast_sampling`` (LiangrunFlora/Slow-Fast-Sampling).
 * :func:`wino_ref`: WINO ``decoding_wino`` with its shadow block (Feng-Hong/WINO-DLLM), on a
   forward that takes WINO's 4-D attention mask and position ids.
+* :func:`remdm_ref`: ParallelBench's ``llada_remdm_sample`` (ReMDM revision steps on LLaDA's
+  schedule).
 
 Each is written from the published algorithm, step for step in the reference order, batch 1 as the
 DUS and KLASS references are and batched with left padding as ParallelBench's loop is. As in samplers_ref.py,
@@ -27,7 +29,7 @@ from torch import Tensor
 
 from .samplers_ref import LogitsFn, _topk_lowest_first, llada_transfer_counts
 
-__all__ = ["dus_levels_ref", "dus_ref", "klass_ref", "parallelbench_topk_ref", "slowfast_ref", "wino_ref"]
+__all__ = ["dus_levels_ref", "dus_ref", "klass_ref", "parallelbench_topk_ref", "remdm_ref", "slowfast_ref", "wino_ref"]
 
 
 @torch.no_grad()
@@ -306,3 +308,53 @@ def wino_ref(logits_fn: ShadowLogitsFn, prompt: Tensor, *, gen_length: int, bloc
             U[R] = False
             last_accept = n_acc
     return x[:, :P + G], forwards, remasked
+
+
+@torch.no_grad()
+def remdm_ref(logits_fn: LogitsFn, prompt: Tensor, *, steps: int, gen_length: int, block_length: int, mask_id: int,
+              remdm_steps: int = 1, remdm_number: int = 1) -> tuple[Tensor, int, int]:
+    """ParallelBench's ``llada_remdm_sample`` at temperature 0, batch 1, float64 probabilities, the
+    mask token's logit set to -inf (dllm's convention). Per block: LLaDA's even split of the block's
+    masks over steps / blocks, with ``remdm_steps`` revision steps inserted after step
+    max(min(int(7/8 block_length), block_length - 1), 1); a revision step masks the
+    ``remdm_number`` lowest cached confidences of the block's written tokens and re-decodes that
+    many. Returns (canvas, forwards, tokens masked again)."""
+    assert prompt.shape[0] == 1 and gen_length % block_length == 0
+    P = prompt.shape[1]
+    x = torch.full((1, P + gen_length), mask_id, dtype=torch.long)
+    x[:, :P] = prompt
+    n_blocks = gen_length // block_length
+    assert steps % n_blocks == 0
+    per_block = steps // n_blocks
+    at = max(min(int(block_length * 7 / 8), block_length - 1), 1)
+    kinds = [False] * per_block
+    kinds[at:at] = [True] * remdm_steps
+    forwards = remasked = 0
+    for b in range(n_blocks):
+        s, e = P + b * block_length, P + (b + 1) * block_length
+        cache = torch.full((1, x.shape[1]), torch.inf, dtype=torch.float64)
+        counts = llada_transfer_counts(x[:, s:e] == mask_id, per_block)[0].tolist()
+        for revise in kinds:
+            if revise:
+                written = torch.isfinite(cache[0])
+                idx = _topk_lowest_first(-cache[0], min(remdm_number, int(written.sum())))
+                x[0, idx] = mask_id
+                cache[0, idx] = torch.inf
+                remasked += len(idx)
+                k = remdm_number
+            else:
+                k = counts.pop(0)
+            masked = x == mask_id
+            logits = logits_fn(x, None).double()
+            logits[..., mask_id] = -torch.inf
+            forwards += 1
+            p = F.softmax(logits, dim=-1)
+            x0 = p.argmax(-1)
+            x0_p = p.gather(-1, x0[..., None]).squeeze(-1)
+            x0_p[:, e:] = -torch.inf
+            x0 = torch.where(masked, x0, x)
+            conf = torch.where(masked, x0_p, -torch.inf)
+            chosen = _topk_lowest_first(conf[0], k)
+            x[0, chosen] = x0[0, chosen]
+            cache[0, chosen] = conf[0, chosen]
+    return x, forwards, remasked
