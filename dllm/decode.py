@@ -57,7 +57,7 @@ class GenerationOutput:
     trace:      (B, G) step at which each generated position was committed, or last edited (when
                 asked for); a position masked again and committed later holds the later step.
     edits:      tokens rewritten per row by an editing sampler (LLaDA2.1's `llada21`).
-    remasks:    written tokens masked again per row (WINO's `wino`).
+    remasks:    written tokens masked again per row (`wino`, `remdm`).
     cache, cache_args: the cache policy and its arguments (model-dependent defaults resolved).
     """
 
