@@ -3,6 +3,7 @@
     python benchmarks/model_tables.py --out runs/tables.jsonl                    # the shipped model
     python benchmarks/model_tables.py --model runs/pb-tiny/model --out runs/t.jsonl --limit 8
     python benchmarks/model_tables.py --out runs/tables.jsonl --only samplers    # or caches, twins, guard
+    python benchmarks/model_tables.py --out runs/tables.jsonl --only samplers --samplers wino,remdm
 
 Each row of a table is one `dllm bench --generated --tasks pure --dtype float32` run (greedy, one
 block over the answer; `learn2pd` at block length 32, the length its filter is trained for, and
@@ -136,7 +137,14 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=None, help="first N samples per task (default: all)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--samplers", default=None,
+                   help="comma-separated sampler names: only their rows of the sampler table (default: all)")
     args = p.parse_args(argv)
+    names = {name for _, name, _ in SAMPLERS}
+    picked = None if args.samplers is None else [n.strip() for n in args.samplers.split(",") if n.strip()]
+    if picked is not None and (not picked or set(picked) - names):
+        print(f"error: --samplers {args.samplers!r}: choose from {', '.join(sorted(names))}", file=sys.stderr)
+        return 2
     chosen = [t.strip() for t in args.only.split(",") if t.strip()]
     bad = [t for t in chosen if t not in TABLES]
     if bad or not chosen:
@@ -146,7 +154,8 @@ def main(argv=None) -> int:
 
     loaded = dllm.load(args.model, dtype="float32", device="cpu")      # once, for every run
     if "samplers" in chosen:
-        runs = [(label, _run(args, loaded, sampler, settings)) for label, sampler, settings in SAMPLERS]
+        runs = [(label, _run(args, loaded, sampler, settings)) for label, sampler, settings in SAMPLERS
+                if picked is None or sampler in picked]
         print(sampler_table(runs) + "\n")
     for name, spec in (("caches", CACHES), ("twins", TWINS), ("guard", GUARDED)):
         if name in chosen:
