@@ -45,6 +45,7 @@ SAMPLERS = [
     ("slowfast", "slowfast", {}),
     ("wino", "wino", {}),
     ("remdm, 1 token/step", "remdm", {"tokens_per_step": 1}),
+    ("rcr, 64 steps", "rcr", {"steps": 64}),
 ]
 # (sampler label, sampler, run settings, cache label, cache, cache args)
 CACHES = [

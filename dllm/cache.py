@@ -426,7 +426,7 @@ class PrefixCache(StoringPolicy):
         return self._periodic(state, rows, self.refresh)
 
     def _columns(self, state, rows, changed, scored):
-        return self._from_block_start(state, rows)
+        return self._from_block_start(state, rows) | _changed_before_block(state, rows, changed)
 
 
 class DualCache(PrefixCache):
@@ -442,7 +442,14 @@ class DualCache(PrefixCache):
 
     def _columns(self, state, rows, changed, scored):
         cols = state.columns()[None, :]
-        return self._from_block_start(state, rows) & (cols < state.block_end[rows, None])
+        block = self._from_block_start(state, rows) & (cols < state.block_end[rows, None])
+        return block | _changed_before_block(state, rows, changed)
+
+
+def _changed_before_block(state: DecodeState, rows, changed: torch.Tensor) -> torch.Tensor:
+    """(B', L) bool: the columns before each row's block whose token changed since its last forward;
+    only a sampler that reaches back (RCR) changes any, and `prefix`/`dual` recompute them."""
+    return changed & (state.columns()[None, :] < state.block_start[rows, None])
 
 
 class BlockCache(StoringPolicy):

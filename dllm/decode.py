@@ -296,8 +296,8 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     in_block = (positions >= state.block_start[rows, None]) & (positions < state.block_end[rows, None])
     allowed = valid & cols_masked & (positions >= state.gen_start) & (positions < state.row_end[rows, None])
     commit = dec.commit & allowed
-    if sampler.uses_blocks:
-        commit &= in_block
+    if sampler.uses_blocks:    # a sampler that reaches back also commits before its block
+        commit &= in_block | (sampler.reaches_back & (positions < state.block_end[rows, None]))
     if dec.fill_all is not None:
         commit |= dec.fill_all[:, None] & allowed
     forced = None
@@ -316,7 +316,9 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
         commit |= stuck[:, None] & (torch.arange(commit.shape[1], device=commit.device) == best[:, None])
     _write_commits(state, rows, positions, commit, tokens)
     if dec.remask is not None and sampler.remasks and flush is not True:
-        keep = ~state.is_mask[rows] & state.in_block(rows) & state.in_generation()[None, :]
+        reach = (state.columns()[None, :] < state.block_end[rows, None] if sampler.reaches_back
+                 else state.in_block(rows))
+        keep = ~state.is_mask[rows] & reach & state.in_generation()[None, :]
         _remask(state, rows, dec.remask & keep & (flush is False or ~flush[:, None]))
     if dec.edit is not None:
         _write_edits(state, rows, positions, dec.edit & valid & ~cols_masked & in_block & (positions >= state.gen_start)

@@ -48,7 +48,8 @@ class Decision:
               mask (more edits may follow); the sampler bounds how long, the forward cap too.
     remask:   (B', L) bool, written canvas columns masked again after this step's commits (WINO's
               narrow-out, ReMDM's revision steps). Only generated columns of the active block
-              change, and none at the forward cap's last step.
+              change (and the earlier ones for a sampler that `reaches_back`, RCR), and none at
+              the forward cap's last step.
     """
 
     commit: torch.Tensor

@@ -36,6 +36,8 @@ class Sampler:
       row_state:       what rows joining a running batch carry (below); None: they cannot join.
       remasks:         the sampler may mask written tokens again (`Decision.remask`), so a row's
                        mask count may grow between steps.
+      reaches_back:    its commits and re-masks may also land on generated columns before the
+                       active block (RCR's running confidence covers every earlier block).
       shadow_block:    every forward also runs shadow copies of canvas columns (`shadow_columns`,
                        `read_shadow`; WINO's verification block): a full forward without a cache,
                        without guidance, of a model without shifted logits or attention blocks.
@@ -55,6 +57,7 @@ class Sampler:
     # the canvas is not final until the whole row is.
     rewrites_tokens: ClassVar[bool] = False
     remasks: ClassVar[bool] = False
+    reaches_back: ClassVar[bool] = False
     shadow_block: ClassVar[bool] = False
 
     def setup(self, state: DecodeState) -> None:

@@ -30,6 +30,7 @@ _SAMPLERS: dict[str, str] = {
     "slowfast": "dllm.samplers.slowfast:SlowFast",
     "wino": "dllm.samplers.wino:WINO",
     "remdm": "dllm.samplers.remdm:ReMDM",
+    "rcr": "dllm.samplers.rcr:RCR",
 }
 
 

@@ -10,7 +10,8 @@ import torch
 import dllm
 from dllm import samplers
 from dllm.samplers.dus import dilated_groups
-from tests.reference.leaderboard_ref import (dus_levels_ref, dus_ref, klass_ref, parallelbench_topk_ref, remdm_ref, slowfast_ref,
+from tests.reference.leaderboard_ref import (dus_levels_ref, dus_ref, klass_ref, parallelbench_topk_ref, rcr_ref, remdm_ref,
+                                            slowfast_ref,
                                             wino_ref)
 from tests.test_generate import PROMPTS, PROMPTS4, _batch, llada_logits_fn
 
@@ -300,3 +301,37 @@ def test_remdm_revision_schedule():
     assert revision_schedule(1, 1, 1) == [False, True]
     with pytest.raises(ValueError, match="sampler 'remdm': remdm_number must be >= 1, got 0"):
         samplers.get("remdm", remdm_number=0)
+
+
+RCR_CASES = [  # (model, gen_length, block_length, steps)
+    ("llada", 16, 16, 8), ("llada", 16, 8, 8), ("llada", 24, 8, 6), ("llada", 20, 10, 20), ("llada", 12, 4, 3),
+    ("peaked", 16, 8, 8), ("peaked", 24, 12, 6),
+]
+
+
+@pytest.mark.parametrize("which,gen,block,steps", RCR_CASES, ids=str)
+def test_rcr_equals_reference_alone_and_in_a_ragged_batch(request, which, gen, block, steps):
+    model = request.getfixturevalue("llada")[0] if which == "llada" else request.getfixturevalue("peaked_llada")
+    kw = dict(gen_length=gen, block_length=block, steps=steps, sampler="rcr")
+    batch = dllm.generate(model, None, PROMPTS4, **kw)
+    lp = max(map(len, PROMPTS4))
+    earlier = 0
+    for b, row in enumerate(PROMPTS4):
+        want, forwards, again = rcr_ref(llada_logits_fn(model), torch.tensor([row]), steps=steps, gen_length=gen,
+                                        block_length=block, mask_id=model.config.mask_token_id)
+        assert batch.sequences[b, lp:].tolist() == want[0, len(row):].tolist(), b
+        assert batch.nfe[b] == forwards == max(1, steps // (gen // block)) * (gen // block), b
+        assert batch.remasks[b] == again, b
+    seen = []
+    dllm.generate(model, None, PROMPTS4, **kw, on_step=lambda s: seen.append((s.is_mask.clone(), s.block_start.clone())))
+    for (a, _), (m, start) in zip(seen, seen[1:]):
+        cols = torch.arange(m.shape[1])[None, :]
+        earlier += int((m & ~a & (cols < start[:, None])).sum())
+    if gen // block > 1 and steps // (gen // block) > 1:
+        assert earlier > 0          # tokens of earlier blocks were masked again
+
+
+def test_rcr_refuses_sampling():
+    with pytest.raises(ValueError, match="sampler 'rcr' decodes greedily"):
+        dllm.generate(dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0), None, PROMPTS,
+                      gen_length=8, sampler="rcr", temperature=0.5)

@@ -237,7 +237,7 @@ def test_the_default_grid_covers_every_sampler_and_cache(capsys):
     for p in g.points:
         settings.setdefault(p.generation.sampler, set()).add(p.key())
     families = ["low_confidence", "random", "threshold", "factor", "adablock", "localleap", "learn2pd", "prophet", "eb",
-                "margin_topk", "entropy_topk", "left_to_right", "dus", "klass", "slowfast", "wino", "remdm"]
+                "margin_topk", "entropy_topk", "left_to_right", "dus", "klass", "slowfast", "wino", "remdm", "rcr"]
     assert set(families) <= set(settings)
     for name in families:
         assert 3 <= len({k for k in settings[name] if '"cache": "none"' in k}) <= 5, name

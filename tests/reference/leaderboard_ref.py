@@ -29,7 +29,8 @@ from torch import Tensor
 
 from .samplers_ref import LogitsFn, _topk_lowest_first, llada_transfer_counts
 
-__all__ = ["dus_levels_ref", "dus_ref", "klass_ref", "parallelbench_topk_ref", "remdm_ref", "slowfast_ref", "wino_ref"]
+__all__ = ["dus_levels_ref", "dus_ref", "klass_ref", "parallelbench_topk_ref", "rcr_ref", "remdm_ref", "slowfast_ref",
+           "wino_ref"]
 
 
 @torch.no_grad()
@@ -357,4 +358,45 @@ def remdm_ref(logits_fn: LogitsFn, prompt: Tensor, *, steps: int, gen_length: in
             chosen = _topk_lowest_first(conf[0], k)
             x[0, chosen] = x0[0, chosen]
             cache[0, chosen] = conf[0, chosen]
+    return x, forwards, remasked
+
+
+@torch.no_grad()
+def rcr_ref(logits_fn: LogitsFn, prompt: Tensor, *, steps: int, gen_length: int, block_length: int,
+            mask_id: int) -> tuple[Tensor, int, int]:
+    """ParallelBench's ``generate_dlm`` with ``overtime_conf=True`` and the linear MaskGIT schedule,
+    temperature 0, batch 1, the mask token's logit set to -inf (dllm's convention), probabilities in
+    the logits' dtype. Returns (canvas, forwards, tokens masked again)."""
+    assert prompt.shape[0] == 1 and gen_length % block_length == 0
+    P = prompt.shape[1]
+    x = torch.full((1, P + gen_length), mask_id, dtype=torch.long)
+    x[:, :P] = prompt
+    n_blocks = gen_length // block_length
+    per_block = max(1, steps // n_blocks)
+    overtime = torch.zeros(x.shape, dtype=torch.float64)
+    forwards = remasked = 0
+    for b in range(n_blocks):
+        e = P + (b + 1) * block_length
+        total = int((x[:, e - block_length:e] == mask_id).sum())
+        ratios = [min(max(1 - (t + 1) / per_block, 1e-6), 1.0) for t in range(per_block)]
+        cumulative = [total - int(torch.floor(torch.tensor(total * r, dtype=torch.float64))) for r in ratios]
+        counts = [cumulative[0]] + [cumulative[t] - cumulative[t - 1] for t in range(1, per_block)]
+        for i in range(per_block):
+            masked = x == mask_id
+            logits = logits_fn(x, None)
+            logits[..., mask_id] = -torch.inf
+            forwards += 1
+            x0 = logits.argmax(-1)
+            x0_p = F.softmax(logits, dim=-1).gather(-1, x0[..., None]).squeeze(-1).double()
+            x0_p[:, e:] = -torch.inf
+            x0 = torch.where(masked, x0, x)
+            conf = torch.where(masked, x0_p, -torch.inf)
+            chosen = _topk_lowest_first(conf[0], sum(counts[i:]))
+            x[0, chosen] = x0[0, chosen]
+            overtime[0, chosen] = conf[0, chosen]
+            if i != per_block - 1:
+                running = torch.where(overtime[0] == 0.0, 1.0, overtime[0])
+                again = _topk_lowest_first(-running, sum(counts[i + 1:]))
+                remasked += int((x[0, again] != mask_id).sum())
+                x[0, again] = mask_id
     return x, forwards, remasked
