@@ -79,10 +79,10 @@ class RCR(Sampler):
         commit = top_k_mask(conf, owed) & valid
         running = ex["rcr_conf"][rows]
         running = running.scatter(1, positions, torch.where(commit, conf, running.gather(1, positions)))
-        keep = masked_after(n, t, steps).masked_fill(t >= steps - 1, 0)                 # (B',) to mask again
+        again = masked_after(n, t, steps).masked_fill(t >= steps - 1, 0)                # (B',) to mask again
         written = (running > 0) & (state.columns()[None, :] < state.block_end[rows, None])
         written &= ~state.is_mask[rows] | commit_columns(state, rows, positions, commit)
-        remask = top_k_mask(torch.where(written, -running, float("-inf")), keep) & written
+        remask = top_k_mask(torch.where(written, -running, float("-inf")), again) & written
         ex["rcr_conf"][rows] = running
         # The block stays open for its whole schedule, also when the re-masks all fell before it.
         return Decision(commit=commit, remask=remask, hold=t < steps - 1)
