@@ -52,3 +52,39 @@ def test_counts_by_answer_length(errors, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| run | task | answer length | samples |" in out
     assert "| r1 | waiting_line/copy | 3 | 3 | 2 | 0 | 1 | 0 |" in out
+
+
+def test_counts_by_held_out_words_made_of_rare_pieces(errors, tmp_path, capsys):
+    from transformers import PreTrainedTokenizerFast
+
+    from dllm.eval.names import open_pool
+    from dllm.train import cover
+
+    tok = PreTrainedTokenizerFast.from_pretrained("dllm/assets/llada-pb-tiny")
+    rare = errors.rare_words(tok, 3)
+    test = open_pool("test")
+    assert rare and rare <= test.words()
+    # brute force: a word is rare when one of its pieces, in its place, is in fewer than 3 training words
+    firsts, lasts = cover.training_words()
+    only_first = [w for w in test.firsts if w not in test.lasts]
+    only_last = [w for w in test.lasts if w not in test.firsts]
+    checks = [("Pearse", "first")] + [(w, "first") for w in only_first[:3]] + [(w, "last") for w in only_last[:3]]
+    for word, side in checks:
+        pieces = cover.word_ids(tok, [word], side)[0]
+        words = firsts if side == "first" else lasts
+        held = [sum(p in ids for ids in cover.word_ids(tok, words, side)) for p in pieces]
+        assert (word in rare) == (min(held) < 3), word
+    assert "Pearse" in rare
+    common = sorted(test.words() - rare)[0]
+    rows = [dict(run_id="r1", task="waiting_line/shuffle", answer={"input": [f"Pearse {common}"]}, score=0.0),
+            dict(run_id="r1", task="waiting_line/shuffle", answer={"input": [f"{common} {common}"]}, score=1.0),
+            dict(run_id="r1", task="waiting_line/copy", answer=f'["Pearse {common}"]', score=1.0)]
+    counts = errors.count_by_rare_words(rows, {"waiting_line/shuffle", "waiting_line/copy"}, rare)
+    assert counts == {("r1", "waiting_line/shuffle", "yes"): {"samples": 1, "wrong": 1},
+                      ("r1", "waiting_line/shuffle", "no"): {"samples": 1, "wrong": 0},
+                      ("r1", "waiting_line/copy", "yes"): {"samples": 1, "wrong": 0}}
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [str(path), "--tasks", "waiting_line/shuffle", "--rare-pieces", "dllm/assets/llada-pb-tiny"]
+    assert errors.main(args) == 0
+    assert "| r1 | waiting_line/shuffle | yes | 1 | 1 |" in capsys.readouterr().out

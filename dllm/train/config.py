@@ -50,7 +50,8 @@ FINAL_TASK_WEIGHTS = ("waiting_line/copy=0.5,waiting_line/reverse=0.75,waiting_l
                       "waiting_line/sort=0.25,puzzle/latin_square_n4=4,puzzle/sudoku_n4_12=2")
 # The then_ fields: one value per later phase; on the command line numbers are comma-separated and
 # task weights (which hold commas) semicolon-separated.
-THEN_FIELDS = {"then_steps": int, "then_lr": float, "then_min_lr": float, "then_seed": int, "then_task_weights": str}
+THEN_FIELDS = {"then_steps": int, "then_lr": float, "then_min_lr": float, "then_seed": int, "then_task_weights": str,
+               "then_cover_share": float}
 NO_LATER_PHASES = {name: () for name in THEN_FIELDS}   # the then_ fields of a single-phase run
 
 # TrainConfig fields that do not change the trained model: left out of the recorded recipe.
@@ -113,6 +114,7 @@ class TrainConfig:
     samples_per_task: int = 13000
     names: str = DEFAULT_SOURCE
     pseudo_share: float = 0.5
+    cover_share: float = 0.0
     canvas: int = 64
     vocab_size: int = 2048
     whole_names: bool = False
@@ -160,6 +162,7 @@ class TrainConfig:
     then_min_lr: tuple = (8e-5, 5e-5, 3e-5)
     then_seed: tuple = (1, 2, 4)
     then_task_weights: tuple = (THEN_TASK_WEIGHTS, LAST_TASK_WEIGHTS, FINAL_TASK_WEIGHTS)
+    then_cover_share: tuple = (0.0,)
     precision: str = "bf16"
     compile: bool = True
     save_every: int = 250
@@ -224,6 +227,9 @@ class TrainConfig:
         if isinstance(self.pseudo_share, bool) or not isinstance(self.pseudo_share, (int, float)) \
                 or not 0 <= self.pseudo_share < 1:
             raise ValueError(f"pseudo_share must be a number in [0, 1), got {self.pseudo_share!r}")
+        if isinstance(self.cover_share, bool) or not isinstance(self.cover_share, (int, float)) \
+                or not 0 <= self.cover_share <= 1:
+            raise ValueError(f"cover_share must be a number in [0, 1], got {self.cover_share!r}")
         if isinstance(self.canvas, bool) or not isinstance(self.canvas, int) or not 0 <= self.canvas <= MAX_CANVAS:
             raise ValueError(f"canvas must be an integer in [0, {MAX_CANVAS}] (0: each task's max_tokens), "
                              f"got {self.canvas!r}")
@@ -295,6 +301,9 @@ class TrainConfig:
             elif len(have) != n:
                 raise ValueError(f"{name} has {len(have)} value(s) {list(have)} for {n} later phase(s) "
                                  f"(then_steps {list(self.then_steps)}); give one per phase or one for all")
+        if any(not 0 <= c <= 1 for c in self.then_cover_share):
+            raise ValueError(f"then_cover_share must be numbers in [0, 1], one per later phase, got "
+                             f"{list(self.then_cover_share)}")
         for lr, min_lr in zip(self.then_lr, self.then_min_lr):
             if not 0 < lr < 1 or not 0 <= min_lr <= lr:
                 raise ValueError(f"need 0 < then_lr < 1 and 0 <= then_min_lr <= then_lr in each later "
@@ -305,12 +314,13 @@ class TrainConfig:
     def then_phase(self, i: int, start: str) -> "TrainConfig":
         """Later phase `i` (0: the second phase) of the recipe: a run going on from the model folder
         `start` of the phase before, with its own step count, learning rates, seed (so fresh training
-        records) and task weights (empty: the first phase's), no copy or pair warm-up and no later
-        phases of its own; everything else as in the first phase."""
+        records), task weights (empty: the first phase's) and cover-name share, no copy or pair warm-up
+        and no later phases of its own; everything else as in the first phase."""
         return dataclasses.replace(
             self, init_from=start, steps=self.then_steps[i], lr=self.then_lr[i], min_lr=self.then_min_lr[i],
             copy_warmup_steps=0, pair_warmup_steps=0, seed=self.then_seed[i],
-            task_weights=self.then_task_weights[i] or self.task_weights, **NO_LATER_PHASES)
+            task_weights=self.then_task_weights[i] or self.task_weights, cover_share=self.then_cover_share[i],
+            **NO_LATER_PHASES)
 
     def sampling_weights(self) -> dict[str, float] | None:
         """How often each task's batches are drawn, from `task_weights` ("PATTERN=W,...", glob
