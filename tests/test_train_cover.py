@@ -87,7 +87,7 @@ def test_renamed_records_keep_right_answers_and_sort_is_left_alone(tokenizer, wo
     cfg = T.TrainConfig(samples_per_task=8)
     records = T.training_records(cfg)
     pool = C.NamePool(*words)
-    renamed = C.with_cover_names(records, pool, 0.5, seed=1, people_of=T.record_people)
+    renamed = C.with_cover_names(records, pool, 0.5, seed=1)
     cover = set(words[0]) | set(words[1])
     for task, recs in records.items():
         new = renamed[task]

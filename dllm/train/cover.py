@@ -18,6 +18,7 @@ import re
 from collections import Counter
 
 from ..eval.names import NamePool, open_pool, pseudo_pool
+from .data import record_people
 
 COVER_MINIMUM = 24        # training-side words each name piece occurs in, at least
 COVER_TRIES = 200         # candidate words tried per word a piece still needs
@@ -130,18 +131,17 @@ def rename_people(record: dict, people: dict[str, str]) -> dict:
     return walk(record)
 
 
-def with_cover_names(records: dict[str, list[dict]], pool: NamePool, share: float, seed: int,
-                     people_of) -> dict[str, list[dict]]:
+def with_cover_names(records: dict[str, list[dict]], pool: NamePool, share: float, seed: int) -> dict[str, list[dict]]:
     """`records` with the people of the last round(share * n) records of each renameable Waiting
     Line task (`RENAMEABLE`; the made-up-name records sit last) renamed to distinct names drawn
-    from `pool`. `people_of(record)` gives a record's people."""
+    from `pool`."""
     rng = random.Random(seed)
     out = {}
     for task, recs in records.items():
         k = round(share * len(recs)) if task.split("/")[-1] in RENAMEABLE and task.startswith("waiting_line/") else 0
         renamed = []
         for r in recs[len(recs) - k:]:
-            people = sorted(people_of(r))
+            people = sorted(record_people(r))
             names = [pool[i] for i in rng.sample(range(len(pool)), len(people))]
             renamed.append(rename_people(r, dict(zip(people, names))))
         out[task] = recs[:len(recs) - k] + renamed

@@ -19,8 +19,8 @@ from ..models.llada import LLaDAModel
 from .config import TrainConfig, complete_recipe, phase_configs, recipe_fields, step_precision
 from .cover import cover_pool, with_cover_names
 from .data import (PAIR_BIND_ROWS, Encoded, answer_text, build_tokenizer, copy_example, copy_vocab, encode_records,
-                   example_columns, global_pairing, make_batch, pair_example, record_people, response_sides,
-                   tokenizer_texts, training_records)
+                   example_columns, global_pairing, make_batch, pair_example, response_sides, tokenizer_texts,
+                   training_records)
 from .model_init import check_start_shape, generation_defaults, init_weights, model_config, save_pretrained, start_model
 from .objective import bind_rows, diffusion_loss, hole_rows, span_rows
 
@@ -363,8 +363,7 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     start = start_model(cfg) if cfg.init_from else None
     tokenizer = _phase_tokenizer(cfg, out / "tokenizer", records, start)
     if cfg.cover_share:
-        records = with_cover_names(records, cover_pool(tokenizer, seed=cfg.seed), cfg.cover_share, cfg.seed,
-                                   record_people)
+        records = with_cover_names(records, cover_pool(tokenizer, seed=cfg.seed), cfg.cover_share, cfg.seed)
     data, dropped = encode_records(tokenizer, records, cfg.canvas)
     batches = _BatchSource.build(cfg, tokenizer, data)
     torch.manual_seed(cfg.seed)
