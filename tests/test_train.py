@@ -345,7 +345,7 @@ def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
     every phase."""
     out, folder = trained
     then = dict(then_steps=(2, 1), then_lr=(2e-3, 1e-3), then_min_lr=(1e-4, 1e-4), then_seed=(5, 6),
-                then_task_weights=("puzzle/*=3", ""))
+                then_task_weights=("puzzle/*=3", ""), then_cover_share=0.0)
     cfg = T.TrainConfig(out=str(tmp_path / "three"), **{**TINY, **then})
     final = T.train(cfg, progress=False)
     assert final == tmp_path / "three" / "model"
@@ -382,9 +382,10 @@ def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
     e = weights(T.train(cut, progress=False))
     assert all(torch.equal(d[k], e[k]) for k in d)
     # one value for all later phases; command-line text; then_steps 0 is no later phase
-    two = T.TrainConfig(then_steps="5,7", then_lr="1e-3", then_min_lr=1e-4, then_seed="3,4", then_task_weights="puzzle/*=2;")
-    assert (two.then_steps, two.then_lr, two.then_min_lr, two.then_seed, two.then_task_weights) == (
-        (5, 7), (1e-3, 1e-3), (1e-4, 1e-4), (3, 4), ("puzzle/*=2", ""))
+    two = T.TrainConfig(then_steps="5,7", then_lr="1e-3", then_min_lr=1e-4, then_seed="3,4",
+                        then_task_weights="puzzle/*=2;", then_cover_share="0,0.5")
+    assert [getattr(two, k) for k in T.THEN_FIELDS] == [
+        (5, 7), (1e-3, 1e-3), (1e-4, 1e-4), (3, 4), ("puzzle/*=2", ""), (0.0, 0.5)]
     assert T.TrainConfig(then_steps=0, then_lr=5.0).then_steps == ()   # then_ values act only with then_steps
     # ... so a single-phase run records none, and its checkpoint resumes as the first phase of a longer recipe
     single = T.recipe_fields(T.TrainConfig(then_steps=0))
@@ -395,15 +396,16 @@ def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
     parser = argparse.ArgumentParser()
     T.add_train_arguments(parser)
     args = parser.parse_args(["--then-steps", "300,200", "--then-lr", "1e-3,5e-4", "--then-min-lr", "1e-4",
-                              "--then-seed", "7,8", "--then-task-weights", "puzzle/*=2,waiting_line/copy=0.5;puzzle/*=4"])
+                              "--then-seed", "7,8", "--then-cover-share", "0.25,0",
+                              "--then-task-weights", "puzzle/*=2,waiting_line/copy=0.5;puzzle/*=4"])
     cli = T.config_from_args({k: v for k, v in vars(args).items() if v is not None})
-    assert [(c.steps, c.lr, c.min_lr, c.seed, c.task_weights) for c in T.phase_configs(cli)[1:]] == [
-        (300, 1e-3, 1e-4, 7, "puzzle/*=2,waiting_line/copy=0.5"), (200, 5e-4, 1e-4, 8, "puzzle/*=4")]
-    one = dict(then_steps=2, then_lr=1e-3, then_min_lr=1e-4, then_seed=1, then_task_weights="")
+    assert [(c.steps, c.lr, c.min_lr, c.seed, c.task_weights, c.cover_share) for c in T.phase_configs(cli)[1:]] == [
+        (300, 1e-3, 1e-4, 7, "puzzle/*=2,waiting_line/copy=0.5", 0.25), (200, 5e-4, 1e-4, 8, "puzzle/*=4", 0.0)]
+    one = dict(then_steps=2, then_lr=1e-3, then_min_lr=1e-4, then_seed=1, then_task_weights="", then_cover_share=0.0)
     for bad, msg in [(dict(then_steps=-1), r"then_steps must be integers >= 1.*got \[-1\]"),
                      (dict(then_steps="4,x"), "then_steps must be int values.*'4,x'"),
                      (dict(then_steps=2.5), "then_steps must be int values.*2.5"),
-                     (dict(then_steps=2), r"then_lr has 3 value\(s\) \[0.0008, 0.0005, 0.0003\] for 1 later"),
+                     (dict(then_steps=2), r"then_lr has 4 value\(s\) \[0.0008, 0.0005, 0.0003, 0.0003\] for 1 later"),
                      (dict(one, then_lr=0.0, then_min_lr=0.0), "need 0 < then_lr < 1"),
                      (dict(one, then_lr=1e-4, then_min_lr=1e-3), "then_min_lr <= then_lr"),
                      (dict(one, then_seed=1.5), "then_seed must be int values"),
