@@ -24,9 +24,13 @@ COVER_MINIMUM = 24        # training-side words each name piece occurs in, at le
 COVER_TRIES = 200         # candidate words tried per word a piece still needs
 _KINDS = {"first": re.compile(r"[A-Z][a-z]*"), "last": re.compile(r"Ġ[A-Z][a-z]*"), "inner": re.compile(r"[a-z]+")}
 _WORD = re.compile(r"[A-Z][a-z]{1,11}")
-# Tasks whose answers stay right when every person is renamed (sort's order depends on the names).
-RENAMEABLE = ("copy", "reverse", "shuffle", "insert_index", "insert_random", "remove_index",
-              "remove_random", "replace_index", "replace_random")
+# The one Waiting Line task whose answer changes when its people are renamed: its order depends on the names.
+NAME_ORDERED = ("waiting_line/sort",)
+
+
+def renameable(task: str) -> bool:
+    """Whether a task's answers stay right when every person is renamed: the Waiting Line tasks but sort."""
+    return task.startswith("waiting_line/") and task not in NAME_ORDERED
 
 
 def piece_kind(token: str) -> str | None:
@@ -133,12 +137,12 @@ def rename_people(record: dict, people: dict[str, str]) -> dict:
 
 def with_cover_names(records: dict[str, list[dict]], pool: NamePool, share: float, seed: int) -> dict[str, list[dict]]:
     """`records` with the people of the last round(share * n) records of each renameable Waiting
-    Line task (`RENAMEABLE`; the made-up-name records sit last) renamed to distinct names drawn
+    Line task (`renameable`; the made-up-name records sit last) renamed to distinct names drawn
     from `pool`."""
     rng = random.Random(seed)
     out = {}
     for task, recs in records.items():
-        k = round(share * len(recs)) if task.split("/")[-1] in RENAMEABLE and task.startswith("waiting_line/") else 0
+        k = round(share * len(recs)) if renameable(task) else 0
         renamed = []
         for r in recs[len(recs) - k:]:
             people = sorted(record_people(r))
