@@ -93,3 +93,23 @@ def test_generate_options_build_the_request():
     assert (cfg.sampler, cfg.sampler_kwargs, cfg.cache, cfg.cache_kwargs) == ("threshold", {"tau": 0.8},
                                                                               "dkv-decode", {"refresh": 4})
     assert cfg.tokens_per_step == 2 and cfg.seed == 0 and cfg.gen_length is None and cfg.resolved_steps == 64
+
+
+def test_write_data_of_a_train_shard_is_a_validation_set(tmp_path, capsys):
+    """--write-data with --train-shard writes that shard's train-split records (none of them a test
+    input) in the official layout, --limit of them per task; without --write-data it is refused."""
+    from dllm.eval import data, generators
+    tasks = "puzzle/latin_square_n4,waiting_line/copy"
+    assert main(["bench", "--write-data", str(tmp_path / "val"), "--train-shard", "7", "--limit", "30",
+                 "--tasks", tasks]) == 0
+    with pytest.warns(UserWarning, match="30 records where the benchmark has"):
+        ds = data.load_official(tmp_path / "val")
+    for task in tasks.split(","):
+        written = [s.record for s in ds.samples[task]]
+        assert written == generators.make_records(task, split="train", shard=7, num_samples=30, names="open")
+        test_inputs = {repr(r["input"]) for r in generators.make_records(task, split="test", names="open")}
+        assert not test_inputs & {repr(r["input"]) for r in written}
+    assert main(["bench", "--train-shard", "7", "--generated"]) == 2
+    assert "--train-shard 7" in capsys.readouterr().err
+    assert main(["bench", "--write-data", str(tmp_path / "bad"), "--train-shard", "1000", "--tasks", tasks]) == 2
+    assert "1000" in capsys.readouterr().err

@@ -41,6 +41,10 @@ def add_parser(sub) -> None:
                    help="leaderboard CSV files (<model>/<method>.csv) to put beside the stored runs: PB@X of both")
     b.add_argument("--write-data", default=None, metavar="DIR",
                    help="write the generated test sets in the official layout to DIR and exit")
+    b.add_argument("--train-shard", type=int, default=None, metavar="S",
+                   help="with --write-data: write records of the train split's shard S (0-999; --limit of them "
+                        "per task, default the official count) instead of the test split: a validation set, "
+                        "held out of training when S is not a shard the recipe trains on")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=run)
 
@@ -90,7 +94,11 @@ def check_report_options(args) -> None:
 def _write_data(args) -> int:
     cfg = bench_config(args)
     opts = runner.generator_options(cfg)
-    recs = {t: generators.make_records(t, split="test", **opts)[:args.limit] for t in runner.generated_tasks(cfg)}
+    if args.train_shard is None:
+        recs = {t: generators.make_records(t, split="test", **opts)[:args.limit] for t in runner.generated_tasks(cfg)}
+    else:
+        recs = {t: generators.make_records(t, split="train", shard=args.train_shard, num_samples=args.limit, **opts)
+                for t in runner.generated_tasks(cfg)}
     folder = data.write_official_layout(args.write_data, recs)
     print(f"wrote {sum(map(len, recs.values()))} records of {len(recs)} task(s) to {folder}")
     return 0
@@ -112,6 +120,9 @@ def run(args) -> int:
     try:
         if args.write_data:
             return _write_data(args)
+        if args.train_shard is not None:
+            raise ValueError(f"--train-shard {args.train_shard} selects the records --write-data writes; "
+                             "add --write-data DIR")
         check_report_options(args)
         if args.report:
             if not args.out:
