@@ -94,11 +94,9 @@ def check_report_options(args) -> None:
 def _write_data(args) -> int:
     cfg = bench_config(args)
     opts = runner.generator_options(cfg)
-    if args.train_shard is None:
-        recs = {t: generators.make_records(t, split="test", **opts)[:args.limit] for t in runner.generated_tasks(cfg)}
-    else:
-        recs = {t: generators.make_records(t, split="train", shard=args.train_shard, num_samples=args.limit, **opts)
-                for t in runner.generated_tasks(cfg)}
+    if args.train_shard is not None:
+        opts.update(split="train", shard=args.train_shard, num_samples=args.limit)
+    recs = {t: generators.make_records(t, **opts)[:args.limit] for t in runner.generated_tasks(cfg)}
     folder = data.write_official_layout(args.write_data, recs)
     print(f"wrote {sum(map(len, recs.values()))} records of {len(recs)} task(s) to {folder}")
     return 0
