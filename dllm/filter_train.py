@@ -49,7 +49,7 @@ DEFAULT_TASKS = (
     "puzzle/latin_square_n4", "puzzle/sudoku_n4_12",
 )
 # The train-split shard of the prompts: the shipped recipe trains on the shards of its phases' seeds
-# (seed % 1000: 0 to 2, 4 and 5), so shard 3 holds prompts the model never trained on.
+# (seed % 1000: 0 to 2 and 4 to 6), so shard 3 holds prompts the model never trained on.
 DEFAULT_SHARD = 3
 VALIDATION_THRESHOLD = 0.9
 
@@ -307,7 +307,7 @@ def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, sample
     The gen_length of a task is the checkpoint's (`checkpoint_gen_length`), else its max_tokens,
     rounded up to a multiple of block_length.
     shard: the generators' train-split shard (a recipe trains on shard `seed % 1000` of each phase's
-    seed: the shipped one on shards 0 to 2, 4 and 5; `DEFAULT_SHARD` holds prompts it never trained on);
+    seed: the shipped one on shards 0 to 2 and 4 to 6; `DEFAULT_SHARD` holds prompts it never trained on);
     names: their people (`dllm.eval.names.NAME_SOURCES`).
     """
     if isinstance(samples_per_task, bool) or not isinstance(samples_per_task, int) or samples_per_task < 1:

@@ -1,6 +1,6 @@
 """Masked-diffusion supervised training of a small LLaDA-architecture model on ParallelBench data.
 
-    dllm train --out runs/pb-tiny                   # the shipped default model's recipe (five phases)
+    dllm train --out runs/pb-tiny                   # the shipped default model's recipe (six phases)
     dllm train --out runs/pb-tiny                   # run again: resumes from the checkpoints under runs/pb-tiny
 
 `train(TrainConfig())` generates the training records, builds the tokenizer and the model, trains

@@ -40,7 +40,7 @@ MAX_CANVAS = 1024
 # The task weights of the shipped recipe's later phases. Second: the Latin squares, the list tasks
 # held at a low weight. Third: the list operations again, the Latin squares still weighing most.
 # Fourth (and fifth, with cover names): the operations it still gets wrong most, at a lower
-# learning rate.
+# learning rate. Sixth (with cover names): the same with the Latin squares weighing most.
 THEN_TASK_WEIGHTS = "waiting_line/*=0.3,puzzle/latin_square_n4=6,puzzle/sudoku_n4_12=1"
 LAST_TASK_WEIGHTS = ("waiting_line/copy=0.75,waiting_line/reverse=0.75,waiting_line/insert_index=1.5,"
                      "waiting_line/replace_index=1.5,waiting_line/remove_index=1,waiting_line/*_random=1.5,"
@@ -49,6 +49,10 @@ FINAL_TASK_WEIGHTS = ("waiting_line/copy=0.5,waiting_line/reverse=0.75,waiting_l
                       "waiting_line/replace_index=2,waiting_line/remove_index=1.5,waiting_line/insert_random=2,"
                       "waiting_line/replace_random=1.5,waiting_line/remove_random=0.5,waiting_line/shuffle=1.5,"
                       "waiting_line/sort=0.25,puzzle/latin_square_n4=4,puzzle/sudoku_n4_12=2")
+LATIN_FINAL_TASK_WEIGHTS = ("waiting_line/copy=0.5,waiting_line/reverse=0.75,waiting_line/insert_index=2,"
+                            "waiting_line/replace_index=2,waiting_line/remove_index=1.5,waiting_line/insert_random=2,"
+                            "waiting_line/replace_random=2,waiting_line/remove_random=1,waiting_line/shuffle=1.5,"
+                            "waiting_line/sort=0.25,puzzle/latin_square_n4=10,puzzle/sudoku_n4_12=2")
 # The then_ fields: one value per later phase; on the command line numbers are comma-separated and
 # task weights (which hold commas) semicolon-separated.
 THEN_FIELDS = {"then_steps": int, "then_lr": float, "then_min_lr": float, "then_seed": int, "then_task_weights": str,
@@ -158,12 +162,13 @@ class TrainConfig:
     hole_mask: float = 0.35
     span_mask: float = 0.25
     task_weights: str = DEFAULT_TASK_WEIGHTS
-    then_steps: tuple = (3500, 5000, 3000, 3000)
-    then_lr: tuple = (8e-4, 5e-4, 3e-4, 3e-4)
-    then_min_lr: tuple = (8e-5, 5e-5, 3e-5, 3e-5)
-    then_seed: tuple = (1, 2, 4, 5)
-    then_task_weights: tuple = (THEN_TASK_WEIGHTS, LAST_TASK_WEIGHTS, FINAL_TASK_WEIGHTS, FINAL_TASK_WEIGHTS)
-    then_cover_share: tuple = (0.0, 0.0, 0.0, 0.25)
+    then_steps: tuple = (3500, 5000, 3000, 3000, 3000)
+    then_lr: tuple = (8e-4, 5e-4, 3e-4, 3e-4, 3e-4)
+    then_min_lr: tuple = (8e-5, 5e-5, 3e-5, 3e-5, 3e-5)
+    then_seed: tuple = (1, 2, 4, 5, 6)
+    then_task_weights: tuple = (THEN_TASK_WEIGHTS, LAST_TASK_WEIGHTS, FINAL_TASK_WEIGHTS, FINAL_TASK_WEIGHTS,
+                                LATIN_FINAL_TASK_WEIGHTS)
+    then_cover_share: tuple = (0.0, 0.0, 0.0, 0.25, 0.25)
     precision: str = "bf16"
     compile: bool = True
     save_every: int = 250
