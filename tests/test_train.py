@@ -964,3 +964,10 @@ def test_window_heads_attend_to_their_offsets_at_init():
         T.TrainConfig(window_heads=-1)
     with pytest.raises(ValueError, match="window_heads 2 builds heads 2..5 of layer 0 and needs n_heads >= 6, got 4"):
         T.TrainConfig(window_heads=2)
+
+
+def test_reweighted_keeps_the_order_and_names_unknown_patterns():
+    from dllm.train.config import reweighted
+    assert reweighted("a/x=1,b/*=0.5,c=2", {"c": "3", "a/x": "4"}) == "a/x=4,b/*=0.5,c=3"
+    with pytest.raises(ValueError, match=r"\['d'\] are not in the task weights 'a/x=1'"):
+        reweighted("a/x=1", {"d": "2"})

@@ -49,10 +49,22 @@ FINAL_TASK_WEIGHTS = ("waiting_line/copy=0.5,waiting_line/reverse=0.75,waiting_l
                       "waiting_line/replace_index=2,waiting_line/remove_index=1.5,waiting_line/insert_random=2,"
                       "waiting_line/replace_random=1.5,waiting_line/remove_random=0.5,waiting_line/shuffle=1.5,"
                       "waiting_line/sort=0.25,puzzle/latin_square_n4=4,puzzle/sudoku_n4_12=2")
-LATIN_FINAL_TASK_WEIGHTS = ("waiting_line/copy=0.5,waiting_line/reverse=0.75,waiting_line/insert_index=2,"
-                            "waiting_line/replace_index=2,waiting_line/remove_index=1.5,waiting_line/insert_random=2,"
-                            "waiting_line/replace_random=2,waiting_line/remove_random=1,waiting_line/shuffle=1.5,"
-                            "waiting_line/sort=0.25,puzzle/latin_square_n4=10,puzzle/sudoku_n4_12=2")
+
+
+def reweighted(task_weights: str, changes: dict[str, str]) -> str:
+    """`task_weights` ("pattern=weight,...") with the weights of the patterns in `changes`
+    replaced, in place (the order, hence the recorded recipe string, is kept)."""
+    entries = [entry.split("=", 1) for entry in task_weights.split(",")]
+    unknown = set(changes) - {pattern for pattern, _ in entries}
+    if unknown:
+        raise ValueError(f"patterns {sorted(unknown)} are not in the task weights {task_weights!r}")
+    return ",".join(f"{pattern}={changes.get(pattern, weight)}" for pattern, weight in entries)
+
+
+LATIN_FINAL_TASK_WEIGHTS = reweighted(FINAL_TASK_WEIGHTS, {"waiting_line/replace_random": "2",
+                                                           "waiting_line/remove_random": "1",
+                                                           "puzzle/latin_square_n4": "10"})
+
 # The then_ fields: one value per later phase; on the command line numbers are comma-separated and
 # task weights (which hold commas) semicolon-separated.
 THEN_FIELDS = {"then_steps": int, "then_lr": float, "then_min_lr": float, "then_seed": int, "then_task_weights": str,
