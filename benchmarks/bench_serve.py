@@ -5,7 +5,8 @@ several concurrency levels, every answer checked against offline `dllm.generate`
     python benchmarks/bench_serve.py --requests 128 --concurrency 1,8,32 --out runs/serve.jsonl
     python benchmarks/bench_serve.py --sampler threshold --sampler-arg tau=0.9 --cache dual --block-length 32
 
-The server runs in this process on 127.0.0.1 (a free port) with the given model and defaults;
+The server runs in this process on 127.0.0.1 (a free port) with the given model and defaults, as
+`dllm serve` runs it (`dllm.serve.serve`: HTTP in a thread, the batches stepped in the main thread);
 the load comes from the real `openai` client (streaming chat completions) in a process of its
 own, `--concurrency` workers each sending its next request as soon as its last one is answered,
 until `--requests` are done. Prompts are the generated ParallelBench test records of `--tasks`, taken in turn.
@@ -20,7 +21,6 @@ import asyncio
 import json
 import multiprocessing
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,17 +30,6 @@ import dllm
 from dllm.cli import parse_kv
 from dllm.eval import generators
 from dllm.eval.tasks import encode_messages, messages
-
-
-def start_server(app):
-    """uvicorn on 127.0.0.1 and a free port, in a thread; returns (server, base url)."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.02)
-    return server, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
 
 
 def prompts_of(tasks: list[str], count: int) -> list[tuple[str, list[dict]]]:
@@ -142,7 +131,7 @@ def main(argv=None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)
-    from dllm.serve import build_app
+    from dllm.serve import build_app, serve
 
     model, tok = dllm.load(args.model, dtype=args.dtype, device=args.device)
     name = args.model or model.name_or_path
@@ -151,15 +140,19 @@ def main(argv=None) -> int:
                                      cache_kwargs=parse_kv(args.cache_arg, "--cache-arg"), seed=0)
     prompts = prompts_of(args.tasks.split(","), args.requests)
     expected = [dllm.generate(model, tok, [encode_messages(tok, m)], defaults).texts[0] for _, m in prompts]
-    server, url = start_server(build_app(model, tok, model_name=name, defaults=defaults,
-                                         max_batch_rows=args.max_batch_rows, max_queue=max(levels) * 4))
+    app = build_app(model, tok, model_name=name, defaults=defaults, max_batch_rows=args.max_batch_rows,
+                    max_queue=max(levels) * 4, engine_thread=False)
     rows = []
-    try:
-        for c in levels:
-            results, seconds = load_in_a_process(url, name, prompts, c)
-            rows.append(level_row(c, results, seconds, expected))
-    finally:
-        server.should_exit = True
+
+    def run_levels(base_url: str) -> None:
+        try:
+            for c in levels:
+                results, seconds = load_in_a_process(base_url + "/v1", name, prompts, c)
+                rows.append(level_row(c, results, seconds, expected))
+        finally:
+            app.state.engine.stop()
+
+    serve(app, host="127.0.0.1", port=0, log_level="warning", on_started=run_levels)
     base = rows[0]["output_tokens_per_s"] if rows and rows[0]["concurrency"] == 1 else None
     print("| concurrency | answered | equal offline | requests/s | output tokens/s | vs c=1 | p50 s | p99 s "
           "| first chunk p50 s | p99 s |")
@@ -178,7 +171,8 @@ def main(argv=None) -> int:
         with open(args.out, "a", encoding="utf-8") as fh:
             for r in rows:
                 fh.write(json.dumps({**meta, **r}) + "\n")
-    lost = any(r["answered"] < r["requests"] or r["equal_offline"] < r["requests"] for r in rows)
+    lost = len(rows) < len(levels) or any(r["answered"] < r["requests"] or r["equal_offline"] < r["requests"]
+                                          for r in rows)
     return 1 if lost else 0
 
 

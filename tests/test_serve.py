@@ -305,3 +305,74 @@ def test_with_shared_kv_buffers_storing_batches_run_one_at_a_time(shipped, monke
         assert results[i][0] == "done", results[i]
         ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
         assert results[i][1]["text"] == dllm.generate(model, tok, [list(ids)], config).texts[0]
+
+
+def test_serve_steps_the_batches_in_the_calling_thread(shipped):
+    """`serve` answers over HTTP from another thread while this one steps the batches; it returns
+    once the engine stops, and the stopped engine answers later requests 503."""
+    from dllm.serve import serve
+
+    model, tok = shipped
+    app = build_app(model, tok, model_name="m", defaults=DEFAULTS, engine_thread=False)
+    engine, stepped_in, answers = app.state.engine, set(), {}
+    metrics_on_step = engine.on_step
+    engine.on_step = lambda *a: (stepped_in.add(threading.get_ident()), metrics_on_step(*a))
+
+    def ask(url):
+        try:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+            reply = client.chat.completions.create(model="m", messages=copy_messages(QUESTIONS[1]))
+            answers["text"] = reply.choices[0].message.content
+        finally:
+            engine.stop()
+
+    serve(app, port=0, log_level="warning", on_started=ask)
+    assert stepped_in == {threading.get_ident()}
+    assert answers["text"] == offline(shipped, copy_messages(QUESTIONS[1])).texts[0]
+    from dllm.serve.engine import EngineStopped, Job
+    with pytest.raises(EngineStopped, match="shutting down"):
+        engine.submit(Job([1, 2], DEFAULTS, lambda kind, payload: None))
+
+
+def test_serve_refuses_a_threaded_engine_and_reports_a_port_in_use(shipped):
+    import socket
+
+    from dllm.serve import serve
+
+    model, tok = shipped
+    with pytest.raises(ValueError, match="engine_thread=False"):
+        serve(build_app(model, tok, model_name="m"), port=0)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"did not start on 127.0.0.1:{port}"):
+            serve(build_app(model, tok, model_name="m", engine_thread=False), port=port, log_level="critical")
+
+
+def test_dllm_serve_answers_and_stops_on_ctrl_c():
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "dllm.cli", "serve", "--port", "0", "--gen-length", "16"],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url, log = None, []
+        deadline = time.monotonic() + 120
+        while url is None:
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(log)
+            line = proc.stderr.readline()
+            log.append(line)
+            found = re.search(r"running on (http://127\.0\.0\.1:\d+)", line)
+            url = found and found.group(1)
+        assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
+        reply = httpx.post(url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 16}, timeout=60)
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] <= 16
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        proc.stderr.close()

@@ -26,9 +26,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     try:
-        import uvicorn
-
-        from dllm.serve import build_app
+        from dllm.serve import build_app, serve
     except ImportError as err:
         print(f"error: dllm serve needs the serve extra (pip install -e \".[serve]\"): {err}", file=sys.stderr)
         return 2
@@ -39,9 +37,13 @@ def run(args) -> int:
                                      cuda_graphs=args.cuda_graphs, compile=args.compile)
         name = args.served_model_name or args.model or model.name_or_path
         app = build_app(model, tokenizer, model_name=name, defaults=defaults, max_batch_rows=args.max_batch_rows,
-                        max_queue=args.max_queue, timeout=args.timeout)
+                        max_queue=args.max_queue, timeout=args.timeout, engine_thread=False)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    try:
+        serve(app, host=args.host, port=args.port, log_level="info")
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..config import DEFAULT_GEN_LENGTH, GenerationConfig
 from ..decode import checkpoint_gen_length
-from .engine import Engine, Job, QueueFull
+from .engine import Engine, EngineStopped, Job, QueueFull
 from .metrics import ServerMetrics
 from .schema import ChatRequest, CompletionRequest, RequestError, request_config
 
@@ -71,9 +71,12 @@ class Server:
         return list(body.prompt)
 
 
-def create_app(server: Server) -> FastAPI:
-    """The FastAPI application of a `Server` (the engine is started and stopped with it)."""
-    app = FastAPI(title="dllm serve", lifespan=_lifespan(server))
+def create_app(server: Server, engine_thread: bool = True) -> FastAPI:
+    """The FastAPI application of a `Server`. The engine stops with it; with `engine_thread` it
+    also starts with it, in a thread of its own, and otherwise the caller runs it
+    (`app.state.engine.run()`, as `dllm.serve.serve` does)."""
+    app = FastAPI(title="dllm serve", lifespan=_lifespan(server, engine_thread))
+    app.state.engine, app.state.engine_thread = server.engine, engine_thread
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError):
@@ -106,12 +109,13 @@ def create_app(server: Server) -> FastAPI:
     return app
 
 
-def _lifespan(server: Server):
+def _lifespan(server: Server, engine_thread: bool):
     from contextlib import asynccontextmanager
 
     @asynccontextmanager
     async def lifespan(app):
-        server.engine.start()
+        if engine_thread:
+            server.engine.start()
         yield
         server.engine.stop()
 
@@ -136,6 +140,9 @@ async def _complete(server: Server, request: Request, body, kind: str, prompt_of
         server.metrics.requests.labels("rejected").inc()
         return error_response(429, f"the server is busy: {err}; retry later", None,
                               {"Retry-After": str(RETRY_AFTER_S)})
+    except EngineStopped as err:
+        server.metrics.requests.labels("rejected").inc()
+        return error_response(503, str(err))
     try:
         event, payload = await _next_event(events, request)
         if event == "error":

@@ -1,5 +1,11 @@
 """The serving engine: one thread owns the model and steps the running batches.
 
+That thread is the caller's (`Engine.run`, as `dllm.serve.serve` runs it) or one of the engine's
+own (`Engine.start`). torch's OpenMP runtime on CPU keeps one team of worker threads per thread
+that has run a parallel region; while another thread's team lives, the engine's parallel regions
+run much slower. `serve` therefore steps the batches in the thread that loaded the model, and
+serves HTTP from another.
+
 Requests wait in a bounded queue. Between steps the engine admits them: those with the same
 settings are built into one fresh batch, which joins a running batch of those settings when the
 sampler and cache allow it (`Decoder.join`: greedy, nothing stored between steps) and otherwise
@@ -25,6 +31,10 @@ from .schema import param_of
 
 class QueueFull(Exception):
     """The queue holds `max_queue` requests already."""
+
+
+class EngineStopped(Exception):
+    """The engine has stopped (or is stopping): it takes no more requests."""
 
 
 @dataclass
@@ -89,19 +99,24 @@ class Engine:
 
     # -- the caller's side ----------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="dllm-engine", daemon=True)
+        """Step the batches in a new thread of the engine's own (`run` there)."""
+        self._thread = threading.Thread(target=self.run, name="dllm-engine", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Make `run` return after the step under way (and wait for the engine's own thread)."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     def submit(self, job: Job) -> None:
-        """Queue a request; raises QueueFull when `max_queue` are waiting."""
+        """Queue a request; raises QueueFull when `max_queue` are waiting, EngineStopped once the
+        engine is stopping."""
         with self._wake:
+            if self._stopping:
+                raise EngineStopped("the server is shutting down")
             if len(self.queue) >= self.max_queue:
                 raise QueueFull(f"{len(self.queue)} requests are queued (max_queue {self.max_queue})")
             self.queue.append(job)
@@ -122,19 +137,28 @@ class Engine:
         return sum(len(g.jobs) for g in self.groups)
 
     # -- the engine thread ----------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
+    def run(self, keep_running: Callable[[], bool] | None = None) -> None:
+        """Step the batches in the calling thread until `stop`, until `keep_running()` (checked at
+        least once a second while idle, and between steps) turns false, or until an exception such
+        as KeyboardInterrupt; the requests still open are then answered 503."""
+        try:
+            while keep_running is None or keep_running():
+                with self._wake:
+                    if not self._stopping and not self.queue and not self.groups:
+                        self._wake.wait(timeout=1.0)
+                    if self._stopping:
+                        break
+                    admitted = self._take_admissible()
+                self._admit(admitted)
+                for group in list(self.groups):
+                    self._turn(group)
+        finally:
             with self._wake:
-                while not self._stopping and not self.queue and not self.groups:
-                    self._wake.wait()
-                if self._stopping:
-                    break
-                admitted = self._take_admissible()
-            self._admit(admitted)
-            for group in list(self.groups):
-                self._turn(group)
-        for job in [j for g in self.groups for j in g.jobs] + list(self.queue):
-            job.emit("error", (503, "the server is shutting down", None))
+                self._stopping = True
+                waiting, self.queue = list(self.queue), deque()
+            for job in [j for g in self.groups for j in g.jobs] + waiting:
+                job.emit("error", (503, "the server is shutting down", None))
+            self.groups = []
 
     def _take_admissible(self) -> list[Job]:
         """Pop the queued requests that fit in the rows left (cancelled ones are dropped)."""
