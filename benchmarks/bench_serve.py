@@ -12,7 +12,9 @@ own, `--concurrency` workers each sending its next request as soon as its last o
 until `--requests` are done. Prompts are the generated ParallelBench test records of `--tasks`, taken in turn.
 Before the load, each prompt is decoded alone with `dllm.generate`; a row is checked when its
 streamed text equals that answer. Prints one Markdown row per level and the throughput of each
-level relative to concurrency 1; `--out` appends JSON rows.
+level relative to concurrency 1; `--out` appends JSON rows. `--offline-batches 1,8,32` first
+times `dllm.generate` on the same prompts in batches of those sizes, the most batching can gain
+without the server (`--concurrency ''` then skips the server).
 """
 from __future__ import annotations
 
@@ -110,6 +112,22 @@ def level_row(concurrency: int, results: list, seconds: float, expected: list[st
             "first_chunk_p50_s": round(percentile(ttfc, 0.5), 4), "first_chunk_p99_s": round(percentile(ttfc, 0.99), 4)}
 
 
+def offline_batches(model, tokenizer, prompt_ids: list[list[int]], config, sizes: list[int]) -> None:
+    """What batching gains without the server: `dllm.generate` on the same prompts in batches of each
+    size (one warm-up batch first), printed as seconds and the speedup over the first size."""
+    dllm.generate(model, tokenizer, prompt_ids[:sizes[0]], config)
+    print("| offline batch | prompts | seconds | speedup |")
+    print("|---|---|---|---|")
+    first = None
+    for size in sizes:
+        start = time.perf_counter()
+        for i in range(0, len(prompt_ids), size):
+            dllm.generate(model, tokenizer, prompt_ids[i:i + size], config)
+        seconds = time.perf_counter() - start
+        first = first or seconds
+        print(f"| {size} | {len(prompt_ids)} | {seconds:.2f} | {first / seconds:.2f}x |", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model folder or name (default: the shipped model)")
@@ -126,9 +144,15 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--offline-batches", default=None, metavar="SIZES",
+                   help="first time dllm.generate on the first max(SIZES) prompts in batches of each size "
+                        "(e.g. 1,8,32); --concurrency '' skips the server")
     p.add_argument("--out", default=None, help="append one JSON row per level here")
     args = p.parse_args(argv)
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    sizes = [int(b) for b in args.offline_batches.split(",")] if args.offline_batches else []
+    if sizes and (min(sizes) < 1 or max(sizes) > args.requests):
+        p.error(f"--offline-batches sizes must be between 1 and --requests ({args.requests}), got {args.offline_batches}")
     if args.threads:
         torch.set_num_threads(args.threads)
     from dllm.serve import build_app, serve
@@ -139,6 +163,10 @@ def main(argv=None) -> int:
                                      sampler_kwargs=parse_kv(args.sampler_arg, "--sampler-arg"), cache=args.cache,
                                      cache_kwargs=parse_kv(args.cache_arg, "--cache-arg"), seed=0)
     prompts = prompts_of(args.tasks.split(","), args.requests)
+    if sizes:
+        offline_batches(model, tok, [encode_messages(tok, m) for _, m in prompts[:max(sizes)]], defaults, sizes)
+    if not levels:
+        return 0
     expected = [dllm.generate(model, tok, [encode_messages(tok, m)], defaults).texts[0] for _, m in prompts]
     app = build_app(model, tok, model_name=name, defaults=defaults, max_batch_rows=args.max_batch_rows,
                     max_queue=max(levels) * 4, engine_thread=False)
