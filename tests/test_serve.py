@@ -334,6 +334,30 @@ def test_serve_steps_the_batches_in_the_calling_thread(shipped):
         engine.submit(Job([1, 2], DEFAULTS, lambda kind, payload: None))
 
 
+def test_stopping_the_engine_answers_open_requests_503(shipped):
+    from dllm.serve import serve
+
+    model, tok = shipped
+    app = build_app(model, tok, model_name="m", defaults=DEFAULTS, engine_thread=False)
+    events = []
+
+    def stream_then_stop(url):
+        body = {"messages": copy_messages(QUESTIONS[2]), "stream": True, "max_tokens": 256}
+        try:
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+                lines = (line for line in r.iter_lines() if line.startswith("data: "))
+                events.append(next(lines))                      # the first chunk: decoding has begun
+                app.state.engine.stop()
+                events.extend(lines)
+        finally:
+            app.state.engine.stop()
+
+    serve(app, port=0, log_level="warning", on_started=stream_then_stop)
+    errors = [json.loads(e[6:])["error"] for e in events if '"error"' in e]
+    assert errors and errors[0]["code"] == 503 and "shutting down" in errors[0]["message"]
+    assert events[-1] == "data: [DONE]"
+
+
 def test_serve_refuses_a_threaded_engine_and_reports_a_port_in_use(shipped):
     import socket
 
@@ -350,7 +374,8 @@ def test_serve_refuses_a_threaded_engine_and_reports_a_port_in_use(shipped):
             serve(build_app(model, tok, model_name="m", engine_thread=False), port=port, log_level="critical")
 
 
-def test_dllm_serve_answers_and_stops_on_ctrl_c():
+@pytest.mark.parametrize("stop_signal", ["SIGINT", "SIGTERM"])
+def test_dllm_serve_answers_and_stops_on_a_signal(stop_signal):
     import os
     import re
     import signal
@@ -371,7 +396,7 @@ def test_dllm_serve_answers_and_stops_on_ctrl_c():
         assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
         reply = httpx.post(url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 16}, timeout=60)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] <= 16
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, stop_signal))
         assert proc.wait(timeout=60) == 0
     finally:
         proc.kill()

@@ -2,6 +2,7 @@
 batches in the calling thread, the one that loaded the model (why: `dllm.serve.engine`)."""
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from typing import Callable
@@ -9,8 +10,9 @@ from typing import Callable
 
 def serve(app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
           on_started: Callable[[str], None] | None = None) -> None:
-    """Serve `app` (from `build_app(..., engine_thread=False)`) until the engine stops: Ctrl-C,
-    `app.state.engine.stop()`, or the HTTP server ending. `on_started(url)` is called in a thread
+    """Serve `app` (from `build_app(..., engine_thread=False)`) until the engine stops: Ctrl-C or
+    SIGTERM (when called from the main thread), `app.state.engine.stop()`, or the HTTP server
+    ending; the requests still open are answered 503. `on_started(url)` is called in a thread
     of its own once the server listens, with its base URL (`port=0` picks a free port). Raises
     RuntimeError when the server could not start (the address in use, say)."""
     import uvicorn
@@ -23,15 +25,24 @@ def serve(app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "i
     http.start()
     if on_started is not None:
         threading.Thread(target=_announce, args=(server, http, on_started), name="dllm-started", daemon=True).start()
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None
     try:
         engine.run(keep_running=http.is_alive)
     except KeyboardInterrupt:
         pass
     finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
         server.should_exit = True
         http.join()
     if not server.started:
         raise RuntimeError(f"the server did not start on {host}:{port} (its log says why)")
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM stops the server as Ctrl-C does."""
+    raise KeyboardInterrupt
 
 
 def _run_http(server) -> None:
