@@ -135,7 +135,7 @@ class KVCache:
         """New buffers holding the rows `rows` (all when None), each moved `left` columns to the
         right behind zeroed columns (rows joining or leaving a running batch)."""
         def take(t: torch.Tensor) -> torch.Tensor:
-            t = t if rows is None else t[rows]
+            t = t if rows is None else t.index_select(0, rows)     # a plain copy, faster than t[rows] on CPU
             if left:
                 t = torch.cat([t.new_zeros((*t.shape[:2], left, t.shape[3])), t], 2)
             return t
