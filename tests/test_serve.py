@@ -366,6 +366,11 @@ def test_serve_refuses_a_threaded_engine_and_reports_a_port_in_use(shipped):
     model, tok = shipped
     with pytest.raises(ValueError, match="engine_thread=False"):
         serve(build_app(model, tok, model_name="m"), port=0)
+    unserved = uvicorn.Server(uvicorn.Config(build_app(model, tok, model_name="m", engine_thread=False),
+                                             host="127.0.0.1", port=0, log_level="critical"))
+    with pytest.raises(SystemExit):       # uvicorn.run(app) of such an app stops at its startup
+        unserved.run()
+    assert not unserved.started
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

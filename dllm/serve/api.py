@@ -116,6 +116,9 @@ def _lifespan(server: Server, engine_thread: bool):
     async def lifespan(app):
         if engine_thread:
             server.engine.start()
+        elif not getattr(app.state, "served", False):
+            raise RuntimeError("this app was built with engine_thread=False: nothing would step its batches; "
+                               "run it with dllm.serve.serve(app), or build it with engine_thread=True")
         yield
         server.engine.stop()
 

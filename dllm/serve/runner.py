@@ -20,6 +20,7 @@ def serve(app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "i
     engine = app.state.engine
     if app.state.engine_thread:
         raise ValueError("serve() runs the engine in this thread; build the app with engine_thread=False")
+    app.state.served = True
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
     http = threading.Thread(target=_run_http, args=(server,), name="dllm-http", daemon=True)
     http.start()
