@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
-# (default runs/gpu-checks). Run from the repository root; needs no network. Five parts, each
+# (default runs/gpu-checks). Run from the repository root; needs no network. Six parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
 # for the rest, and finished rows are kept):
 #   bash benchmarks/gpu/speed_checks.sh generate   # GPU tests; bench_generate at the LLaDA-8B shape,
@@ -20,6 +20,9 @@
 #                                                   # (full vs cached step) and bench_peers at the
 #                                                   # LLaDA-8B shape, dllm eager and graphed; needs
 #                                                   # $FASTDLLM and $PEER_PYTHON as `peers`
+#   bash benchmarks/gpu/speed_checks.sh serve      # bench_serve with the shipped model on the GPU,
+#                                                   # float32, concurrency 1, 8, 32, without a cache
+#                                                   # and with dual (the serving issue's GPU rows)
 set -u
 PART=${1:-generate}
 OUT=${OUT:-runs/gpu-checks}
@@ -90,8 +93,14 @@ peers)
         --preset llada-8b --dtype bfloat16 --device cuda --configs dual,threshold --warmup-runs 1 \
         --repeats 1 --workdir /tmp/bp --out "$OUT/peers.jsonl" >"$OUT/peers.log" 2>&1
     ;;
+serve)
+    timeout 270 python benchmarks/bench_serve.py --device cuda --requests 256 --concurrency 1,8,32 --gen-length 64 \
+        --out "$OUT/serve-none.jsonl" >"$OUT/serve-none.log" 2>&1
+    timeout 270 python benchmarks/bench_serve.py --device cuda --requests 256 --concurrency 1,8,32 --gen-length 64 \
+        --cache dual --block-length 32 --out "$OUT/serve-dual.jsonl" >"$OUT/serve-dual.log" 2>&1
+    ;;
 *)
-    echo "unknown part $PART: give moe, step, short, generate or peers" >&2
+    echo "unknown part $PART: give moe, step, short, generate, peers or serve" >&2
     exit 2
     ;;
 esac
