@@ -114,18 +114,21 @@ def level_row(concurrency: int, results: list, seconds: float, expected: list[st
 
 def offline_batches(model, tokenizer, prompt_ids: list[list[int]], config, sizes: list[int]) -> None:
     """What batching gains without the server: `dllm.generate` on the same prompts in batches of each
-    size (one warm-up batch first), printed as seconds and the speedup over the first size."""
+    size (one warm-up batch first), printed as seconds, batched forwards, answer tokens per second
+    and the speedup over the first size."""
     dllm.generate(model, tokenizer, prompt_ids[:sizes[0]], config)
-    print("| offline batch | prompts | seconds | speedup |")
-    print("|---|---|---|---|")
+    print("| offline batch | prompts | seconds | forwards | answer tokens/s | speedup |")
+    print("|---|---|---|---|---|---|")
     first = None
     for size in sizes:
-        start = time.perf_counter()
+        start, forwards, tokens = time.perf_counter(), 0, 0
         for i in range(0, len(prompt_ids), size):
-            dllm.generate(model, tokenizer, prompt_ids[i:i + size], config)
+            out = dllm.generate(model, tokenizer, prompt_ids[i:i + size], config)
+            forwards, tokens = forwards + out.forwards, tokens + sum(out.answer_lengths)
         seconds = time.perf_counter() - start
         first = first or seconds
-        print(f"| {size} | {len(prompt_ids)} | {seconds:.2f} | {first / seconds:.2f}x |", flush=True)
+        print(f"| {size} | {len(prompt_ids)} | {seconds:.2f} | {forwards} | {tokens / seconds:.1f} "
+              f"| {first / seconds:.2f}x |", flush=True)
 
 
 def main(argv=None) -> int:
