@@ -131,6 +131,47 @@ class KVCache:
         view.head_index = self.head_index
         return view
 
+    def _storage(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The buffers `k` and `v` view the first rows of (all of them, unless rows left)."""
+        return getattr(self, "store_k", self.k), getattr(self, "store_v", self.v)
+
+    def _first_rows(self, store_k: list[torch.Tensor], store_v: list[torch.Tensor], n: int) -> "KVCache":
+        out = object.__new__(KVCache)
+        out.store_k, out.store_v = store_k, store_v
+        out.k, out.v = [t[:n] for t in store_k], [t[:n] for t in store_v]
+        out.length, out.head_index = self.length, self.head_index
+        return out
+
+    def keep_rows(self, rows: list[int]) -> "KVCache":
+        """The rows `rows` of this cache, in that order. When every listed row stays where it is or
+        comes from past the kept count (rows leaving a batch, as `Decoder.drop_finished` orders
+        the rest), the moved rows are copied inside these buffers and the result views their first
+        len(rows) rows; otherwise new buffers hold them."""
+        n = len(rows)
+        moves = [(j, r) for j, r in enumerate(rows) if r != j]
+        if any(r < n for _, r in moves):
+            return self.rows_view(torch.tensor(rows, device=self.k[0].device))
+        store_k, store_v = self._storage()
+        if moves:
+            dst, src = (torch.tensor(side, device=self.k[0].device) for side in zip(*moves))
+            for t in store_k + store_v:
+                t.index_copy_(0, dst, t.index_select(0, src))
+        return self._first_rows(store_k, store_v, n)
+
+    def append(self, other: "KVCache", other_left: int) -> "KVCache":
+        """This cache's rows, then those of `other` moved `other_left` columns to the right behind
+        zeroed columns (other's length + other_left must equal this one's). Written into the rows
+        these buffers have spare (rows that left the batch) when there are enough, else into new
+        buffers."""
+        n, m = self.k[0].shape[0], other.k[0].shape[0]
+        store_k, store_v = self._storage()
+        if store_k[0].shape[0] < n + m:
+            return KVCache.concat(self, other.rows_view(left=other_left))
+        for mine, theirs in zip(store_k + store_v, other.k + other.v):
+            mine[n:n + m, :, :other_left].zero_()
+            mine[n:n + m, :, other_left:].copy_(theirs)
+        return self._first_rows(store_k, store_v, n + m)
+
     def rows_view(self, rows: torch.Tensor | None = None, left: int = 0) -> "KVCache":
         """New buffers holding the rows `rows` (all when None), each moved `left` columns to the
         right behind zeroed columns (rows joining or leaving a running batch)."""
@@ -340,12 +381,15 @@ class StoringPolicy(CachePolicy):
     _ROW_STATE = ("seen", "refreshes", "partial_steps", "guarded", "confidence")
 
     def keep_rows(self, rows):
-        self.kv = self.kv.rows_view(rows)
+        self.kv = self.kv.keep_rows(rows.tolist())
         for name in self._ROW_STATE:
             setattr(self, name, getattr(self, name)[rows])
 
     def append_rows(self, other, left, other_left, pad_id):
-        self.kv = KVCache.concat(self.kv.rows_view(left=left), other.kv.rows_view(left=other_left))
+        if left:
+            self.kv = KVCache.concat(self.kv.rows_view(left=left), other.kv.rows_view(left=other_left))
+        else:
+            self.kv = self.kv.append(other.kv, other_left)
         for name in self._ROW_STATE:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine.dim() == 2:   # (B, L): seen (padding columns hold pad_id) and confidence (0)

@@ -475,6 +475,15 @@ def _read(state: DecodeState, rows, step: _Step, finite: torch.Tensor) -> dict[s
     return dict(zip(names, values))
 
 
+def fill_from_the_end(kept: list[int]) -> list[int]:
+    """The kept rows (ascending) of a batch, reordered to move the fewest: each one below
+    len(kept) keeps its place, and those past it fill, in order, the places of the rows that left."""
+    n = len(kept)
+    staying = {r for r in kept if r < n}
+    movers = iter(r for r in kept if r >= n)
+    return [j if j in staying else next(movers) for j in range(n)]
+
+
 class Decoder:
     """The denoising loop of `request` on `state`, one forward at a time: `step()` runs until the next
     forward is done (True) or every row is finished (False). `decode` runs it to the end; a server
@@ -540,8 +549,11 @@ class Decoder:
         self.done = False
 
     def drop_finished(self) -> list[int]:
-        """Remove the finished rows from the batch; returns the indices of the rows kept, in order."""
-        keep = (~self.state.finished).nonzero(as_tuple=True)[0]
+        """Remove the finished rows from the batch; returns the indices of the rows kept, in their new
+        order: a kept row stays where it was unless it sat past the kept count, and such rows
+        take the places of the rows that left (`fill_from_the_end`), so the stored K/V move least."""
+        kept = (~self.state.finished).nonzero(as_tuple=True)[0].tolist()
+        keep = torch.tensor(fill_from_the_end(kept), dtype=torch.long, device=self.state.x.device)
         self.state.keep_rows(keep, self.request.sampler.row_state or ())
         self.request.policy.keep_rows(keep)
         if self.starts is not None:

@@ -689,3 +689,56 @@ def test_cli_cache_flags(llada_dir, capsys):
     assert "cache policy 'dual': refresh must be an integer >= 1 or None, got 0" in capsys.readouterr()[1]
     assert main(args + ["--cache", "dual", "--cfg-scale", "1"]) == 2
     assert "cfg_scale 1.0 > 0 is not supported with cache policy 'dual'" in capsys.readouterr()[1]
+
+
+def _filled_kv(rows: int, length: int = 6, seed: int = 0) -> KVCache:
+    kv = KVCache(n_layers=2, batch=rows, n_kv_heads=2, length=length, head_dim=3, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    for t in kv.k + kv.v:
+        t.copy_(torch.randn(t.shape, generator=g))
+    return kv
+
+
+def _rows_of(kv: KVCache) -> list[torch.Tensor]:
+    return [t.clone() for t in kv.k + kv.v]
+
+
+def test_kv_keep_rows_moves_rows_in_place_when_they_fill_from_the_end():
+    kv = _filled_kv(5)
+    before, base = _rows_of(kv), kv.k[0].data_ptr()
+    kept = kv.keep_rows([0, 4, 2])                 # row 1 and 3 leave; row 4 takes row 1's place
+    assert kept.k[0].shape[0] == 3 and kept.k[0].data_ptr() == base
+    for got, full in zip(kept.k + kept.v, before):
+        assert torch.equal(got, full[[0, 4, 2]])
+    shuffled = _filled_kv(5).keep_rows([2, 0])     # row 0 moves behind row 2: new buffers
+    for got, full in zip(shuffled.k + shuffled.v, _rows_of(_filled_kv(5))):
+        assert torch.equal(got, full[[2, 0]])
+
+
+def test_kv_append_writes_into_spare_rows_or_new_buffers():
+    kv, other = _filled_kv(5), _filled_kv(2, length=4, seed=1)
+    mine, theirs = _rows_of(kv), _rows_of(other)
+    kept = kv.keep_rows([0, 4, 2])
+    joined = kept.append(other, 2)                 # 3 + 2 rows fit in the 5 the buffers hold
+    assert joined.k[0].data_ptr() == kv.k[0].data_ptr() and joined.k[0].shape[0] == 5
+    for got, full, new in zip(joined.k + joined.v, mine, theirs):
+        padded = torch.cat([new.new_zeros(2, 2, 2, 3), new], 2)
+        assert torch.equal(got, torch.cat([full[[0, 4, 2]], padded]))
+    grown = joined.append(_filled_kv(1, seed=2), 0)   # no spare row left: new buffers
+    assert grown.k[0].shape[0] == 6 and grown.k[0].data_ptr() != kv.k[0].data_ptr()
+    assert torch.equal(grown.k[1][:5], joined.k[1]) and torch.equal(grown.v[0][5:], _filled_kv(1, seed=2).v[0])
+
+
+def test_fill_from_the_end_keeps_rows_in_place_and_fills_the_gaps_in_order():
+    from itertools import combinations
+
+    from dllm.decode import fill_from_the_end
+
+    assert fill_from_the_end([0, 2, 3, 5]) == [0, 5, 2, 3]
+    assert fill_from_the_end([3, 4]) == [3, 4] and fill_from_the_end([]) == []
+    for size in range(7):
+        for kept in map(list, combinations(range(7), size)):
+            order = fill_from_the_end(kept)
+            assert sorted(order) == kept
+            assert all(order[j] == j for j in range(size) if j in kept)
+            assert all(r >= size for j, r in enumerate(order) if r != j)

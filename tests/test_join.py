@@ -74,6 +74,19 @@ def test_rows_that_join_and_leave_decode_as_alone(model, sampler, kwargs, length
         assert all(hit for _, _, hit in joined.values())
 
 
+@pytest.mark.parametrize("cache,kwargs", [("dual", {}), ("prefix", {}), ("dkv-decode", {"refresh": 3})])
+def test_rows_joining_after_others_left_decode_as_alone(model, cache, kwargs):
+    """Rows 4, 2 and 0 leave before row 1 joins: the rows left keep their places or fill the gaps,
+    and the joining row is written into the rows the K/V buffers have spare."""
+    cfg = dllm.GenerationConfig(sampler="threshold", sampler_kwargs={"tau": 0.7}, gen_length=16, block_length=8,
+                                cache=cache, cache_kwargs=kwargs)
+    joined = run_with_joins(model, cfg, [(0, [4, 2, 0]), (5, [3]), (17, [1])])
+    assert sorted(joined) == [0, 1, 2, 3, 4]
+    for i, result in joined.items():
+        alone = dllm.generate(model, None, [PROMPTS[i]], cfg)
+        assert result == (alone.generated[0].tolist(), alone.nfe[0], alone.hit_cap[0]), i
+
+
 def test_joined_rows_are_re_padded_to_the_longest_prompt(model):
     cfg = dllm.GenerationConfig(gen_length=8, block_length=8, sampler="threshold")
     running, new = fresh(model, [PROMPTS[1]], cfg), fresh(model, [PROMPTS[4], PROMPTS[3]], cfg)
