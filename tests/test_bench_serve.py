@@ -1,0 +1,50 @@
+"""`benchmarks/bench_serve.py` end to end with the shipped model: the offline batches alone, bad
+batch sizes, and a small load whose every answer is checked against offline `dllm.generate`."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, BENCHMARKS)      # the client process imports the module by name, as here
+    import bench_serve
+
+    yield bench_serve
+    sys.path.remove(BENCHMARKS)
+
+
+def table_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| ") and line[2].isdigit()]
+
+
+def test_offline_batches_alone_count_their_forwards(bench, capsys):
+    assert bench.main(["--requests", "2", "--concurrency", "", "--offline-batches", "1,2", "--gen-length", "8"]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    # one token per step over 8 positions: 8 forwards per batch, two batches of 1 or one of 2
+    assert [(r[0], r[1], r[3]) for r in rows] == [("1", "2", "16"), ("2", "2", "8")]
+    assert rows[0][5] == "1.00x"
+
+
+def test_offline_batch_sizes_must_fit_the_requests(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--requests", "2", "--offline-batches", "1,4"])
+    assert "--offline-batches sizes must be between 1 and --requests (2), got 1,4" in capsys.readouterr().err
+
+
+def test_a_small_load_is_answered_and_equal_to_offline(bench, tmp_path, capsys):
+    out = tmp_path / "rows.jsonl"
+    assert bench.main(["--requests", "3", "--concurrency", "1,2", "--gen-length", "8", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["concurrency"] for r in rows] == [1, 2]
+    assert all(r["answered"] == r["equal_offline"] == 3 for r in rows)
+    assert [r[0] for r in table_rows(capsys.readouterr().out)] == ["1", "2"]
