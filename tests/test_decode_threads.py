@@ -1,0 +1,15 @@
+"""`benchmarks/decode_threads.py` runs its four rounds and finds the same texts in each."""
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_threads.py"
+
+
+def test_every_round_decodes_the_same_texts():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--prompts", "2", "--gen-length", "8", "--block-length", "8",
+                           "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rounds = [line for line in done.stdout.splitlines() if line.startswith("  ")]
+    assert len(rounds) == 4 and rounds[0].split()[:2] == ["main", "thread"] and rounds[0].endswith("1.00x")
+    assert "same texts in every round: yes" in done.stdout
