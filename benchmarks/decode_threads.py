@@ -25,7 +25,7 @@ from dllm.eval import generators
 from dllm.eval.tasks import encode_messages, messages
 
 
-def prompts_of(tokenizer, task: str, count: int) -> list[list[int]]:
+def task_prompt_ids(tokenizer, task: str, count: int) -> list[list[int]]:
     return [encode_messages(tokenizer, messages(task, r)) for r in generators.make_records(task, num_samples=count)]
 
 
@@ -49,7 +49,7 @@ def load_and_config(args):
     model, tokenizer = dllm.load(args.model, dtype="float32")
     config = dllm.GenerationConfig(gen_length=args.gen_length, block_length=args.block_length, cache=args.cache,
                                    seed=0)
-    return model, tokenizer, prompts_of(tokenizer, args.task, args.prompts), config
+    return model, tokenizer, task_prompt_ids(tokenizer, args.task, args.prompts), config
 
 
 def fresh_process_round(args, out) -> None:

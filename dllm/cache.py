@@ -158,15 +158,15 @@ class KVCache:
                 t.index_copy_(0, dst, t.index_select(0, src))
         return self._first_rows(store_k, store_v, n)
 
-    def append(self, other: "KVCache", other_left: int) -> "KVCache":
-        """This cache's rows, then those of `other` moved `other_left` columns to the right behind
-        zeroed columns (other's length + other_left must equal this one's). Written into the rows
-        these buffers have spare (rows that left the batch) when there are enough, else into new
-        buffers."""
+    def append(self, other: "KVCache", left: int, other_left: int) -> "KVCache":
+        """This cache's rows moved `left` columns to the right, then those of `other` moved
+        `other_left`, each behind zeroed columns (both lengths then equal). Written into the rows
+        these buffers have spare (rows that left the batch) when this side does not move and there
+        are enough of them, else into new buffers."""
         n, m = self.k[0].shape[0], other.k[0].shape[0]
         store_k, store_v = self._storage()
-        if store_k[0].shape[0] < n + m:
-            return KVCache.concat(self, other.rows_view(left=other_left))
+        if left or store_k[0].shape[0] < n + m:
+            return KVCache.concat(self.rows_view(left=left), other.rows_view(left=other_left))
         for mine, theirs in zip(store_k + store_v, other.k + other.v):
             mine[n:n + m, :, :other_left].zero_()
             mine[n:n + m, :, other_left:].copy_(theirs)
@@ -386,10 +386,7 @@ class StoringPolicy(CachePolicy):
             setattr(self, name, getattr(self, name)[rows])
 
     def append_rows(self, other, left, other_left, pad_id):
-        if left:
-            self.kv = KVCache.concat(self.kv.rows_view(left=left), other.kv.rows_view(left=other_left))
-        else:
-            self.kv = self.kv.append(other.kv, other_left)
+        self.kv = self.kv.append(other.kv, left, other_left)
         for name in self._ROW_STATE:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine.dim() == 2:   # (B, L): seen (padding columns hold pad_id) and confidence (0)

@@ -719,12 +719,12 @@ def test_kv_append_writes_into_spare_rows_or_new_buffers():
     kv, other = _filled_kv(5), _filled_kv(2, length=4, seed=1)
     mine, theirs = _rows_of(kv), _rows_of(other)
     kept = kv.keep_rows([0, 4, 2])
-    joined = kept.append(other, 2)                 # 3 + 2 rows fit in the 5 the buffers hold
+    joined = kept.append(other, 0, 2)                 # 3 + 2 rows fit in the 5 the buffers hold
     assert joined.k[0].data_ptr() == kv.k[0].data_ptr() and joined.k[0].shape[0] == 5
     for got, full, new in zip(joined.k + joined.v, mine, theirs):
         padded = torch.cat([new.new_zeros(2, 2, 2, 3), new], 2)
         assert torch.equal(got, torch.cat([full[[0, 4, 2]], padded]))
-    grown = joined.append(_filled_kv(1, seed=2), 0)   # no spare row left: new buffers
+    grown = joined.append(_filled_kv(1, seed=2), 0, 0)   # no spare row left: new buffers
     assert grown.k[0].shape[0] == 6 and grown.k[0].data_ptr() != kv.k[0].data_ptr()
     assert torch.equal(grown.k[1][:5], joined.k[1]) and torch.equal(grown.v[0][5:], _filled_kv(1, seed=2).v[0])
 
