@@ -1,34 +1,41 @@
-"""dllm against NVlabs/Fast-dLLM's own LLaDA code: the same checkpoint, prompts and settings, in one run.
+"""dllm against the peers' own LLaDA code (NVlabs/Fast-dLLM, ML-GSAI/LLaDA): the same checkpoint,
+prompts and settings, in one run.
 
-Fast-dLLM's code is not part of this repository. Give its checkout with `--fastdllm DIR` (the
-folder holding `llada/generate.py`); `benchmarks/peers/fastdllm_driver.py` imports it from there,
-in a separate virtual environment with transformers 4.x (Fast-dLLM's `modeling_llada.py` is
-remote code written for it), built by `benchmarks/peers/setup_env.sh`:
+The peers' code is not part of this repository. Give Fast-dLLM's checkout with `--fastdllm DIR`
+(the folder holding `llada/generate.py`) and LLaDA's with `--llada DIR` (the folder holding
+`generate.py`); `benchmarks/peers/driver.py` imports them from there, in a separate virtual
+environment with transformers 4.x (the LLaDA checkpoints' `modeling_llada.py` is remote code
+written for it), built by `benchmarks/peers/setup_env.sh`:
 
     bash benchmarks/peers/setup_env.sh runs/peers-venv
     git clone https://github.com/NVlabs/Fast-dLLM /tmp/fastdllm     # or, from a bare mirror:
     #   mkdir -p /tmp/fastdllm && git --git-dir=MIRROR archive HEAD llada | tar -x -C /tmp/fastdllm
+    git clone https://github.com/ML-GSAI/LLaDA /tmp/llada           # for --configs llada
     python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --out rows.jsonl    # llada-compute (~35 min on 2 cores)
     python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --quick             # llada-tiny smoke run (seconds)
     python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --checkpoint dllm/assets/llada-pb-tiny
+    python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --llada /tmp/llada --configs llada,low_confidence
 
 The checkpoint is a random-weight model of a dllm preset (`--preset`, default `llada-compute`:
 d 1024, 8 layers, the real 126464-token vocabulary; `dllm.build_model(..., seed)`) written in the
 LLaDA Hugging Face layout under `--workdir` (reused when it is there), or any LLaDA folder given
 with `--checkpoint`. Both sides read that folder: dllm with `dllm.models.loading.load_model`,
-Fast-dLLM with its `LLaDAModelLM.from_pretrained(..., torch_dtype=...)`. The prompts are
+the peers with Fast-dLLM's `LLaDAModelLM.from_pretrained(..., torch_dtype=...)` (with `--fastdllm`;
+LLaDA's repository ships no model code), else with the folder's own remote code. The prompts are
 `--prompts` rows of `--prompt-length` random token ids below the smallest special id (seeded),
 each decoded alone (batch 1: Fast-dLLM's functions build a one-row canvas), at temperature 0;
 `--prompt-ids FILE` gives the prompts instead (a JSON list of token-id lists).
 
-Configurations (`--configs`), Fast-dLLM function <-> dllm request (`score_dtype="float64"`: both
-compute confidences with a float64 softmax):
+Configurations (`--configs`), peer function <-> dllm request (`score_dtype="float64"` against
+Fast-dLLM, which computes confidences with a float64 softmax; `"float32"` against LLaDA's
+`generate`, whose softmax is in the logits' dtype):
 
-    threshold       generate(threshold=t)                   sampler="threshold" tau=t, cache="none"
-    prefix          generate_with_prefix_cache(threshold=t) sampler="threshold" tau=t, cache="prefix"
-    dual            generate_with_dual_cache(threshold=t)   sampler="threshold" tau=t, cache="dual"
-    low_confidence  generate(threshold=None, steps=S)       sampler="low_confidence", steps=S
-                    (LLaDA's fixed per-step counts; not in the default set)
+    threshold       Fast-dLLM generate(threshold=t)              sampler="threshold" tau=t, cache="none"
+    prefix          Fast-dLLM generate_with_prefix_cache(...=t)  sampler="threshold" tau=t, cache="prefix"
+    dual            Fast-dLLM generate_with_dual_cache(...=t)    sampler="threshold" tau=t, cache="dual"
+    low_confidence  Fast-dLLM generate(threshold=None, steps=S)  sampler="low_confidence", steps=S
+    llada           LLaDA generate(steps=S, cfg_scale=0)         sampler="low_confidence", steps=S
+                    (the last two: LLaDA's fixed per-step counts; not in the default set)
 
 With a threshold Fast-dLLM's `steps` only has to be a multiple of the number of blocks (each step
 commits the top-1 masked block position and every other with confidence >= t, until the block
@@ -46,8 +53,9 @@ position of the generated region), forwards on each side, seconds on each side a
 dllm / peer. A full forward of both models on the first canvas is compared too (max |logit
 difference| at a few columns), so a token difference can be told apart from an arithmetic one.
 `--out FILE` appends one JSON line per configuration with provenance: dllm's versions, the peer's
-versions, hardware, timestamp, our git commit and the peer's commit (`--fastdllm-git GITDIR`, a
-bare mirror, or the checkout's own .git; else "unknown") and the sha256 of the two Fast-dLLM files.
+versions, hardware, timestamp, our git commit and the peer's commit (`--fastdllm-git GITDIR` or
+`--llada-git GITDIR`, a bare mirror, or the checkout's own .git; else "unknown") and the sha256 of
+the peer files the driver ran.
 """
 from __future__ import annotations
 
@@ -60,6 +68,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -70,17 +79,27 @@ from dllm.train import save_pretrained
 from dllm.provenance import hardware, timestamp, versions
 
 REPO = Path(__file__).resolve().parents[1]
-DRIVER = REPO / "benchmarks" / "peers" / "fastdllm_driver.py"
+DRIVER = REPO / "benchmarks" / "peers" / "driver.py"
 DEFAULT_PEER_PYTHON = "runs/peers-venv/bin/python"
 DEFAULT_WORKDIR = "runs/bench-peers"
 DTYPES = ("float32", "bfloat16", "float16")
 
-# name -> (Fast-dLLM function, dllm sampler, dllm cache, uses the threshold)
+class PeerConfig(NamedTuple):
+    peer: str            # "fastdllm" or "llada": the checkout (--fastdllm / --llada) holding the function
+    function: str        # in that checkout's generate.py
+    sampler: str         # dllm's request
+    cache: str
+    uses_threshold: bool
+    score_dtype: str     # the dtype of the peer's softmax
+
+
+PEERS = {"fastdllm": ("NVlabs/Fast-dLLM", "Fast-dLLM"), "llada": ("ML-GSAI/LLaDA", "LLaDA")}   # repo, short name
 CONFIGS = {
-    "threshold": ("generate", "threshold", "none", True),
-    "prefix": ("generate_with_prefix_cache", "threshold", "prefix", True),
-    "dual": ("generate_with_dual_cache", "threshold", "dual", True),
-    "low_confidence": ("generate", "low_confidence", "none", False),
+    "threshold": PeerConfig("fastdllm", "generate", "threshold", "none", True, "float64"),
+    "prefix": PeerConfig("fastdllm", "generate_with_prefix_cache", "threshold", "prefix", True, "float64"),
+    "dual": PeerConfig("fastdllm", "generate_with_dual_cache", "threshold", "dual", True, "float64"),
+    "low_confidence": PeerConfig("fastdllm", "generate", "low_confidence", "none", False, "float64"),
+    "llada": PeerConfig("llada", "generate", "low_confidence", "none", False, "float32"),
 }
 DEFAULT_CONFIGS = "threshold,prefix,dual"
 VARIANTS = ("eager", "graphs", "compile", "graphs+compile")
@@ -146,23 +165,54 @@ def read_prompt_ids(path: str | Path, cfg: ModelConfig) -> list[list[int]]:
 
 
 # -- argument checks -------------------------------------------------------------------------------
-def check_peer(fastdllm: str | None, peer_python: str) -> tuple[Path, Path]:
-    """The Fast-dLLM checkout and the peer interpreter, checked before any model is built."""
-    if not fastdllm:
-        raise FileNotFoundError("no Fast-dLLM checkout given: pass --fastdllm DIR, the folder of a checkout of "
-                                "https://github.com/NVlabs/Fast-dLLM (git clone https://github.com/NVlabs/Fast-dLLM "
-                                "DIR, or from a bare mirror: mkdir -p DIR && git --git-dir=MIRROR archive HEAD llada | tar -x -C DIR)")
-    root = Path(fastdllm).expanduser()
-    for rel in ("llada/generate.py", "llada/model/modeling_llada.py"):
+# peer -> (files its checkout must hold, its repository URL, how to export it from a bare mirror)
+CHECKOUTS = {
+    "fastdllm": (("llada/generate.py", "llada/model/modeling_llada.py"), "https://github.com/NVlabs/Fast-dLLM",
+                 "mkdir -p DIR && git --git-dir=MIRROR archive HEAD llada | tar -x -C DIR"),
+    "llada": (("generate.py",), "https://github.com/ML-GSAI/LLaDA",
+              "mkdir -p DIR && git --git-dir=MIRROR archive HEAD generate.py | tar -x -C DIR"),
+}
+
+
+def check_checkout(peer: str, folder: str | None) -> Path:
+    """The checkout of `peer` ("fastdllm" or "llada") given with --fastdllm / --llada, checked."""
+    files, url, export = CHECKOUTS[peer]
+    name = PEERS[peer][1]
+    if not folder:
+        raise FileNotFoundError(f"no {name} checkout given: pass --{peer} DIR, the folder of a checkout of {url} "
+                                f"(git clone {url} DIR, or from a bare mirror: {export})")
+    root = Path(folder).expanduser()
+    for rel in files:
         if not (root / rel).is_file():
-            raise FileNotFoundError(f"Fast-dLLM checkout {root} has no {rel}: --fastdllm must name the folder that "
-                                    f"holds llada/generate.py (git clone https://github.com/NVlabs/Fast-dLLM {root})")
+            raise FileNotFoundError(f"{name} checkout {root} has no {rel}: --{peer} must name the folder that "
+                                    f"holds {files[0]} (git clone {url} {root})")
+    return root.resolve()
+
+
+def check_peers(configs: list[str], fastdllm: str | None, llada: str | None,
+                peer_python: str) -> tuple[dict[str, Path], Path]:
+    """The checkouts the configurations need (and any other given), {peer: folder}, and the peer
+    interpreter, checked before any model is built."""
+    needed = {CONFIGS[c].peer for c in configs}
+    roots = {peer: check_checkout(peer, folder) for peer, folder in (("fastdllm", fastdllm), ("llada", llada))
+             if peer in needed or folder}
     python = Path(peer_python).expanduser()
     if not python.is_file() or not os.access(python, os.X_OK):
         venv = python.parent.parent if python.parent.name == "bin" else Path("runs/peers-venv")
         raise FileNotFoundError(f"no peer Python at {python}: build the peer environment with "
                                 f"`bash benchmarks/peers/setup_env.sh {venv}`, or pass --peer-python PATH")
-    return root.resolve(), python
+    return roots, python
+
+
+def check_peer_model(roots: dict[str, Path], checkpoint: str | None) -> None:
+    """The peer side loads the model with Fast-dLLM's class, else with the checkpoint's own remote
+    code: without --fastdllm, --checkpoint must hold a modeling_*.py."""
+    if "fastdllm" in roots:
+        return
+    if not checkpoint or not any(Path(checkpoint).expanduser().glob("modeling_*.py")):
+        raise FileNotFoundError(f"the peer side needs model code: pass --fastdllm DIR (its LLaDAModelLM loads the "
+                                f"checkpoint; LLaDA's repository ships none), or a --checkpoint folder holding its "
+                                f"remote modeling_llada.py (got {checkpoint or 'a random preset'})")
 
 
 def peer_commit(root: Path, git_dir: str | None) -> str:
@@ -195,10 +245,10 @@ def sync(device: torch.device) -> None:
 
 
 def dllm_request(name: str, args) -> dict:
-    _, sampler, cache, uses_threshold = CONFIGS[name]
-    req = dict(gen_length=args.gen_length, block_length=args.block_length, sampler=sampler, cache=cache,
-               score_dtype="float64", temperature=0.0)
-    if uses_threshold:
+    config = CONFIGS[name]
+    req = dict(gen_length=args.gen_length, block_length=args.block_length, sampler=config.sampler,
+               cache=config.cache, score_dtype=config.score_dtype, temperature=0.0)
+    if config.uses_threshold:
         req["sampler_kwargs"] = {"tau": args.threshold}
     else:
         req["steps"] = args.steps
@@ -250,6 +300,8 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fastdllm", help="Fast-dLLM checkout (the folder holding llada/generate.py)")
     ap.add_argument("--fastdllm-git", help="git dir of that checkout (e.g. a bare mirror), for its commit")
+    ap.add_argument("--llada", help="LLaDA checkout (the folder holding generate.py), for --configs llada")
+    ap.add_argument("--llada-git", help="git dir of that checkout (e.g. a bare mirror), for its commit")
     ap.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON,
                     help=f"python of the peer environment (default {DEFAULT_PEER_PYTHON}; "
                          f"built by benchmarks/peers/setup_env.sh)")
@@ -265,7 +317,7 @@ def parse_args(argv=None):
     ap.add_argument("--block-length", type=int, default=None, help="default 32 (16 with --quick)")
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--steps", type=int, default=None,
-                    help="steps of the low_confidence configuration (default gen_length)")
+                    help="steps of the low_confidence and llada configurations (default gen_length)")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma list of {', '.join(CONFIGS)}")
     ap.add_argument("--variants", default="eager",
                     help=f"comma list of how dllm runs its forwards: {', '.join(VARIANTS)} (default eager)")
@@ -303,8 +355,10 @@ def parse_args(argv=None):
         raise ValueError(f"--block-length {args.block_length} does not divide --gen-length {args.gen_length} "
                          f"(Fast-dLLM asserts it)")
     blocks = args.gen_length // args.block_length
-    if "low_confidence" in args.configs and args.steps % blocks:
-        raise ValueError(f"--steps {args.steps} is not a multiple of the {blocks} blocks (Fast-dLLM asserts it)")
+    fixed = [c for c in args.configs if not CONFIGS[c].uses_threshold]
+    if fixed and args.steps % blocks:
+        raise ValueError(f"--steps {args.steps} is not a multiple of the {blocks} blocks ({', '.join(fixed)}: "
+                         f"the peers assert it)")
     if not 0 <= args.threshold <= 1:
         raise ValueError(f"--threshold must lie in [0, 1], got {args.threshold}")
     if args.device == "auto":
@@ -318,7 +372,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    root, python = check_peer(args.fastdllm, args.peer_python)
+    roots, python = check_peers(args.configs, args.fastdllm, args.llada, args.peer_python)
+    check_peer_model(roots, args.checkpoint)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if args.checkpoint:
@@ -336,7 +391,7 @@ def main(argv=None) -> int:
     model = load_model(ckpt, dtype=args.dtype, device=device)
     cfg = model.config
     if cfg.family != "llada":
-        raise ValueError(f"{ckpt} holds a {cfg.family} model; Fast-dLLM's llada/ code runs LLaDA only")
+        raise ValueError(f"{ckpt} holds a {cfg.family} model; the peers' LLaDA code runs LLaDA only")
     if args.prompt_ids:
         prompts = read_prompt_ids(args.prompt_ids, cfg)
         args.prompts, args.prompt_length = len(prompts), len(prompts[0])
@@ -367,29 +422,30 @@ def main(argv=None) -> int:
                "remasking": "low_confidence", "repeats": args.repeats, "warmup_runs": args.warmup_runs,
                "device": args.device, "dtype": args.dtype, "threads": args.threads,
                "logit_positions": logit_positions,
-               "functions": [{"name": n, "function": CONFIGS[n][0], **({} if CONFIGS[n][3]
-                                                                      else {"threshold": None, "steps": args.steps})}
+               "functions": [{"name": n, "peer": CONFIGS[n].peer, "function": CONFIGS[n].function,
+                              **({} if CONFIGS[n].uses_threshold else {"threshold": None, "steps": args.steps})}
                              for n in args.configs]}
     req_path, res_path = workdir / "request.json", workdir / "peer_result.json"
     req_path.write_text(json.dumps(request) + "\n")
     res_path.unlink(missing_ok=True)
-    cmd = [str(python), str(DRIVER), "--fastdllm", str(root), "--checkpoint", str(ckpt.resolve()),
-           "--request", str(req_path), "--out", str(res_path)]
+    cmd = [str(python), str(DRIVER), *(a for peer, root in roots.items() for a in (f"--{peer}", str(root))),
+           "--checkpoint", str(ckpt.resolve()), "--request", str(req_path), "--out", str(res_path)]
     print("running the peer:", " ".join(cmd), flush=True)
     done = subprocess.run(cmd)
     if done.returncode != 0 or not res_path.is_file():
-        raise RuntimeError(f"the Fast-dLLM driver failed (exit status {done.returncode}); its messages are above")
+        raise RuntimeError(f"the peer driver failed (exit status {done.returncode}); its messages are above")
     load_after = os.getloadavg()[0]
     peer = json.loads(res_path.read_text())
     peer_logits = torch.load(str(res_path) + ".logits.pt", weights_only=True)["logits"]
     logit_diff = float((our_logits - peer_logits).abs().max())
     logit_scale = float(our_logits.abs().max())
 
-    commit = peer_commit(root, args.fastdllm_git)
+    commits = {peer: peer_commit(root, args.fastdllm_git if peer == "fastdllm" else args.llada_git)
+               for peer, root in roots.items()}
     head, dirty = our_commit()
     shared = {"timestamp": timestamp(), "versions": versions(), "peer_versions": peer["versions"],
-              "hardware": hardware(), "git_commit": head, "git_dirty": dirty, "peer": "NVlabs/Fast-dLLM",
-              "peer_commit": commit, "peer_files_sha256": peer["fastdllm_files_sha256"],
+              "hardware": hardware(), "git_commit": head, "git_dirty": dirty,
+              "peer_files_sha256": peer["peer_files_sha256"], "peer_model_source": peer["model_source"],
               "load_avg_1m": [load_before, load_after], "checkpoint": label, "n_params": cfg.n_params,
               "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "seed": args.seed,
               "batch": 1, "prompts": args.prompts, "prompt_length": Lp, "prompt_lengths": [len(p) for p in prompts],
@@ -402,10 +458,11 @@ def main(argv=None) -> int:
     lengths = sorted({len(p) for p in prompts})
     shown = lengths[0] if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
     print(f"\n{label}: prompt {shown}, gen {G}, block {args.block_length}, threshold {args.threshold}, "
-          f"{args.dtype}, {args.device}, batch 1, {args.prompts} prompt(s); Fast-dLLM {commit[:12]}")
+          f"{args.dtype}, {args.device}, batch 1, {args.prompts} prompt(s); "
+          + ", ".join(f"{PEERS[p][1]} {c[:12]}" for p, c in commits.items()))
     print(f"full forward on the first canvas: max |logit difference| {logit_diff:.3g} "
           f"(max |logit| {logit_scale:.3g})")
-    print(f"{'config':<30} {'Fast-dLLM function':<28} {'identical':<12} {'forwards':>15} "
+    print(f"{'config':<30} {'peer function':<38} {'identical':<12} {'forwards':>15} "
           f"{'dllm s':>9} {'peer s':>9} {'dllm/peer':>9}")
     for entry, variant in ((e, v) for e in peer["results"] for v in args.variants):
         name = entry["name"]
@@ -414,7 +471,9 @@ def main(argv=None) -> int:
         same = count == 0
         ratio = mine["seconds"] / entry["seconds"] if entry["seconds"] > 0 else float("inf")
         req = dllm_request(name, args)
-        row = {**shared, "config": name, "dllm_variant": variant, "peer_function": entry["function"], "peer_kwargs": entry["kwargs"],
+        peer_name = entry["peer"]
+        row = {**shared, "config": name, "dllm_variant": variant, "peer": PEERS[peer_name][0],
+               "peer_commit": commits[peer_name], "peer_function": entry["function"], "peer_kwargs": entry["kwargs"],
                "dllm_request": req, "tokens_identical": same, "first_diff_prompt": row_i,
                "first_diff_position": pos, "mismatched_tokens": count,
                "dllm_forwards": mine["forwards"], "peer_forwards": entry["forwards"], "peer_nfe": entry["nfe"],
@@ -425,7 +484,8 @@ def main(argv=None) -> int:
         rows.append(row)
         ident = "yes" if same else f"no @{pos}" + (f" (p{row_i})" if args.prompts > 1 else "")
         fw = f"{sum(mine['forwards'])} / {sum(entry['forwards'])}"
-        print(f"{name + ' (' + variant + ')':<30} {entry['function']:<28} {ident:<12} {fw:>15} {mine['seconds']:>9.2f} "
+        function = f"{PEERS[peer_name][1]} {entry['function']}"
+        print(f"{name + ' (' + variant + ')':<30} {function:<38} {ident:<12} {fw:>15} {mine['seconds']:>9.2f} "
               f"{entry['seconds']:>9.2f} {ratio:>9.3f}")
     if args.out:
         out = Path(args.out)

@@ -1,6 +1,7 @@
 """`benchmarks/bench_peers.py` without the peer: the random checkpoint it writes loads back with the
-logits of the model it was built from, its prompts avoid the special ids, and a missing Fast-dLLM
-checkout or peer interpreter is a clear error, on both sides of the subprocess."""
+logits of the model it was built from, its prompts avoid the special ids, and a missing peer
+checkout (Fast-dLLM, LLaDA), model code or peer interpreter is a clear error, on both sides of the
+subprocess."""
 import importlib.util
 import json
 import sys
@@ -31,8 +32,8 @@ def bench():
 
 @pytest.fixture(scope="module")
 def driver():
-    yield _module("fastdllm_driver_under_test", ROOT / "benchmarks" / "peers" / "fastdllm_driver.py")
-    sys.modules.pop("fastdllm_driver_under_test", None)
+    yield _module("peer_driver_under_test", ROOT / "benchmarks" / "peers" / "driver.py")
+    sys.modules.pop("peer_driver_under_test", None)
 
 
 def test_written_checkpoint_loads_back_with_equal_logits(bench, tmp_path):
@@ -60,23 +61,55 @@ def test_first_difference(bench):
     assert bench.first_difference([[1, 2], [5, 6, 7]], [[1, 2], [5, 0, 0]]) == (1, 1, 2)
 
 
+def _fastdllm_checkout(folder: Path) -> Path:
+    (folder / "llada" / "model").mkdir(parents=True)
+    (folder / "llada" / "generate.py").write_text("")
+    (folder / "llada" / "model" / "modeling_llada.py").write_text("")
+    return folder
+
+
 def test_missing_checkout_and_peer_python_are_clear_errors(bench, tmp_path):
-    with pytest.raises(FileNotFoundError, match="--fastdllm DIR"):
-        bench.check_peer(None, "python")
+    with pytest.raises(FileNotFoundError, match="no Fast-dLLM checkout given: pass --fastdllm DIR"):
+        bench.check_peers(["dual"], None, None, "python")
     with pytest.raises(FileNotFoundError, match=r"nowhere has no llada/generate.py"):
-        bench.check_peer(str(tmp_path / "nowhere"), sys.executable)
-    checkout = tmp_path / "fd"
-    (checkout / "llada" / "model").mkdir(parents=True)
-    (checkout / "llada" / "generate.py").write_text("")
-    (checkout / "llada" / "model" / "modeling_llada.py").write_text("")
+        bench.check_peers(["dual"], str(tmp_path / "nowhere"), None, sys.executable)
+    checkout = _fastdllm_checkout(tmp_path / "fd")
     missing = tmp_path / "venv" / "bin" / "python"
     with pytest.raises(FileNotFoundError, match=rf"no peer Python at {missing}.*setup_env.sh {tmp_path / 'venv'}"):
-        bench.check_peer(str(checkout), str(missing))
-    assert bench.check_peer(str(checkout), sys.executable) == (checkout.resolve(), Path(sys.executable))
+        bench.check_peers(["dual"], str(checkout), None, str(missing))
+    assert bench.check_peers(["dual"], str(checkout), None, sys.executable) == (
+        {"fastdllm": checkout.resolve()}, Path(sys.executable))
     # before any model is built: main fails on the missing checkout at once
     with pytest.raises(FileNotFoundError, match="nowhere"):
         bench.main(["--fastdllm", str(tmp_path / "nowhere"), "--quick", "--workdir", str(tmp_path / "w")])
     assert not (tmp_path / "w").exists()
+
+
+def test_llada_configuration_needs_its_checkout_and_model_code(bench, tmp_path):
+    assert bench.CONFIGS["llada"].peer == "llada" and bench.CONFIGS["llada"].score_dtype == "float32"
+    assert bench.dllm_request("llada", bench.parse_args(["--configs", "llada"]))["sampler"] == "low_confidence"
+    with pytest.raises(FileNotFoundError, match="no LLaDA checkout given: pass --llada DIR.*ML-GSAI/LLaDA"):
+        bench.check_peers(["llada"], None, None, sys.executable)
+    with pytest.raises(FileNotFoundError, match=r"LLaDA checkout .*nowhere has no generate.py"):
+        bench.check_peers(["llada"], None, str(tmp_path / "nowhere"), sys.executable)
+    llada = tmp_path / "llada"
+    llada.mkdir()
+    (llada / "generate.py").write_text("")
+    fastdllm = _fastdllm_checkout(tmp_path / "fd")
+    assert bench.check_peers(["llada"], None, str(llada), sys.executable)[0] == {"llada": llada.resolve()}
+    # a Fast-dLLM checkout given alongside is checked and passed on, as the model's code
+    assert bench.check_peers(["llada"], str(fastdllm), str(llada), sys.executable)[0] == {
+        "fastdllm": fastdllm.resolve(), "llada": llada.resolve()}
+    # without Fast-dLLM's class, the checkpoint must bring its own remote code
+    with pytest.raises(FileNotFoundError, match="needs model code: pass --fastdllm DIR.*a random preset"):
+        bench.check_peer_model({"llada": llada}, None)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with pytest.raises(FileNotFoundError, match="modeling_llada.py"):
+        bench.check_peer_model({"llada": llada}, str(ckpt))
+    (ckpt / "modeling_llada.py").write_text("")
+    bench.check_peer_model({"llada": llada}, str(ckpt))
+    bench.check_peer_model({"fastdllm": fastdllm, "llada": llada}, None)
 
 
 def test_variants_are_parsed(bench):
@@ -88,6 +121,7 @@ def test_variants_are_parsed(bench):
     (["--configs", "threshold,nope"], "unknown configuration"),
     (["--gen-length", "100", "--block-length", "32"], "does not divide"),
     (["--configs", "low_confidence", "--steps", "12"], "not a multiple of the 8 blocks"),
+    (["--configs", "dual,llada", "--steps", "12"], r"not a multiple of the 8 blocks \(llada: the peers"),
     (["--threshold", "1.5"], r"\[0, 1\]"),
     (["--variants", "eager,fast"], "unknown variant.*fast.*eager, graphs, compile, graphs\\+compile"),
     (["--variants", "graphs", "--device", "cpu"], "CUDA graphs need --device cuda"),
@@ -97,18 +131,43 @@ def test_bad_arguments(bench, argv, message):
         bench.parse_args(argv)
 
 
-def test_driver_names_a_missing_checkout(driver, tmp_path, capsys):
+@pytest.mark.parametrize("peer_args, functions, message", [
+    ([], ["generate"], "no peer checkout given: pass --fastdllm DIR, --llada DIR or both"),
+    (["--fastdllm", "nowhere"], ["generate"], "nowhere/llada/generate.py not found"),
+    (["--llada", "nowhere"], [{"name": "llada", "peer": "llada", "function": "generate"}],
+     "nowhere/generate.py not found: --llada must be a checkout of https://github.com/ML-GSAI/LLaDA"),
+])
+def test_driver_names_a_missing_checkout(driver, tmp_path, capsys, peer_args, functions, message):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
     request = tmp_path / "req.json"
     request.write_text(json.dumps({"prompts": [[1]], "gen_length": 4, "block_length": 4, "steps": 4,
-                                   "functions": ["generate"], "mask_id": 3}))
+                                   "functions": functions, "mask_id": 3}))
+    peer_args = [str(tmp_path / a) if a == "nowhere" else a for a in peer_args]
     with pytest.raises(SystemExit) as exit_info:
-        driver.main(["--fastdllm", str(tmp_path / "nowhere"), "--checkpoint", str(ckpt), "--request", str(request),
+        driver.main([*peer_args, "--checkpoint", str(ckpt), "--request", str(request),
                      "--out", str(tmp_path / "out.json")])
     assert exit_info.value.code == 2
-    assert "nowhere/llada/generate.py not found" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+
+
+def test_driver_without_fastdllm_needs_the_checkpoints_model_code(driver, tmp_path, capsys):
+    llada = tmp_path / "llada"
+    llada.mkdir()
+    (llada / "generate.py").write_text("def generate(model, prompt, steps=1):\n    return prompt\n")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps({"prompts": [[1]], "gen_length": 4, "block_length": 4, "steps": 4,
+                                   "functions": [{"name": "llada", "peer": "llada", "function": "generate"}],
+                                   "mask_id": 3}))
+    with pytest.raises(SystemExit) as exit_info:
+        driver.main(["--llada", str(llada), "--checkpoint", str(ckpt), "--request", str(request),
+                     "--out", str(tmp_path / "out.json")])
+    assert exit_info.value.code == 2
+    assert "holds no remote modeling code (modeling_llada.py): pass --fastdllm DIR" in capsys.readouterr().err
 
 
 def test_prompt_ids_file_is_checked(bench, tmp_path):

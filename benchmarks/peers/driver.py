@@ -1,12 +1,20 @@
-"""Run NVlabs/Fast-dLLM's own LLaDA decoding functions on a checkpoint and report tokens, forwards and
+"""Run the peers' own LLaDA decoding functions on a checkpoint and report tokens, forwards and
 seconds: the peer side of `benchmarks/bench_peers.py`.
 
 This script runs INSIDE the peer virtual environment (`benchmarks/peers/setup_env.sh`: torch,
-transformers 4.x, einops), not in dllm's: it imports nothing from dllm. Fast-dLLM's code is
-imported at run time from the checkout given with `--fastdllm DIR` (`DIR/llada/generate.py`,
-`DIR/llada/model/modeling_llada.py`); none of it is part of this repository.
+transformers 4.x, einops), not in dllm's: it imports nothing from dllm. The peers' code is
+imported at run time from the checkouts given, none of it part of this repository:
 
-    python benchmarks/peers/fastdllm_driver.py --fastdllm ~/Fast-dLLM --checkpoint CKPT \
+    --fastdllm DIR   NVlabs/Fast-dLLM: `DIR/llada/generate.py` (generate, generate_with_prefix_cache,
+                     generate_with_dual_cache) and `DIR/llada/model/modeling_llada.py`
+    --llada DIR      ML-GSAI/LLaDA: `DIR/generate.py` (its `generate`, LLaDA's reference loop)
+
+The model is Fast-dLLM's `LLaDAModelLM` when `--fastdllm` is given (the checkpoints' remote
+modeling code with cache arguments added; without them its forward is the original's), else the
+checkpoint folder's own remote code (`AutoModel.from_pretrained(..., trust_remote_code=True)`, as
+LLaDA's scripts load it), which needs the folder's `modeling_llada.py`.
+
+    python benchmarks/peers/driver.py --fastdllm ~/Fast-dLLM [--llada ~/LLaDA] --checkpoint CKPT \
         --request request.json --out result.json
 
 The request (JSON) holds:
@@ -15,9 +23,11 @@ The request (JSON) holds:
                   Fast-dLLM's functions build a one-row canvas)
     gen_length, block_length, steps
     threshold     confidence threshold, or null for LLaDA's fixed per-step counts
-    functions     names in llada/generate.py to run: generate, generate_with_prefix_cache,
+    functions     names to run: Fast-dLLM's generate, generate_with_prefix_cache,
                   generate_with_dual_cache; an entry may also be an object {"name": ...,
-                  "function": ..., "threshold": ..., "steps": ...} overriding the shared settings
+                  "function": ..., "peer": "fastdllm" or "llada", "threshold": ..., "steps": ...}
+                  overriding the shared settings ("peer" "llada": LLaDA's `generate`, which takes
+                  no threshold)
     mask_id       the mask token id (LLaDA: 126336)
     temperature   0 (greedy) unless given; remasking "low_confidence" unless given
     repeats       timed runs per function (median reported), default 1
@@ -29,10 +39,12 @@ The request (JSON) holds:
                   canvas (prompt + masks) are written to OUT with suffix .logits.pt, so that the
                   caller can compare the two implementations' arithmetic
 
-The result (JSON) holds the versions of this environment, the load time and per function:
-`tokens` (the generated region of every prompt), `forwards` (calls of the model's forward per
-prompt, counted by wrapping it), `nfe` (the count the function itself returns), `seconds` (median
-over repeats of the summed time over prompts), `seconds_all` and `warmup_seconds`.
+The result (JSON) holds the versions of this environment, the load time, the sha256 of every peer
+file used (`peer_files_sha256`, keyed "fastdllm:llada/generate.py", ...), the model's source and
+per function: `peer`, `tokens` (the generated region of every prompt), `forwards` (calls of the
+model's forward per prompt, counted by wrapping it), `nfe` (the count the function itself returns,
+null for LLaDA's), `seconds` (median over repeats of the summed time over prompts), `seconds_all`
+and `warmup_seconds`.
 """
 from __future__ import annotations
 
@@ -48,11 +60,13 @@ import time
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
-FUNCTIONS = ("generate", "generate_with_prefix_cache", "generate_with_dual_cache")
+# peer -> the functions of its generate.py the driver runs
+FUNCTIONS = {"fastdllm": ("generate", "generate_with_prefix_cache", "generate_with_dual_cache"),
+             "llada": ("generate",)}
 
 
 def fail(message: str) -> None:
-    print(f"fastdllm_driver: error: {message}", file=sys.stderr)
+    print(f"driver: error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -60,9 +74,17 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def import_file(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def import_fastdllm(root: Path):
     """Fast-dLLM's `llada/generate.py` as a module, with `root/llada` on sys.path (its own import
-    is `from model.modeling_llada import LLaDAModelLM`), and that LLaDAModelLM class."""
+    is `from model.modeling_llada import LLaDAModelLM`), that LLaDAModelLM class, and the files'
+    sha256."""
     llada = root / "llada"
     gen_path, model_path = llada / "generate.py", llada / "model" / "modeling_llada.py"
     for p in (gen_path, model_path):
@@ -70,31 +92,55 @@ def import_fastdllm(root: Path):
             fail(f"{p} not found: --fastdllm must be a checkout of https://github.com/NVlabs/Fast-dLLM "
                  f"(the folder holding llada/generate.py)")
     sys.path.insert(0, str(llada))
-    spec = importlib.util.spec_from_file_location("fastdllm_llada_generate", gen_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_file("fastdllm_llada_generate", gen_path)
     from model.modeling_llada import LLaDAModelLM  # noqa: E402  (the same module generate.py imported)
-    files = {"llada/generate.py": sha256(gen_path), "llada/model/modeling_llada.py": sha256(model_path)}
+    files = {"fastdllm:llada/generate.py": sha256(gen_path), "fastdllm:llada/model/modeling_llada.py": sha256(model_path)}
     return module, LLaDAModelLM, files
 
 
+def import_llada(root: Path):
+    """ML-GSAI/LLaDA's `generate.py` as a module, and its sha256."""
+    gen_path = root / "generate.py"
+    if not gen_path.is_file():
+        fail(f"{gen_path} not found: --llada must be a checkout of https://github.com/ML-GSAI/LLaDA "
+             f"(the folder holding generate.py)")
+    return import_file("llada_generate", gen_path), {"llada:generate.py": sha256(gen_path)}
+
+
+def load_peer_model(model_cls, checkpoint: Path, dtype):
+    """Fast-dLLM's class when given, else the checkpoint's own remote code; (model, source)."""
+    if model_cls is not None:
+        # from_pretrained(torch_dtype=...) as in Fast-dLLM's own scripts (transformers 4.57 prints a
+        # deprecation note for the name; it still honours it).
+        return model_cls.from_pretrained(str(checkpoint), torch_dtype=dtype), "fastdllm:llada/model/modeling_llada.py"
+    if not any(checkpoint.glob("modeling_*.py")):
+        fail(f"checkpoint {checkpoint} holds no remote modeling code (modeling_llada.py): pass --fastdllm DIR "
+             f"to run its LLaDAModelLM, or a checkpoint folder downloaded with its code")
+    from transformers import AutoModel
+    model = AutoModel.from_pretrained(str(checkpoint), trust_remote_code=True, torch_dtype=dtype)
+    return model, f"checkpoint:{sorted(p.name for p in checkpoint.glob('modeling_*.py'))[0]}"
+
+
 def check_signature(fn, kwargs: dict) -> None:
-    """Every keyword we pass must be a parameter of Fast-dLLM's function (read from its code)."""
+    """Every keyword we pass must be a parameter of the peer's function (read from its code)."""
     params = inspect.signature(fn).parameters
     unknown = sorted(set(kwargs) - set(params))
     if unknown:
         fail(f"{fn.__name__}{inspect.signature(fn)} takes no argument(s) {', '.join(unknown)}; "
-             f"this checkout of Fast-dLLM differs from the one the driver was written for")
+             f"this checkout differs from the one the driver was written for")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fastdllm", required=True, type=Path, help="Fast-dLLM checkout (holds llada/generate.py)")
+    ap.add_argument("--fastdllm", type=Path, help="Fast-dLLM checkout (holds llada/generate.py)")
+    ap.add_argument("--llada", type=Path, help="LLaDA checkout (holds generate.py)")
     ap.add_argument("--checkpoint", required=True, type=Path, help="LLaDA checkpoint folder (HF layout)")
     ap.add_argument("--request", required=True, type=Path, help="request JSON (see the module docstring)")
     ap.add_argument("--out", required=True, type=Path, help="result JSON")
     args = ap.parse_args(argv)
 
+    if args.fastdllm is None and args.llada is None:
+        fail("no peer checkout given: pass --fastdllm DIR, --llada DIR or both")
     if not (args.checkpoint / "config.json").is_file():
         fail(f"no config.json in checkpoint folder {args.checkpoint}")
     req = json.loads(args.request.read_text())
@@ -106,7 +152,13 @@ def main(argv=None) -> int:
 
     import torch  # after the argument checks: the peer environment's torch
 
-    module, model_cls, files = import_fastdllm(args.fastdllm.resolve())
+    modules, files, model_cls = {}, {}, None
+    if args.fastdllm is not None:
+        modules["fastdllm"], model_cls, found = import_fastdllm(args.fastdllm.resolve())
+        files.update(found)
+    if args.llada is not None:
+        modules["llada"], found = import_llada(args.llada.resolve())
+        files.update(found)
     import transformers
 
     if req.get("threads"):
@@ -117,9 +169,8 @@ def main(argv=None) -> int:
     dtype = getattr(torch, req.get("dtype", "float32"))
 
     t0 = time.perf_counter()
-    # from_pretrained(torch_dtype=...) as in Fast-dLLM's own scripts (transformers 4.57 prints a
-    # deprecation note for the name; it still honours it).
-    model = model_cls.from_pretrained(str(args.checkpoint), torch_dtype=dtype).to(device).eval()
+    model, model_source = load_peer_model(model_cls, args.checkpoint, dtype)
+    model = model.to(device).eval()
     load_seconds = time.perf_counter() - t0
 
     # Count forwards: an instance attribute shadows the class's forward, and nn.Module.__call__
@@ -148,15 +199,21 @@ def main(argv=None) -> int:
     results = []
     for entry in req["functions"]:
         entry = {"name": entry, "function": entry} if isinstance(entry, str) else dict(entry)
-        fname = entry.get("function", entry["name"])
-        fn = getattr(module, fname, None)
-        if fn is None or fname not in FUNCTIONS:
-            fail(f"unknown function {fname!r}; valid: {', '.join(FUNCTIONS)}")
+        fname, peer = entry.get("function", entry["name"]), entry.get("peer", "fastdllm")
+        if peer not in FUNCTIONS or fname not in FUNCTIONS[peer]:
+            fail(f"unknown function {peer}:{fname}; valid: "
+                 + ", ".join(f"{p}:{f}" for p, names in FUNCTIONS.items() for f in names))
+        if peer not in modules:
+            fail(f"{entry['name']} runs {peer}'s {fname}: pass --{peer} DIR")
+        fn = getattr(modules[peer], fname)
         kwargs = dict(steps=int(entry.get("steps", req["steps"])), gen_length=G,
                       block_length=int(entry.get("block_length", req["block_length"])),
                       temperature=float(req.get("temperature", 0.0)),
-                      remasking=req.get("remasking", "low_confidence"), mask_id=int(req["mask_id"]),
-                      threshold=entry.get("threshold", req.get("threshold")))
+                      remasking=req.get("remasking", "low_confidence"), mask_id=int(req["mask_id"]))
+        if peer == "llada":
+            kwargs["cfg_scale"] = 0.0
+        else:
+            kwargs["threshold"] = entry.get("threshold", req.get("threshold"))
         check_signature(fn, kwargs)
 
         def run_all():
@@ -181,10 +238,10 @@ def main(argv=None) -> int:
             if tokens is not None and again != tokens:
                 fail(f"{fname} gave different tokens on a repeat; the comparison needs deterministic runs")
             tokens = again
-        results.append({"name": entry["name"], "function": fname, "kwargs": kwargs, "tokens": tokens,
+        results.append({"name": entry["name"], "peer": peer, "function": fname, "kwargs": kwargs, "tokens": tokens,
                         "forwards": forwards, "nfe": nfes, "warmup_seconds": warmup,
                         "seconds": statistics.median(seconds), "seconds_all": seconds})
-        print(f"fastdllm_driver: {entry['name']}: forwards {forwards}, "
+        print(f"driver: {entry['name']}: forwards {forwards}, "
               f"{results[-1]['seconds']:.2f} s", file=sys.stderr)
 
     positions = req.get("logit_positions") or []
@@ -200,7 +257,7 @@ def main(argv=None) -> int:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "threads": torch.get_num_threads(), "device": str(device), "dtype": req.get("dtype", "float32"),
-        "fastdllm_files_sha256": files, "load_seconds": load_seconds, "results": results,
+        "peer_files_sha256": files, "model_source": model_source, "load_seconds": load_seconds, "results": results,
     }
     args.out.write_text(json.dumps(info) + "\n")
     return 0
