@@ -9,7 +9,8 @@
 #                                                   # compiled with graphs at batch 1
 #   bash benchmarks/gpu/speed_checks.sh peers      # bench_peers against Fast-dLLM's own loops; needs a
 #                                                   # checkout at $FASTDLLM and a peer interpreter at
-#                                                   # $PEER_PYTHON (transformers 4.x; benchmarks/peers/)
+#                                                   # $PEER_PYTHON (transformers 4.x; benchmarks/peers/);
+#                                                   # LLaDA's generate.py too with $LLADA (a checkout)
 #   bash benchmarks/gpu/speed_checks.sh step       # one call: the fused head's tests and timings, and
 #                                                   # single forwards at the LLaDA-8B shape with op
 #                                                   # counts, a profile and torch.compile
@@ -89,8 +90,10 @@ generate)
     ;;
 peers)
     need_peer
+    # with LLADA set (an ML-GSAI/LLaDA checkout), LLaDA's own generate.py as well
     timeout 500 python benchmarks/bench_peers.py --fastdllm "$FASTDLLM" --peer-python "$PEER_PYTHON" \
-        --preset llada-8b --dtype bfloat16 --device cuda --configs dual,threshold --warmup-runs 1 \
+        ${LLADA:+--llada "$LLADA"} --preset llada-8b --dtype bfloat16 --device cuda \
+        --configs dual,threshold${LLADA:+,llada} --warmup-runs 1 \
         --repeats 1 --workdir /tmp/bp --out "$OUT/peers.jsonl" >"$OUT/peers.log" 2>&1
     ;;
 serve)
