@@ -4,11 +4,15 @@
     python benchmarks/bench_overhead.py                                   # tiny presets, the default grid
     python benchmarks/bench_overhead.py --presets llada-compute --batch 1,8 --sites
     python benchmarks/bench_overhead.py --out overhead.jsonl              # one JSON row per configuration
+    TRITON_INTERPRET=1 DLLM_ROPE_WRITE=triton python benchmarks/bench_overhead.py   # the fused rotary + K/V write
 
 Per configuration it prints the calls, operations per call and synchronisations per call of the
 full forward, the cached forward and the rest of a step (scoring + sampler + commit + loop
 bookkeeping, per step), and with --sites where each synchronisation comes from. Models are built
-with random weights on CPU; the prompt is `--prompt-length` tokens, the same in every row.
+with random weights on CPU; the prompt is `--prompt-length` tokens, the same in every row. A
+Triton kernel launch counts as one operation; rows name the rotary + K/V write path the cached
+forwards took (`rope_write`: DLLM_ROPE_WRITE resolved for CPU float32 tensors; "triton" runs the
+kernel through Triton's interpreter, which needs TRITON_INTERPRET=1 before dllm is imported).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import torch
 import dllm
 from dllm import provenance
 from dllm.config import GenerationConfig, ModelConfig
+from dllm.kernels.rope_write import rope_write_impl
 from dllm.overhead import KINDS, count_decode
 
 DEFAULT_GRID = (("low_confidence", "none"), ("threshold", "none"), ("threshold", "dual"), ("threshold", "prefix"),
@@ -91,6 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="append one JSON row per configuration to this file")
     args = ap.parse_args(argv)
     batches, grid = _ints(args.batch, "--batch"), _grid(args.grid)
+    print(f"rotary + K/V write of cached forwards: {rope_write_impl(None, 'cpu', torch.float32)} (DLLM_ROPE_WRITE)")
     rows = []
     try:
         for preset in [p.strip() for p in args.presets.split(",") if p.strip()]:
@@ -104,7 +110,8 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.out:
-        common = {"torch": torch.__version__, "versions": provenance.versions(),
+        common = {"torch": torch.__version__, "rope_write": rope_write_impl(None, "cpu", torch.float32),
+                  "versions": provenance.versions(),
                   "hardware": provenance.hardware(), "timestamp": provenance.timestamp()}
         with open(args.out, "a", encoding="utf-8") as fh:
             for r in rows:

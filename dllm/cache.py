@@ -237,9 +237,20 @@ class KVCache:
         index = self.write_index(rows, positions) if index is None else index
         kb.index_put_(index, k)                         # entries (B', H_kv, P) <- (B', H_kv, P, D)
         vb.index_put_(index, v)
+        return self.attended(layer, rows, every_row)
+
+    def buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V buffers (rows, H_kv, L, D) of `layer`, for a writer of its own (the fused
+        rotary + K/V write kernel); `attended` then gives what the rows attend over."""
+        return self.k[layer], self.v[layer]
+
+    def attended(self, layer: int, rows: torch.Tensor, every_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K/V (B', H_kv, L, D) of `rows` in `layer`, after a partial write: the buffers
+        themselves when `rows` are all of them (`layout`), else a copy of those rows."""
+        kb, vb = self.k[layer], self.v[layer]
         if every_row:
             return kb, vb
-        return kb[rows], vb[rows]                       # (B', H_kv, L, D)
+        return kb[rows], vb[rows]
 
 
 # -- policies -----------------------------------------------------------------------------------

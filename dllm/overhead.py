@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .config import GenerationConfig
 from .decode import build_state, decode, resolve_request
+from .kernels import add_launch_listener, remove_launch_listener
 
 KINDS = ("full", "cached", "loop")
 # Operations whose output the host must read, or whose output shape depends on the data.
@@ -69,14 +70,27 @@ class KindCounts:
 
 class DispatchCounter(TorchDispatchMode):
     """Counts every aten operation dispatched inside it, and the synchronising ones with their
-    call sites, into the bucket of the step type running (`kind`)."""
+    call sites, into the bucket of the step type running (`kind`). A Triton kernel launch counts
+    as one operation (`dllm.kernels.launching`), what it dispatches itself (Triton's interpreter
+    on a CPU) as none."""
 
     def __init__(self):
         super().__init__()
         self.kind = "loop"
         self.counts = {k: KindCounts() for k in KINDS}
+        self.launch_depth = 0
+
+    def enter_launch(self, name: str) -> None:
+        if not self.launch_depth:
+            self.counts[self.kind].ops += 1
+        self.launch_depth += 1
+
+    def exit_launch(self, name: str) -> None:
+        self.launch_depth -= 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.launch_depth:
+            return func(*args, **(kwargs or {}))
         name = func._overloadpacket.__name__
         bucket = self.counts[self.kind]
         bucket.ops += 1
@@ -131,10 +145,12 @@ def count_decode(model, prompts: list[list[int]], config: GenerationConfig) -> D
     hooks = [model.register_forward_pre_hook(enter_forward, with_kwargs=True),
              model.register_forward_hook(leave_forward, with_kwargs=True)]
     torch.Tensor.tolist = counted_tolist
+    add_launch_listener(counter)
     try:
         with counter, torch.no_grad():
             forwards = decode(model, state, request)
     finally:
+        remove_launch_listener(counter)
         torch.Tensor.tolist = tolist
         for hook in hooks:
             hook.remove()

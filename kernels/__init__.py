@@ -12,6 +12,7 @@ gate reads it once, at the same moment.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -43,7 +44,43 @@ def require_triton(device: torch.device | str, what: str) -> None:
                            f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} at import)")
 
 
+class _Launch:
+    """The context of one kernel launch with listeners (`launching`)."""
+
+    def __init__(self, name: str, listeners: list):
+        self.name, self.listeners = name, listeners
+
+    def __enter__(self):
+        for listener in self.listeners:
+            listener.enter_launch(self.name)
+
+    def __exit__(self, *exc):
+        for listener in self.listeners:
+            listener.exit_launch(self.name)
+        return False
+
+
+_LAUNCH_LISTENERS: list = []
+
+
+def launching(name: str):
+    """Context around one Triton kernel launch, named `name`. Listeners (`add_launch_listener`;
+    `dllm.overhead` counts a launch as one operation, as a GPU launches one kernel, and leaves
+    aside the torch operations the interpreter dispatches inside it) are told when it starts
+    and ends; without listeners it costs nothing."""
+    return _Launch(name, list(_LAUNCH_LISTENERS)) if _LAUNCH_LISTENERS else contextlib.nullcontext()
+
+
+def add_launch_listener(listener) -> None:
+    """`listener.enter_launch(name)` and `listener.exit_launch(name)` run around every launch."""
+    _LAUNCH_LISTENERS.append(listener)
+
+
+def remove_launch_listener(listener) -> None:
+    _LAUNCH_LISTENERS.remove(listener)
+
+
 from .scoring import TokenScores, token_scores, token_scores_ref, token_scores_triton  # noqa: E402
 
-__all__ = ["HAS_TRITON", "INTERPRET", "TokenScores", "require_triton", "token_scores", "token_scores_ref",
-           "token_scores_triton", "triton_runs_on"]
+__all__ = ["HAS_TRITON", "INTERPRET", "TokenScores", "add_launch_listener", "launching", "remove_launch_listener",
+           "require_triton", "token_scores", "token_scores_ref", "token_scores_triton", "triton_runs_on"]

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import HAS_TRITON, INTERPRET, require_triton
+from . import HAS_TRITON, INTERPRET, launching, require_triton
 
 if HAS_TRITON:
     import triton
@@ -320,14 +320,15 @@ def bidir_attn_fwd(q, k, v, key_valid, scale, *, out=None, config: AttnConfig | 
     dot_f32 = q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and INTERPRET)
 
     def launch(stages):
-        _bidir_attn_fwd_kernel[(m_tiles, B * H_kv, splits)](
-            q, k, v, mask, out, part_o, part_lse,
-            float(scale) * math.log2(math.e), B, P, L, H, H_kv, group, n_rows, keys_per_split,
-            *q.stride(), *k.stride(), *v.stride(), stride_mb, stride_ml, *out.stride(),
-            HEAD_DIM=D, D_PAD=d_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-            HAS_MASK=key_valid is not None, IS_SPLIT=splits > 1, DOT_F32=dot_f32,
-            num_warps=cfg.num_warps, num_stages=stages,
-        )
+        with launching("bidir_attn"):
+            _bidir_attn_fwd_kernel[(m_tiles, B * H_kv, splits)](
+                q, k, v, mask, out, part_o, part_lse,
+                float(scale) * math.log2(math.e), B, P, L, H, H_kv, group, n_rows, keys_per_split,
+                *q.stride(), *k.stride(), *v.stride(), stride_mb, stride_ml, *out.stride(),
+                HEAD_DIM=D, D_PAD=d_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                HAS_MASK=key_valid is not None, IS_SPLIT=splits > 1, DOT_F32=dot_f32,
+                num_warps=cfg.num_warps, num_stages=stages,
+            )
 
     try:
         launch(cfg.num_stages)
@@ -337,10 +338,11 @@ def bidir_attn_fwd(q, k, v, key_valid, scale, *, out=None, config: AttnConfig | 
         launch(1)                                                  # less shared memory, same result
     if splits > 1:
         block_p = min(64, max(16, triton.next_power_of_2(P)))
-        _bidir_attn_combine_kernel[(triton.cdiv(P, block_p), B * H)](
-            part_o, part_lse, out, splits, B * H, P, H, *out.stride(),
-            HEAD_DIM=D, D_PAD=d_pad, BLOCK_P=block_p, num_warps=4,
-        )
+        with launching("bidir_attn_combine"):
+            _bidir_attn_combine_kernel[(triton.cdiv(P, block_p), B * H)](
+                part_o, part_lse, out, splits, B * H, P, H, *out.stride(),
+                HEAD_DIM=D, D_PAD=d_pad, BLOCK_P=block_p, num_warps=4,
+            )
     return out
 
 

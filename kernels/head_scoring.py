@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from . import HAS_TRITON, require_triton, triton_runs_on
+from . import HAS_TRITON, launching, require_triton, triton_runs_on
 
 if HAS_TRITON:
     import triton
@@ -166,9 +166,11 @@ def head_scores_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     part_s = torch.empty_like(part_m)
     part_i = torch.empty(N, splits, dtype=torch.int32, device=hidden.device)
     bias_arg = bias.float().contiguous() if bias is not None else part_m
-    _head_scores_kernel[(triton.cdiv(N, block_n), splits)](
-        hidden, weight, bias_arg, part_m, part_s, part_i, N, V, D, per_split, hidden.stride(0), weight.stride(0),
-        HAS_BIAS=bias is not None, DOT_F32=hidden.dtype == torch.float32, BLOCK_N=block_n, BLOCK_V=block_v, BLOCK_D=block_d)
+    with launching("head_scores"):
+        _head_scores_kernel[(triton.cdiv(N, block_n), splits)](
+            hidden, weight, bias_arg, part_m, part_s, part_i, N, V, D, per_split, hidden.stride(0), weight.stride(0),
+            HAS_BIAS=bias is not None, DOT_F32=hidden.dtype == torch.float32, BLOCK_N=block_n, BLOCK_V=block_v,
+            BLOCK_D=block_d)
     return merge_partials(part_m, part_s, part_i, score_dtype)
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import HAS_TRITON, require_triton, triton_runs_on
+from . import HAS_TRITON, launching, require_triton, triton_runs_on
 
 if HAS_TRITON:
     import triton
@@ -324,15 +324,17 @@ def token_scores_fwd(logits: torch.Tensor, *, temperature: float = 0.0, seed: to
     part_f = torch.empty(6, R, splits, dtype=torch.float32, device=dev)
     part_i = torch.empty(3, R, splits, dtype=torch.int32, device=dev)
     seed_arg = seed if sample else part_i
-    _token_scores_fwd_kernel[(triton.cdiv(R, br), splits)](
-        logits, seed_arg, part_f, part_i, R, Q, V, per_split, splits, float(temperature), *logits.stride(),
-        BLOCK_R=br, BLOCK_V=bv, SAMPLE=sample, num_warps=4,
-    )
+    with launching("token_scores"):
+        _token_scores_fwd_kernel[(triton.cdiv(R, br), splits)](
+            logits, seed_arg, part_f, part_i, R, Q, V, per_split, splits, float(temperature), *logits.stride(),
+            BLOCK_R=br, BLOCK_V=bv, SAMPLE=sample, num_warps=4,
+        )
     mbr = min(64, triton.next_power_of_2(R))
-    _token_scores_merge_kernel[(triton.cdiv(R, mbr),)](
-        part_f, part_i, *out, R, splits,
-        BLOCK_R=mbr, SPLITS=triton.next_power_of_2(splits), SAMPLE=sample, HAS_SECOND=V > 1, num_warps=4,
-    )
+    with launching("token_scores_merge"):
+        _token_scores_merge_kernel[(triton.cdiv(R, mbr),)](
+            part_f, part_i, *out, R, splits,
+            BLOCK_R=mbr, SPLITS=triton.next_power_of_2(splits), SAMPLE=sample, HAS_SECOND=V > 1, num_warps=4,
+        )
     return out
 
 

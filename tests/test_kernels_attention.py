@@ -11,15 +11,10 @@ pytest.importorskip("triton", reason="triton is not installed (pip install 'dllm
 
 import dllm  # noqa: E402
 from dllm.attention import auto_attention, default_backend, get_backend, sdpa_attention  # noqa: E402
-from dllm.kernels import triton_runs_on  # noqa: E402
 from dllm.kernels.attention import AttnConfig, bidir_attn, bidir_attn_fwd, bidir_attn_ref  # noqa: E402
+from tests.fixtures.triton_marks import DEVICE, TRITON_MARKS  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = [
-    pytest.mark.triton,
-    pytest.mark.skipif(not triton_runs_on(DEVICE), reason="the Triton kernels need CUDA, or TRITON_INTERPRET=1 set "
-                                                          "before dllm.kernels is imported (tests/conftest.py)"),
-]
+pytestmark = TRITON_MARKS
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 if DEVICE == "cuda":  # the interpreter computes bf16 wrongly; a GPU checks it
     DTYPES["bf16"] = torch.bfloat16

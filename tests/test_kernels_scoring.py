@@ -11,18 +11,14 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'dllm[triton]')")
 
-from dllm.kernels import token_scores, token_scores_ref, token_scores_triton, triton_runs_on  # noqa: E402
+from dllm.kernels import token_scores, token_scores_ref, token_scores_triton  # noqa: E402
 from dllm.kernels.scoring import token_scores_fwd  # noqa: E402
+from tests.fixtures.triton_marks import DEVICE, TRITON_MARKS  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 if DEVICE == "cuda":  # the interpreter computes bf16 wrongly; a GPU checks it
     DTYPES["bf16"] = torch.bfloat16
-pytestmark = [
-    pytest.mark.triton,
-    pytest.mark.skipif(not triton_runs_on(DEVICE), reason="the Triton kernels need CUDA, or TRITON_INTERPRET=1 set "
-                                                          "before dllm.kernels is imported (tests/conftest.py)"),
-]
+pytestmark = TRITON_MARKS
 STATS = ("prob", "margin", "entropy", "logit_gap")
 
 

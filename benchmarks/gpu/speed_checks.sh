@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
-# (default runs/gpu-checks). Run from the repository root; needs no network. Six parts, each
+# (default runs/gpu-checks). Run from the repository root; needs no network. Seven parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
 # for the rest, and finished rows are kept):
 #   bash benchmarks/gpu/speed_checks.sh generate   # GPU tests; bench_generate at the LLaDA-8B shape,
@@ -24,6 +24,9 @@
 #   bash benchmarks/gpu/speed_checks.sh serve      # bench_serve with the shipped model on the GPU,
 #                                                   # float32, concurrency 1, 8, 32, without a cache
 #                                                   # and with dual (the serving issue's GPU rows)
+#   bash benchmarks/gpu/speed_checks.sh rope       # the fused rotary + K/V write: its tests (bf16
+#                                                   # too), single forwards at the LLaDA-8B shape with
+#                                                   # DLLM_ROPE_WRITE=torch and =triton
 set -u
 PART=${1:-generate}
 OUT=${OUT:-runs/gpu-checks}
@@ -96,6 +99,13 @@ peers)
         --configs dual,threshold${LLADA:+,llada} --warmup-runs 1 \
         --repeats 1 --workdir /tmp/bp --out "$OUT/peers.jsonl" >"$OUT/peers.log" 2>&1
     ;;
+rope)
+    timeout 90 python -m pytest -q -m "gpu or not slow" tests/test_kernels_rope_write.py >"$OUT/pytest-rope.log" 2>&1
+    for impl in torch triton; do
+        DLLM_ROPE_WRITE=$impl timeout 200 python benchmarks/bench_forward.py --presets llada-8b --device cuda \
+            --calls 10 --count >"$OUT/forward-rope-$impl.log" 2>&1
+    done
+    ;;
 serve)
     timeout 270 python benchmarks/bench_serve.py --device cuda --requests 256 --concurrency 1,8,32 --gen-length 64 \
         --out "$OUT/serve-none.jsonl" >"$OUT/serve-none.log" 2>&1
@@ -103,7 +113,7 @@ serve)
         --cache dual --block-length 32 --out "$OUT/serve-dual.jsonl" >"$OUT/serve-dual.log" 2>&1
     ;;
 *)
-    echo "unknown part $PART: give moe, step, short, generate, peers or serve" >&2
+    echo "unknown part $PART: give moe, step, short, generate, peers, serve or rope" >&2
     exit 2
     ;;
 esac

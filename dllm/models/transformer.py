@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ..attention import get_backend
 from ..config import ModelConfig
+from ..kernels.rope_write import rope_write_impl, rope_write_triton
 from ..state import cover_columns
 from .graphs import ForwardGraphs
 from .moe import MoE
@@ -153,11 +154,17 @@ class Attention(nn.Module):
         B, P, _ = h.shape
         hq, cos, sin = (h, ctx.cos, ctx.sin) if keep is None else (take_rows(h, keep), *ctx.rope_at(keep))
         Q = hq.shape[1]
-        q, k, v = (t.transpose(1, 2) for t in self._project(hq, h))  # (B, H, Q, D), (B, H_kv, P, D) x 2
-        q = apply_rope(q, cos, sin, cfg.rope_fp32)
-        k = apply_rope(k, ctx.cos, ctx.sin, cfg.rope_fp32)
-        if ctx.cache is not None:
-            k, v = ctx.cache.update(layer, ctx.rows, ctx.positions, k, v, ctx.layout, ctx.write_index)
+        q, k, v = self._project(hq, h)                                # (B, Q, H, D), (B, P, H_kv, D) x 2
+        if ctx.fused_rope_write:   # rotate q and k, write k and v into the cache: one kernel
+            q = rope_write_triton(q, k, v, cos, sin, ctx.cos, ctx.sin, *ctx.cache.buffers(layer), ctx.rows,
+                                  ctx.positions, cfg.rope_fp32)          # (B, H, Q, D)
+            k, v = ctx.cache.attended(layer, ctx.rows, ctx.layout[1])
+        else:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))          # (B, H, Q, D), (B, H_kv, P, D) x 2
+            q = apply_rope(q, cos, sin, cfg.rope_fp32)
+            k = apply_rope(k, ctx.cos, ctx.sin, cfg.rope_fp32)
+            if ctx.cache is not None:
+                k, v = ctx.cache.update(layer, ctx.rows, ctx.positions, k, v, ctx.layout, ctx.write_index)
         out = ctx.attn(q, k, v, ctx.keys_for(keep), 1.0 / math.sqrt(cfg.head_dim))  # (B, H, Q, D)
         return self.o(out.transpose(1, 2).reshape(B, Q, cfg.d_model))
 
@@ -242,6 +249,7 @@ class _ForwardContext:
                 self.block_keys = (self.block_keys | padding_query[..., None]) & key_valid[:, None, :]
         self.layout = layout                    # KVCache.layout of (rows, positions), or None
         self.write_index = None                 # KVCache.write_index of a partial write, built once
+        self.fused_rope_write = False           # set by the forward: rotary + K/V write in one kernel
         if cache is not None and layout is not None and not layout[0]:
             self.write_index = cache.write_index(rows, positions)
 
@@ -506,6 +514,14 @@ class DiffusionTransformer(nn.Module):
         """Column whose hidden state predicts each requested column (Dream: the left neighbour)."""
         return hidden_source(logits_at, self.config.logit_shift)
 
+    def _fuses_rope_write(self, ctx: _ForwardContext, device: torch.device) -> bool:
+        """Whether the layers rotate and write their K/V with the fused kernel
+        (`dllm.kernels.rope_write`, chosen with DLLM_ROPE_WRITE): a partial write into a cache
+        (a cached step), full rotary, not while torch.compile traces (it fuses these itself)."""
+        return (ctx.write_index is not None and self.config.rotary == self.config.head_dim
+                and not torch.compiler.is_compiling()
+                and rope_write_impl(None, device, ctx.cache.buffers(0)[0].dtype) == "triton")
+
     def _run(self, tokens, positions, pos, key_valid, cache, rows, layout=None, keep=None):
         # tokens: (B, P) ids at `positions`, `pos` their rotary positions; returns final hidden
         # states (B, P, d) before the norm, or with `keep` (B, Q) those rows only (B, Q, d): the
@@ -513,6 +529,7 @@ class DiffusionTransformer(nn.Module):
         cos, sin = rope_cos_sin(pos, self.config.rotary, self.config.rope_theta)
         ctx = _ForwardContext(self._attn, cos, sin, key_valid, cache, rows, positions, layout,
                               self.config.attention_block, pos)
+        ctx.fused_rope_write = self._fuses_rope_write(ctx, tokens.device)
         h = self.embed(tokens)  # (B, P, d)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
