@@ -311,8 +311,9 @@ class CachePolicy:
                 prob: torch.Tensor) -> None:
         """This step's candidate confidences (B', Q) at the scored `positions` (B', Q) of `rows`."""
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        """Keep the per-row state of the rows `rows` only (`DecodeState.keep_rows`)."""
+    def keep_rows(self, rows: torch.Tensor, order: list[int]) -> None:
+        """Keep the per-row state of the rows `rows` only (`DecodeState.keep_rows`); `order` is
+        `rows` on the host, so that no policy reads it back from the device."""
 
     def append_rows(self, other: "CachePolicy", left: int, other_left: int, pad_id: int) -> None:
         """Append the per-row state of `other` (a policy of the same settings, set up for the joining
@@ -391,8 +392,8 @@ class StoringPolicy(CachePolicy):
 
     _ROW_STATE = ("seen", "refreshes", "partial_steps", "guarded", "confidence")
 
-    def keep_rows(self, rows):
-        self.kv = self.kv.keep_rows(rows.tolist())
+    def keep_rows(self, rows, order):
+        self.kv = self.kv.keep_rows(order)
         for name in self._ROW_STATE:
             setattr(self, name, getattr(self, name)[rows])
 

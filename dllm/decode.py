@@ -553,14 +553,15 @@ class Decoder:
         order: a kept row stays where it was unless it sat past the kept count, and such rows
         take the places of the rows that left (`fill_from_the_end`), so the stored K/V move least."""
         kept = (~self.state.finished).nonzero(as_tuple=True)[0].tolist()
-        keep = torch.tensor(fill_from_the_end(kept), dtype=torch.long, device=self.state.x.device)
+        order = fill_from_the_end(kept)
+        keep = torch.tensor(order, dtype=torch.long, device=self.state.x.device)
         self.state.keep_rows(keep, self.request.sampler.row_state or ())
-        self.request.policy.keep_rows(keep)
+        self.request.policy.keep_rows(keep, order)
         if self.starts is not None:
             self.starts = self.starts[keep]
-        self.rows = torch.arange(keep.numel(), device=keep.device)
-        self.done = self.done or not keep.numel()
-        return keep.tolist()
+        self.rows = torch.arange(len(order), device=keep.device)
+        self.done = self.done or not order
+        return order
 
     def _flush(self):
         """The rows whose forward cap is reached at this forward: True (all) or False for a batch whose
