@@ -128,3 +128,18 @@ def test_dream_rows_that_join_decode_as_alone(sampler, cache):
     for i, prompt in enumerate(PROMPTS):
         alone = dllm.generate(dream, None, [prompt], cfg)
         assert joined[i][:2] == (alone.generated[0].tolist(), alone.nfe[0]), i
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_rows_leaving_read_the_device_once(model, cache, monkeypatch):
+    """drop_finished reads which rows finished (one read); the kept rows' order goes to the state
+    and the cache policy from the host."""
+    cfg = dllm.GenerationConfig(sampler="threshold", sampler_kwargs={"tau": 0.5}, gen_length=16, block_length=8,
+                                cache=cache)
+    decoder = fresh(model, PROMPTS[:4], cfg)
+    decoder.step()
+    decoder.state.finished[1] = True                 # row 1 leaves; row 3 moves into its place
+    reads, tolist = [], torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or tolist(t))
+    assert decoder.drop_finished() == [0, 3, 2]
+    assert len(reads) == 1
