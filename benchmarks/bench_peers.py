@@ -216,7 +216,7 @@ def check_peer_model(roots: dict[str, Path], checkpoint: str | None) -> None:
 
 
 def peer_commit(root: Path, git_dir: str | None) -> str:
-    """The Fast-dLLM commit: `git --git-dir GIT_DIR rev-parse HEAD`, else the checkout's own, else "unknown"."""
+    """A peer checkout's commit: `git --git-dir GIT_DIR rev-parse HEAD`, else the checkout's own, else "unknown"."""
     cmd = (["git", "--git-dir", git_dir, "rev-parse", "HEAD"] if git_dir
            else ["git", "-C", str(root), "rev-parse", "HEAD"] if (root / ".git").exists() else None)
     if cmd is None:
@@ -353,7 +353,7 @@ def parse_args(argv=None):
         raise ValueError(f"--warmup-runs must be >= 0, got {args.warmup_runs}")
     if args.gen_length % args.block_length:
         raise ValueError(f"--block-length {args.block_length} does not divide --gen-length {args.gen_length} "
-                         f"(Fast-dLLM asserts it)")
+                         f"(the peers assert it)")
     blocks = args.gen_length // args.block_length
     fixed = [c for c in args.configs if not CONFIGS[c].uses_threshold]
     if fixed and args.steps % blocks:
