@@ -22,6 +22,24 @@ def _syncs(fn) -> int:
     return counter.counts["loop"].syncs
 
 
+def test_a_kernel_launch_counts_as_one_operation():
+    """What runs inside `dllm.kernels.launching` (Triton's interpreter on a CPU) is one launch."""
+    from dllm.kernels import add_launch_listener, launching, remove_launch_listener
+    counter = DispatchCounter()
+    x = torch.arange(6.0)
+    add_launch_listener(counter)
+    try:
+        with counter:
+            with launching("inner"):
+                (x + 1).sum().item()                      # three operations and a read, inside the launch
+            x * 2                                         # one operation outside it
+    finally:
+        remove_launch_listener(counter)
+    assert counter.counts["loop"].ops == 2 and counter.counts["loop"].syncs == 0
+    with launching("no listener"):                        # without listeners: nothing to tell
+        pass
+
+
 def test_the_counter_knows_what_makes_the_host_wait():
     x = torch.arange(6.0)
     mask, idx = x > 2, torch.tensor([0, 2])
