@@ -25,7 +25,8 @@
 #                                                   # float32, concurrency 1, 8, 32, without a cache
 #                                                   # and with dual (the serving issue's GPU rows)
 #   bash benchmarks/gpu/speed_checks.sh rope       # the fused rotary + K/V write: its tests (bf16
-#                                                   # too), single forwards at the LLaDA-8B shape with
+#                                                   # too), single forwards and graphed none/dual
+#                                                   # decodes at the LLaDA-8B shape with
 #                                                   # DLLM_ROPE_WRITE=torch and =triton
 set -u
 PART=${1:-generate}
@@ -102,8 +103,13 @@ peers)
 rope)
     timeout 90 python -m pytest -q -m "gpu or not slow" tests/test_kernels_rope_write.py >"$OUT/pytest-rope.log" 2>&1
     for impl in torch triton; do
-        DLLM_ROPE_WRITE=$impl timeout 200 python benchmarks/bench_forward.py --presets llada-8b --device cuda \
+        DLLM_ROPE_WRITE=$impl timeout 100 python benchmarks/bench_forward.py --presets llada-8b --device cuda \
             --calls 10 --count >"$OUT/forward-rope-$impl.log" 2>&1
+    done
+    for impl in torch triton; do   # whole decodes with CUDA graphs: dual against none
+        DLLM_ROPE_WRITE=$impl timeout 140 python benchmarks/bench_generate.py --presets llada-8b --device cuda \
+            --dtype bfloat16 --batch 1 --caches --policies none,dual --repeats 1 --no-headline --cuda-graphs \
+            --out "$OUT/generate-rope-$impl.jsonl" >"$OUT/generate-rope-$impl.log" 2>&1
     done
     ;;
 serve)
