@@ -71,14 +71,22 @@ class KindCounts:
 class DispatchCounter(TorchDispatchMode):
     """Counts every aten operation dispatched inside it, and the synchronising ones with their
     call sites, into the bucket of the step type running (`kind`). A Triton kernel launch counts
-    as one operation (`dllm.kernels.launching`), what it dispatches itself (Triton's interpreter
-    on a CPU) as none."""
+    as one operation (`dllm.kernels.launching`; the counter listens to launches while it is
+    entered), what it dispatches itself (Triton's interpreter on a CPU) as none."""
 
     def __init__(self):
         super().__init__()
         self.kind = "loop"
         self.counts = {k: KindCounts() for k in KINDS}
         self.launch_depth = 0
+
+    def __enter__(self):
+        add_launch_listener(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        remove_launch_listener(self)
+        return super().__exit__(*exc)
 
     def enter_launch(self, name: str) -> None:
         if not self.launch_depth:
@@ -145,12 +153,10 @@ def count_decode(model, prompts: list[list[int]], config: GenerationConfig) -> D
     hooks = [model.register_forward_pre_hook(enter_forward, with_kwargs=True),
              model.register_forward_hook(leave_forward, with_kwargs=True)]
     torch.Tensor.tolist = counted_tolist
-    add_launch_listener(counter)
     try:
         with counter, torch.no_grad():
             forwards = decode(model, state, request)
     finally:
-        remove_launch_listener(counter)
         torch.Tensor.tolist = tolist
         for hook in hooks:
             hook.remove()

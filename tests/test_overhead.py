@@ -24,20 +24,17 @@ def _syncs(fn) -> int:
 
 def test_a_kernel_launch_counts_as_one_operation():
     """What runs inside `dllm.kernels.launching` (Triton's interpreter on a CPU) is one launch."""
-    from dllm.kernels import add_launch_listener, launching, remove_launch_listener
+    from dllm.kernels import launching
     counter = DispatchCounter()
     x = torch.arange(6.0)
-    add_launch_listener(counter)
-    try:
-        with counter:
-            with launching("inner"):
-                (x + 1).sum().item()                      # three operations and a read, inside the launch
-            x * 2                                         # one operation outside it
-    finally:
-        remove_launch_listener(counter)
+    with counter:                                         # an entered counter listens to launches
+        with launching("inner"):
+            (x + 1).sum().item()                          # three operations and a read, inside the launch
+        x * 2                                             # one operation outside it
     assert counter.counts["loop"].ops == 2 and counter.counts["loop"].syncs == 0
-    with launching("no listener"):                        # without listeners: nothing to tell
-        pass
+    with launching("after"):                              # an exited one no longer does
+        x + 1
+    assert counter.counts["loop"].ops == 2
 
 
 def test_the_counter_knows_what_makes_the_host_wait():
