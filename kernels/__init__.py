@@ -44,6 +44,17 @@ def require_triton(device: torch.device | str, what: str) -> None:
                            f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} at import)")
 
 
+def chosen_impl(impl: str | None, variable: str, impls: tuple[str, ...], what: str) -> str:
+    """The implementation `impl` names, or else the environment variable `variable`'s (default
+    "auto"), checked against `impls`; the error names where the bad value came from."""
+    source = "impl"
+    if impl is None:
+        impl, source = os.environ.get(variable, "auto").strip().lower() or "auto", variable
+    if impl not in impls:
+        raise ValueError(f"unknown {what} implementation {source}={impl!r}; valid: {', '.join(impls)}")
+    return impl
+
+
 class _Launch:
     """The context of one kernel launch with listeners (`launching`)."""
 

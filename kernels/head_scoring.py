@@ -24,11 +24,9 @@ where triton runs, else "unfused"), "unfused" (the caller computes the logits an
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from . import HAS_TRITON, launching, require_triton, triton_runs_on
+from . import HAS_TRITON, chosen_impl, launching, require_triton, triton_runs_on
 
 if HAS_TRITON:
     import triton
@@ -43,11 +41,7 @@ def head_scoring_impl(impl: str | None = None, device: torch.device | str | None
     """The implementation `impl` names, or DLLM_HEAD_SCORING's (default "auto"); checked. "auto"
     resolves to "triton" for a CUDA `device` where triton runs and `dtype` is one the kernel takes,
     else to "unfused"."""
-    source = "impl"
-    if impl is None:
-        impl, source = os.environ.get("DLLM_HEAD_SCORING", "auto").strip().lower() or "auto", "DLLM_HEAD_SCORING"
-    if impl not in IMPLS:
-        raise ValueError(f"unknown head scoring implementation {source}={impl!r}; valid: {', '.join(IMPLS)}")
+    impl = chosen_impl(impl, "DLLM_HEAD_SCORING", IMPLS, "head scoring")
     if impl == "auto":
         device = torch.device(device) if device is not None else None
         kernel = (device is not None and device.type == "cuda" and dtype in KERNEL_DTYPES

@@ -20,11 +20,9 @@ handled.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from . import HAS_TRITON, launching, require_triton, triton_runs_on
+from . import HAS_TRITON, chosen_impl, launching, require_triton, triton_runs_on
 
 if HAS_TRITON:
     import triton
@@ -38,11 +36,7 @@ def rope_write_impl(impl: str | None = None, device: torch.device | str | None =
                     dtype: torch.dtype | None = None) -> str:
     """The implementation `impl` names, or DLLM_ROPE_WRITE's (default "auto"); checked. "auto" is
     "torch"; "triton" falls back to "torch" where the kernel cannot run (`device`, `dtype`)."""
-    source = "impl"
-    if impl is None:
-        impl, source = os.environ.get("DLLM_ROPE_WRITE", "auto").strip().lower() or "auto", "DLLM_ROPE_WRITE"
-    if impl not in IMPLS:
-        raise ValueError(f"unknown rotary + K/V write implementation {source}={impl!r}; valid: {', '.join(IMPLS)}")
+    impl = chosen_impl(impl, "DLLM_ROPE_WRITE", IMPLS, "rotary + K/V write")
     if impl == "triton" and device is not None and not (triton_runs_on(device) and dtype in KERNEL_DTYPES):
         return "torch"
     return "torch" if impl == "auto" else impl

@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 
-from . import HAS_TRITON, launching, require_triton, triton_runs_on
+from . import HAS_TRITON, chosen_impl, launching, require_triton, triton_runs_on
 
 if HAS_TRITON:
     import triton
@@ -414,11 +413,7 @@ def token_scores(logits: torch.Tensor, *, impl: str | None = None, **kwargs) -> 
     Other keyword arguments are those of `token_scores_ref` (temperature, generator, score_dtype,
     fields, keep_logits, check_finite). The kernel's sampled tokens differ from the reference's (module docstring).
     """
-    source = "impl"
-    if impl is None:
-        impl, source = os.environ.get("DLLM_SCORING", "auto").strip().lower() or "auto", "DLLM_SCORING"
-    if impl not in IMPLS:
-        raise ValueError(f"unknown scoring implementation {source}={impl!r}; valid: {', '.join(IMPLS)}")
+    impl = chosen_impl(impl, "DLLM_SCORING", IMPLS, "scoring")
     _check_temperature(kwargs.get("temperature", 0.0))
     if impl == "auto":
         use_kernel = (isinstance(logits, torch.Tensor) and logits.is_cuda and logits.dtype in KERNEL_DTYPES
