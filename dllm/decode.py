@@ -263,7 +263,7 @@ def _block_causal_request(model, cfg: GenerationConfig, sampler: Sampler) -> Req
 def _stale_blocks(state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
     """(B',) bool: unfinished rows whose active block has no mask and is not held open by the
     sampler (`Decision.hold`); `_open_blocks` moves them."""
-    return ~state.masked_in_block(rows).any(1) & ~state.finished[rows] & ~state.block_hold[rows]
+    return ~(state.masked_in_block(rows).any(1) | state.finished[rows] | state.block_hold[rows])
 
 
 def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
@@ -286,18 +286,20 @@ def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
 def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Decision, flush: bool) -> torch.Tensor:
     """Write the allowed commits of `dec`; with `flush`, returns (B',) bool, the rows whose masks
     the cap flushed (None otherwise)."""
-    x = state.x
-    cols_masked = x[rows].gather(1, positions) == state.ids.mask                 # (B', Q)
+    cols_masked = state.is_mask[rows].gather(1, positions)                        # (B', Q)
     # The sampler's tokens where it committed; commits the loop forces (progress, cap flush) take
     # the scored candidate.
     tokens = scores.token if dec.tokens is None else torch.where(dec.commit, dec.tokens, scores.token)
     if dec.block_end is not None:  # a moved block end (AdaBlock) already bounds this step's commits
         state.block_end[rows] = torch.minimum(dec.block_end, state.row_end[rows])
-    in_block = (positions >= state.block_start[rows, None]) & (positions < state.block_end[rows, None])
-    allowed = valid & cols_masked & (positions >= state.gen_start) & (positions < state.row_end[rows, None])
+    in_block = state.in_block(rows).gather(1, positions)                          # (B', Q)
+    writable = state.writable(rows).gather(1, positions)
+    allowed = valid & cols_masked & writable
     commit = dec.commit & allowed
-    if sampler.uses_blocks:    # a sampler that reaches back also commits before its block
-        commit &= in_block | (sampler.reaches_back & (positions < state.block_end[rows, None]))
+    if sampler.uses_blocks and sampler.reaches_back:    # it also commits before its block
+        commit &= positions < state.block_end[rows, None]
+    elif sampler.uses_blocks:
+        commit &= in_block
     if dec.fill_all is not None:
         commit |= dec.fill_all[:, None] & allowed
     forced = None
@@ -310,10 +312,10 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
     if flush is not True and not sampler.fixed_schedule:
         # Progress: a row that commits nothing commits its most confident candidate (worked out
         # for every row, so that no host sync decides whether any row is stuck).
-        stuck = ~commit.any(1) & (allowed & in_block).any(1)
-        conf = scores.prob.double().masked_fill(~(allowed & in_block), float("-inf"))
-        best = conf.argmax(1)
-        commit |= stuck[:, None] & (torch.arange(commit.shape[1], device=commit.device) == best[:, None])
+        candidates = allowed & in_block
+        stuck = ~commit.any(1) & candidates.any(1)
+        best = scores.prob.masked_fill(~candidates, float("-inf")).argmax(1, keepdim=True)   # (B', 1)
+        commit |= stuck[:, None] & (state.columns()[:commit.shape[1]] == best)
     _write_commits(state, rows, positions, commit, tokens)
     if dec.remask is not None and sampler.remasks and flush is not True:
         reach = (state.columns()[None, :] < state.block_end[rows, None] if sampler.reaches_back
@@ -321,8 +323,7 @@ def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Dec
         keep = ~state.is_mask[rows] & reach & state.in_generation()[None, :]
         _remask(state, rows, dec.remask & keep & (flush is False or ~flush[:, None]))
     if dec.edit is not None:
-        _write_edits(state, rows, positions, dec.edit & valid & ~cols_masked & in_block & (positions >= state.gen_start)
-                     & (positions < state.row_end[rows, None]), tokens)
+        _write_edits(state, rows, positions, dec.edit & valid & ~cols_masked & in_block & writable, tokens)
     if dec.hold is None or flush is True:
         state.block_hold[rows] = False
     else:

@@ -128,7 +128,24 @@ class DecodeState:
 
     @property
     def is_mask(self) -> torch.Tensor:
-        return self.x == self.ids.mask
+        """(B, L) bool: the masked columns (shared while the canvas is unchanged: do not modify it)."""
+        return self.derived("is_mask", (self.x,), lambda: self.x == self.ids.mask)
+
+    def derived(self, name: str, sources: tuple, make):
+        """`make()`, made once and returned again while every tensor of `sources` is the same object,
+        unmodified since (torch's version counter; inference tensors keep none, so from them it is
+        made at every call). A decode step asks for the same masks several times; this computes
+        them once. The result is shared: do not modify it in place."""
+        if any(t.is_inference() for t in sources):
+            return make()
+        versions = tuple(t._version for t in sources)
+        memo = self.__dict__.setdefault("_derived", {})
+        held = memo.get(name)
+        if held is not None and held[1] == versions and all(a is b for a, b in zip(held[0], sources)):
+            return held[2]
+        value = make()
+        memo[name] = (sources, versions, value)
+        return value
 
     def columns(self) -> torch.Tensor:
         """(L,) the canvas column indices; one tensor per state (read-only: do not modify it)."""
@@ -140,8 +157,11 @@ class DecodeState:
     def in_block(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(B', L) bool: the columns of each row's active block."""
         rows = self._rows(rows)
-        cols = self.columns()[None, :]
-        return (cols >= self.block_start[rows, None]) & (cols < self.block_end[rows, None])
+
+        def make():
+            cols = self.columns()[None, :]
+            return (cols >= self.block_start[rows, None]) & (cols < self.block_end[rows, None])
+        return self.derived("in_block", (rows, self.block_start, self.block_end), make)
 
     def in_generation(self) -> torch.Tensor:
         """(L,) bool: the generation region's columns; one tensor per state (read-only)."""
@@ -151,6 +171,12 @@ class DecodeState:
             cols = self.columns()
             cached = self.__dict__["_in_generation"] = (key, (cols >= self.gen_start) & (cols < self.gen_end))
         return cached[1]
+
+    def writable(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B', L) bool: the generation region's columns before each row's end (`row_end`)."""
+        rows = self._rows(rows)
+        return self.derived("writable", (rows, self.row_end),
+                            lambda: self.in_generation()[None, :] & (self.columns()[None, :] < self.row_end[rows, None]))
 
     def block_first_column(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(B',) the first column attending as part of each row's active block: its start, or with
@@ -164,7 +190,8 @@ class DecodeState:
 
     def masked_in_block(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         rows = self._rows(rows)
-        return self.is_mask[rows] & self.in_block(rows)
+        return self.derived("masked_in_block", (rows, self.x, self.block_start, self.block_end),
+                            lambda: self.is_mask[rows] & self.in_block(rows))
 
     def generated(self) -> torch.Tensor:
         return self.x[:, self.gen_start:self.gen_end]
@@ -262,12 +289,10 @@ def select_positions(mask: torch.Tensor, most: int | None = None) -> tuple[torch
     if most is None:
         most = int(counts.max()) if mask.numel() else 0
     q = max(most, 1)
-    cols = torch.arange(mask.shape[1], device=mask.device)
-    # Selected columns first, in order: sort by (not selected, column).
-    keys = (~mask).long() * mask.shape[1] + cols
-    order = keys.argsort(dim=1)[:, :q]                                  # (B, Q)
-    valid = torch.arange(q, device=mask.device)[None, :] < counts[:, None]
-    return torch.where(valid, order, torch.zeros_like(order)), valid
+    # Selected columns first, in order: a stable sort of "not selected" (False before True).
+    order = torch.sort(~mask, dim=1, stable=True).indices[:, :q]                 # (B, Q)
+    valid = torch.arange(q, device=mask.device) < counts[:, None]
+    return order * valid, valid
 
 
 def cover_columns(need: torch.Tensor, sources: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
