@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .state import DecodeState, pad_columns_left, select_positions
+from .state import DecodeState, add_at, pad_columns_left, select_positions
 
 
 @dataclass
@@ -426,9 +426,10 @@ class StoringPolicy(CachePolicy):
     def advance(self, state, rows, needs):
         self.seen[rows] = state.x[rows]
         if needs.unsure is not None:
-            self.guarded[rows] += needs.unsure.long()
-        self.refreshes[rows] += needs.full.long()
-        self.partial_steps[rows] += (~needs.full).long()
+            add_at(self.guarded, rows, needs.unsure.long())
+        full = needs.full.long()
+        add_at(self.refreshes, rows, full)
+        add_at(self.partial_steps, rows, 1 - full)
 
     def _unsure(self, state, rows, scored) -> torch.Tensor:
         """(B',) bool: no masked column the sampler scores now was `guard` confident when last scored."""
@@ -494,8 +495,10 @@ class DualCache(PrefixCache):
     name = "dual"
 
     def _columns(self, state, rows, changed, scored):
-        cols = state.columns()[None, :]
-        block = self._from_block_start(state, rows) & (cols < state.block_end[rows, None])
+        if self.shift or state.aligned_blocks:
+            block = self._from_block_start(state, rows) & (state.columns()[None, :] < state.block_end[rows, None])
+        else:
+            block = state.in_block(rows)
         return block | _changed_before_block(state, rows, changed)
 
 

@@ -28,7 +28,7 @@ from .kernels.head_scoring import head_scores, head_scoring_impl, suppression_bi
 from .kernels.scoring import TokenScores
 from .models.transformer import hidden_source, source_columns
 from .samplers import Sampler
-from .state import DecodeState, Decision, SpecialIds, cover_columns, select_positions
+from .state import DecodeState, Decision, SpecialIds, add_at, cover_columns, select_positions
 
 _SCORE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -337,13 +337,10 @@ def _write_commits(state: DecodeState, rows, positions, commit, tokens) -> None:
     """Write `tokens` (B', Q) where `commit`, and the step, without reading the device: each row's
     changes are added at its columns, zero where nothing is committed, so the padding entries
     (repeated columns, never committed) change nothing."""
-    x_rows = state.x[rows]                                                        # (B', L)
-    delta = torch.where(commit, tokens - x_rows.gather(1, positions), 0)
-    state.x[rows] = x_rows.scatter_add(1, positions, delta)
-    steps = state.commit_step[rows]                                               # (B', G)
-    cols = (positions - state.gen_start).clamp(min=0)
-    delta = torch.where(commit, state.global_step - steps.gather(1, cols), 0)
-    state.commit_step[rows] = steps.scatter_add(1, cols, delta)
+    at = (rows[:, None].expand_as(positions), positions)
+    state.x.index_put_(at, (tokens - state.x[at]) * commit, accumulate=True)
+    at = (at[0], (positions - state.gen_start).clamp(min=0))
+    state.commit_step.index_put_(at, (state.global_step - state.commit_step[at]) * commit, accumulate=True)
 
 
 def _remask(state: DecodeState, rows, remask: torch.Tensor) -> None:
@@ -448,8 +445,7 @@ def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _
         score_mask = score_mask | (flush[:, None] & state.is_mask[rows] & state.in_generation()[None, :])
     # Columns after a truncation cut are gone: never scored, and the forward stops at the longest kept row.
     row_end = state.row_end[rows]
-    in_reach = state.columns()[None, :] < row_end[:, None]
-    score_mask = score_mask & in_reach
+    score_mask = score_mask & state.in_reach(rows)
     step = _Step(score_mask, row_end, policy.needs(state, rows, score_mask))
     if step.needs is not None:
         # The forward also recomputes the columns whose hidden states give the scored logits; a
@@ -467,11 +463,13 @@ def _read(state: DecodeState, rows, step: _Step, finite: torch.Tensor) -> dict[s
     counts = step.recompute.sum(1) if step.recompute is not None else step.row_end.new_ones(1)
     full = step.needs.full.all() if step.needs is not None else finite.new_ones(())
     finished = state.finished[rows]
-    _, n_narrow, narrow_width = _narrow_rows(counts, counts.max())
-    values = torch.stack([finished.any().long(), finished.all().long(), _stale_blocks(state, rows).any().long(),
-                          finite.long(), *torch.aminmax(step.row_end), step.score_mask.sum(1).max(),
-                          full.long(), counts.max(), counts.min(), n_narrow, narrow_width]).tolist()
-    names = ("finished", "all_finished", "stale", "finite", "shortest", "width", "most", "all_full", "plan_width",
+    widest = counts.max()
+    _, n_narrow, narrow_width = _narrow_rows(counts, widest)
+    flags = torch.stack([finished.any(), finished.all(), _stale_blocks(state, rows).any(), finite, full]).long()
+    sizes = torch.stack([*torch.aminmax(step.row_end), step.score_mask.sum(1).max(), widest, counts.min(), n_narrow,
+                         narrow_width])
+    values = torch.cat([flags, sizes]).tolist()
+    names = ("finished", "all_finished", "stale", "finite", "all_full", "shortest", "width", "most", "plan_width",
              "plan_min", "n_narrow", "narrow_width")
     return dict(zip(names, values))
 
@@ -684,7 +682,7 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
                        (read["n_narrow"], read["narrow_width"]), hidden_only=fused,
                        key_end=sampler.key_end(state, rows))
-    state.nfe[rows] += 1
+    add_at(state.nfe, rows, 1)
     scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out,
                                                                     policy.wants_confidence)
     if policy.wants_confidence:
@@ -696,12 +694,12 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         if hit is None:
             hit = state.extra["hit_cap"] = torch.zeros_like(state.finished)
         hit[rows] |= flushed
-    state.step_in_block[rows] += 1
+    add_at(state.step_in_block, rows, 1)
     state.global_step += 1
     _open_blocks(state, sampler, rows)
     # A row with no mask left in its generation region is done, unless its sampler holds its block.
     left = (state.is_mask[rows] & state.in_generation()[None, :]).any(1)
-    state.finished[rows] |= ~left & ~state.block_hold[rows]
+    state.finished[rows] = state.finished[rows] | ~(left | state.block_hold[rows])
     return scores
 
 

@@ -172,11 +172,16 @@ class DecodeState:
             cached = self.__dict__["_in_generation"] = (key, (cols >= self.gen_start) & (cols < self.gen_end))
         return cached[1]
 
+    def in_reach(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B', L) bool: the columns before each row's end (`row_end`; a truncation cut ends it)."""
+        rows = self._rows(rows)
+        return self.derived("in_reach", (rows, self.row_end),
+                            lambda: self.columns()[None, :] < self.row_end[rows, None])
+
     def writable(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(B', L) bool: the generation region's columns before each row's end (`row_end`)."""
         rows = self._rows(rows)
-        return self.derived("writable", (rows, self.row_end),
-                            lambda: self.in_generation()[None, :] & (self.columns()[None, :] < self.row_end[rows, None]))
+        return self.derived("writable", (rows, self.row_end), lambda: self.in_generation()[None, :] & self.in_reach(rows))
 
     def block_first_column(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(B',) the first column attending as part of each row's active block: its start, or with
@@ -269,6 +274,14 @@ class DecodeState:
         self.gen_start += d
         self.__dict__.pop("_columns", None)
         self.__dict__.pop("_in_generation", None)
+
+
+def add_at(t: torch.Tensor, rows: torch.Tensor, value) -> None:
+    """`t[rows] += value` for distinct `rows` (B',), in one operation; `value` a tensor that
+    broadcasts to (B',), or a number."""
+    if not isinstance(value, torch.Tensor):
+        value = t.new_full((), value)      # filled on t's device: no copy from the host
+    t.index_put_((rows,), value, accumulate=True)
 
 
 def pad_columns_left(t: torch.Tensor, columns: int, fill) -> torch.Tensor:

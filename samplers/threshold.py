@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Sampler, check_number, top_k_mask
+from .base import Sampler, check_number
 from dllm.kernels.scoring import TokenScores
 from dllm.state import Decision
 
@@ -29,7 +29,8 @@ def top1(conf: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """(B, Q) bool: the most confident valid entry of each row (lowest index on ties; none in a row
     without valid entries). Scored positions come in increasing column order, so the lowest index
     is the lowest position."""
-    return top_k_mask(conf.masked_fill(~valid, float("-inf")), valid.any(1).long()) & valid
+    best = conf.masked_fill(~valid, float("-inf")).argmax(1, keepdim=True)       # the first of equal maxima
+    return (torch.arange(conf.shape[1], device=conf.device) == best) & valid
 
 
 def threshold_commit(conf: torch.Tensor, valid: torch.Tensor, tau: float) -> torch.Tensor:
