@@ -8,7 +8,10 @@
 
 Per configuration it prints the calls, operations per call and synchronisations per call of the
 full forward, the cached forward and the rest of a step (scoring + sampler + commit + loop
-bookkeeping, per step), and with --sites where each synchronisation comes from. Models are built
+bookkeeping, per step), and with --sites where each synchronisation comes from. With --time N it
+also times the rest of a step on this machine (no counting mode active): each of N decodes
+measures its wall time minus the time spent inside the model's forwards, per step; the row
+gives the fastest (`loop_us`, microseconds per step). Models are built
 with random weights on CPU; the prompt is `--prompt-length` tokens, the same in every row. A
 Triton kernel launch counts as one operation; rows name the rotary + K/V write path the cached
 forwards took (`rope_write`: DLLM_ROPE_WRITE resolved for CPU float32 tensors; "triton" runs the
@@ -19,12 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 
 import dllm
 from dllm import provenance
 from dllm.config import GenerationConfig, ModelConfig
+from dllm.decode import build_state, decode, resolve_request
 from dllm.kernels.rope_write import rope_write_impl
 from dllm.overhead import KINDS, count_decode
 
@@ -54,6 +59,30 @@ def _grid(text: str | None) -> list[tuple[str, str]]:
     return pairs
 
 
+def time_loop(model, prompts: list[list[int]], config: GenerationConfig, runs: int) -> float:
+    """Microseconds per step spent outside the model's forwards, the fastest of `runs` decodes
+    (after one untimed decode)."""
+    request = resolve_request(model, config)
+    inside, entered = [0.0], [0.0]
+    hooks = [model.register_forward_pre_hook(lambda m, a: entered.__setitem__(0, time.perf_counter())),
+             model.register_forward_hook(lambda m, a, o: inside.__setitem__(0, inside[0] + time.perf_counter()
+                                                                              - entered[0]))]
+    best = float("inf")
+    try:
+        for run in range(runs + 1):
+            state = build_state(model, prompts, request.config, request.block_length)
+            inside[0] = 0.0
+            start = time.perf_counter()
+            with torch.no_grad():
+                steps = decode(model, state, request)
+            if run:
+                best = min(best, (time.perf_counter() - start - inside[0]) / steps * 1e6)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return best
+
+
 def row(preset: str, batch: int, sampler: str, cache: str, args, model) -> dict:
     """Count one configuration: a batch of `batch` equal-length prompts."""
     vocab = model.config.vocab_size
@@ -70,13 +99,17 @@ def row(preset: str, batch: int, sampler: str, cache: str, args, model) -> dict:
         c = counts.counts[kind]
         out[kind] = {"calls": counts.steps if kind == "loop" else c.calls, "ops_per_call": round(ops, 2),
                      "syncs_per_call": round(syncs, 2), "sync_sites": dict(c.sync_sites.most_common())}
+    if args.time:
+        out["loop_us"] = round(time_loop(model, prompts, config, args.time), 1)
+        out["threads"] = torch.get_num_threads()
     return out
 
 
 def _print(r: dict, sites: bool) -> None:
     cells = "  ".join(f"{k} {r[k]['calls']:>3}x {r[k]['ops_per_call']:7.1f} ops {r[k]['syncs_per_call']:5.2f} syncs"
                       for k in KINDS)
-    print(f"{r['preset']:<14} B={r['batch']:<3} {r['sampler']:<15} {r['cache']:<11} {r['forwards']:>4} fwd  {cells}")
+    timed = f"  loop {r['loop_us']:8.1f} us/step" if "loop_us" in r else ""
+    print(f"{r['preset']:<14} B={r['batch']:<3} {r['sampler']:<15} {r['cache']:<11} {r['forwards']:>4} fwd  {cells}{timed}")
     if sites:
         for kind in KINDS:
             for site, n in r[kind]["sync_sites"].items():
@@ -93,8 +126,17 @@ def main(argv=None) -> int:
     ap.add_argument("--block-length", type=int, default=16)
     ap.add_argument("--prompt-length", type=int, default=16)
     ap.add_argument("--sites", action="store_true", help="list where each synchronisation comes from")
+    ap.add_argument("--time", type=int, default=0, metavar="N",
+                    help="also time the loop outside the forwards: the fastest of N decodes, us per step")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", default=None, help="append one JSON row per configuration to this file")
     args = ap.parse_args(argv)
+    if args.time < 0:
+        raise SystemExit(f"error: --time {args.time} must be a number of decodes >= 0")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"error: --threads {args.threads} must be >= 1")
+        torch.set_num_threads(args.threads)
     batches, grid = _ints(args.batch, "--batch"), _grid(args.grid)
     print(f"rotary + K/V write of cached forwards: {rope_write_impl(None, 'cpu', torch.float32)} (DLLM_ROPE_WRITE)")
     rows = []

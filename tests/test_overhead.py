@@ -1,5 +1,7 @@
 """`dllm.overhead`: what the counter calls a host-device synchronisation, and the counts of a
 decode per step type (deterministic, so asserted here; `benchmarks/bench_overhead.py` prints them)."""
+import json
+
 import pytest
 import torch
 
@@ -99,6 +101,23 @@ def test_the_loop_reads_the_device_once_per_step(tiny, sampler, cache, prompts):
     assert counts.counts["loop"].syncs == counts.forwards + 1, counts.counts["loop"].sync_sites
 
 
+# Operations the loop dispatches per step around the forward (scoring, sampler, commits, cache
+# plan, bookkeeping) on llada-tiny, batch 1 and a ragged batch of 3: each is a host dispatch, and
+# on a GPU a kernel launch, so a step's host time grows with them (docs/architecture.md §The loop's
+# operations). Measured values, rounded up; a change that adds work to every step fails here.
+LOOP_BUDGET = {("low_confidence", "none"): 141, ("threshold", "none"): 159, ("threshold", "dual"): 210,
+               ("threshold", "prefix"): 215, ("low_confidence", "dkv-decode"): 215}
+
+
+@pytest.mark.parametrize("sampler,cache", list(LOOP_BUDGET))
+@pytest.mark.parametrize("prompts", [PROMPTS, RAGGED], ids=["batch1", "ragged"])
+def test_the_loop_stays_within_its_operation_budget(tiny, sampler, cache, prompts):
+    counts = count_decode(tiny, prompts, GenerationConfig(gen_length=32, block_length=16, sampler=sampler,
+                                                          cache=cache))
+    ops, _ = counts.per_call("loop")
+    assert ops <= LOOP_BUDGET[sampler, cache], ops
+
+
 @pytest.mark.parametrize("sampler", ["low_confidence", "random", "entropy", "maskgit_plus"])
 @pytest.mark.parametrize("prompts", [PROMPTS, RAGGED], ids=["batch1", "ragged"])
 def test_a_planned_fixed_schedule_reads_the_device_once_per_decode(tiny, sampler, prompts):
@@ -133,3 +152,22 @@ def test_dream_plans_the_counts_its_steps_commit(tiny, gen_length, steps, eps):
     assert sampler.planned_widths(state) == want
     assert samplers.get("origin").planned_widths(state) is None
     assert samplers.get("entropy", alg_temp=0.5).planned_widths(state) is None
+
+
+def test_bench_overhead_times_the_loop_outside_the_forwards(tmp_path, capsys):
+    """`bench_overhead.py --time N`: a positive time per step next to the counts; a bad N is named."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import bench_overhead
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "rows.jsonl"
+    assert bench_overhead.main(["--presets", "llada-tiny", "--grid", "threshold+dual", "--time", "2",
+                                "--threads", "1", "--out", str(out)]) == 0
+    row = json.loads(out.read_text())
+    assert row["loop_us"] > 0 and row["threads"] == 1 and row["loop"]["ops_per_call"] > 0
+    assert "us/step" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--time -1 must be"):
+        bench_overhead.main(["--time", "-1"])
