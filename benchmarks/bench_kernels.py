@@ -7,7 +7,8 @@
   without a key mask and with left padding (10% of the keys invalid; sdpa then takes its masked
   path). Reported: TFLOP/s (4 B H P L D flops), GB/s (q, k, v, out and the mask read or written
   once), the speedup sdpa ms / triton ms, and both max-abs errors against the fp32 reference.
-  `--configs` adds one row per launch configuration in `CONFIGS`, with and without split-K, to
+  `triton[tuned ...]` is the launch `DLLM_ATTENTION_LAUNCH=tuned` keeps for the shape (every
+  configuration with 1, 2, 4, ... key ranges timed first; the row names the one kept). `--configs` adds one row per launch configuration in `CONFIGS`, with and without split-K, to
   check or retune the launcher's choice.
 * token scoring (`token_scores_triton`) against the torch reference at 32 positions of the
   LLaDA (126,464) and Dream (152,064) vocabularies, at temperature 0 and 1. The baseline is the
@@ -137,7 +138,7 @@ def attention_inputs(case: AttnCase, batch: int, queries: int, keys: int, masked
 def bench_attention(case: AttnCase, batch: int, queries: int, keys: int, masked: bool, dtype, device, env: dict,
                     configs: bool, bench=_bench) -> list[KernelRow]:
     from dllm.attention import sdpa_attention
-    from dllm.kernels.attention import CONFIGS, bidir_attn, bidir_attn_fwd, bidir_attn_ref
+    from dllm.kernels.attention import CONFIGS, bidir_attn, bidir_attn_fwd, bidir_attn_ref, tuned_launch
 
     q, k, v, key_valid = attention_inputs(case, batch, queries, keys, masked, dtype, device)
     scale = case.head_dim ** -0.5
@@ -145,8 +146,12 @@ def bench_attention(case: AttnCase, batch: int, queries: int, keys: int, masked:
     B, H, P, D = q.shape
     flops = 4 * B * H * P * keys * D
     nbytes = (2 * q.numel() + k.numel() + v.numel()) * q.element_size() + (B * keys if masked else 0)
+    tuned = tuned_launch(q, k, v, key_valid, scale)          # timed here, before the rows' timings
     providers = {"sdpa": lambda: sdpa_attention(q, k, v, key_valid, scale),
-                 "triton": lambda: bidir_attn(q, k, v, key_valid, scale)}
+                 "triton": lambda: bidir_attn(q, k, v, key_valid, scale),
+                 f"triton[tuned {tuned.config.BLOCK_M}x{tuned.config.BLOCK_N} w{tuned.config.num_warps} "
+                 f"split={tuned.splits}]": lambda: bidir_attn_fwd(q, k, v, key_valid, scale, config=tuned.config,
+                                                                  num_splits=tuned.splits)}
     if configs:
         for cfg in CONFIGS:
             for splits in (1, None):

@@ -26,7 +26,9 @@ entries of a cache may hold anything, NaN included.
 
 Launch configurations (`CONFIGS`, `_pick_config`, `_pick_splits`) follow the usual flash-attention
 forward settings and are not tuned for a particular GPU; `benchmarks/bench_kernels.py --configs`
-times each of them at the real models' shapes (timings: docs/kernels.md §Measurements).
+times each of them at the real models' shapes (timings: docs/kernels.md §Measurements). With
+DLLM_ATTENTION_LAUNCH=tuned, each shape's first call times every configuration with 1, 2, 4, ...
+key ranges instead and the shape keeps the fastest (`tuned_launch`).
 Under TRITON_INTERPRET=1 bf16 tiles are converted to fp32 before the dots, since the interpreter
 gets bf16 arithmetic wrong; on a GPU bf16 dots run natively.
 """
@@ -34,11 +36,12 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from dataclasses import dataclass
 
 import torch
 
-from . import HAS_TRITON, INTERPRET, launching, require_triton
+from . import HAS_TRITON, INTERPRET, chosen_impl, launching, require_triton
 
 if HAS_TRITON:
     import triton
@@ -240,6 +243,110 @@ def _pick_splits(programs: int, key_tiles: int, device: torch.device) -> int:
     return max(1, min(_sm_count(device) // max(programs, 1), key_tiles // 4))
 
 
+# -- launches tuned per shape ---------------------------------------------------------------------
+LAUNCH_CHOICES = ("auto", "fixed", "tuned")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launch configuration and its number of key ranges (1: no split-K)."""
+
+    config: AttnConfig
+    splits: int
+
+
+def launch_choice(choice: str | None = None) -> str:
+    """How `bidir_attn` picks its launches: `choice`, else DLLM_ATTENTION_LAUNCH (default "auto").
+    "fixed": `_pick_config` and `_pick_splits`; "tuned": each shape's fastest candidate, timed at
+    the shape's first call (`tuned_launch`); "auto" is "fixed" until tuning is timed on a GPU."""
+    name = chosen_impl(choice, "DLLM_ATTENTION_LAUNCH", LAUNCH_CHOICES, "attention launch")
+    return "fixed" if name == "auto" else name
+
+
+def launch_candidates(head_dim: int, keys: int) -> list[Launch]:
+    """Every configuration of `CONFIGS` for head dim `head_dim` (above 128 only those with 32-key
+    tiles, as `_pick_config`), each with 1, 2, 4, ... key ranges while a range keeps at least two
+    key tiles of the `keys`."""
+    d_pad = max(16, 1 << (head_dim - 1).bit_length())
+    configs = [c for c in CONFIGS if d_pad <= 128 or c.BLOCK_N <= 32]
+    out = []
+    for cfg in configs:
+        key_tiles, splits = -(-keys // cfg.BLOCK_N), 1
+        while True:
+            out.append(Launch(cfg, splits))
+            splits *= 2
+            if key_tiles < 2 * splits:
+                break
+    return out
+
+
+def shape_key(q: torch.Tensor, k: torch.Tensor, key_valid: torch.Tensor | None) -> tuple:
+    """What a tuned launch is remembered by: device, dtype, B, H, H_kv, P, D, the key count
+    rounded up to a power of two (a canvas that grows by a few columns keeps its launch), and
+    whether keys are masked."""
+    B, H, P, D = q.shape
+    keys = k.shape[2]
+    return (q.device, q.dtype, B, H, k.shape[1], P, D, 1 << max(keys - 1, 0).bit_length(), key_valid is not None)
+
+
+_TUNED: dict[tuple, Launch] = {}
+
+
+def tuned_launches() -> dict[tuple, Launch]:
+    """A copy of the launches tuned so far in this process, by `shape_key`."""
+    return dict(_TUNED)
+
+
+def clear_tuned_launches() -> None:
+    _TUNED.clear()
+
+
+def time_launch(fn, device: torch.device) -> float:
+    """Milliseconds of one call of `fn` running on `device`: Triton's `do_bench` median on CUDA (5 ms
+    of warm-up, 20 ms of repeats); elsewhere (the interpreter) the fastest of three timed calls."""
+    if device.type == "cuda":
+        import triton.testing
+        return triton.testing.do_bench(fn, warmup=5, rep=20)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        best = min(best, (time.perf_counter() - start) * 1e3)
+    return best
+
+
+def tuned_launch(q, k, v, key_valid, scale, *, timer=None) -> Launch:
+    """The fastest of `launch_candidates` for this call's shape: timed once per `shape_key`
+    (`timer(fn) -> ms`, default `time_launch` on q's device; each candidate runs the real inputs
+    into a scratch output) and remembered for later calls. Ties go to the earlier candidate (the
+    order of `CONFIGS`, then fewer splits)."""
+    key = shape_key(q, k, key_valid)
+    known = _TUNED.get(key)
+    if known is not None:
+        return known
+    timer = timer or functools.partial(time_launch, device=q.device)
+    candidates = launch_candidates(q.shape[3], k.shape[2])
+    times = [timer(lambda c=c: bidir_attn_fwd(q, k, v, key_valid, scale, config=c.config, num_splits=c.splits))
+             for c in candidates]
+    best = candidates[min(range(len(candidates)), key=times.__getitem__)]
+    _TUNED[key] = best
+    return best
+
+
+def _launch_for(q, k, v, key_valid, scale) -> Launch | None:
+    """The tuned launch of this shape under DLLM_ATTENTION_LAUNCH=tuned, tuning it first unless a
+    CUDA graph is being captured or torch.compile traces (then a shape not tuned yet runs with the
+    fixed picks); None for the fixed picks."""
+    if launch_choice() != "tuned":
+        return None
+    known = _TUNED.get(shape_key(q, k, key_valid))
+    if known is not None or torch.compiler.is_compiling():
+        return known
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    return tuned_launch(q, k, v, key_valid, scale)
+
+
 def _validate(q, k, v, key_valid, scale, out):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -365,4 +472,7 @@ def bidir_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: tor
     scale = q.shape[-1] ** -0.5 if scale is None and isinstance(q, torch.Tensor) else scale
     _validate(q, k, v, key_valid, scale, out)
     require_triton(q.device, "the triton attention backend")
-    return bidir_attn_fwd(q, k, v, key_valid, scale, out=out)
+    pick = _launch_for(q, k, v, key_valid, scale)
+    if pick is None:
+        return bidir_attn_fwd(q, k, v, key_valid, scale, out=out)
+    return bidir_attn_fwd(q, k, v, key_valid, scale, out=out, config=pick.config, num_splits=pick.splits)

@@ -11,7 +11,9 @@ pytest.importorskip("triton", reason="triton is not installed (pip install 'dllm
 
 import dllm  # noqa: E402
 from dllm.attention import auto_attention, default_backend, get_backend, sdpa_attention  # noqa: E402
-from dllm.kernels.attention import AttnConfig, bidir_attn, bidir_attn_fwd, bidir_attn_ref  # noqa: E402
+from dllm.kernels.attention import (CONFIGS, AttnConfig, bidir_attn, bidir_attn_fwd, bidir_attn_ref,  # noqa: E402
+                                    clear_tuned_launches, launch_candidates, launch_choice, shape_key,
+                                    tuned_launch, tuned_launches)
 from tests.fixtures.triton_marks import DEVICE, TRITON_MARKS  # noqa: E402
 
 pytestmark = TRITON_MARKS
@@ -167,3 +169,71 @@ def test_generation_with_triton_kernels_equals_sdpa(llada_dir, monkeypatch):
         model.set_attention(before)
     assert torch.equal(got.sequences, want.sequences)
     assert got.nfe == want.nfe
+
+
+# -- launches tuned per shape (DLLM_ATTENTION_LAUNCH=tuned) ---------------------------------------
+@pytest.fixture
+def no_tuned_launches():
+    clear_tuned_launches()
+    yield
+    clear_tuned_launches()
+
+
+@pytest.mark.parametrize("head_dim,keys", [(128, 512), (64, 4096), (256, 100), (16, 7)])
+def test_launch_candidates_cover_every_config_and_split_that_fits(head_dim, keys):
+    got = launch_candidates(head_dim, keys)
+    configs = [c for c in CONFIGS if head_dim <= 128 or c.BLOCK_N == 32]
+    assert [c for c in dict.fromkeys(g.config for g in got)] == configs
+    for cfg in configs:
+        tiles = -(-keys // cfg.BLOCK_N)
+        want = [1] + [s for s in (2, 4, 8, 16, 32, 64, 128) if tiles >= 2 * s]
+        assert [g.splits for g in got if g.config == cfg] == want
+
+
+def test_the_fastest_candidate_is_kept_per_shape(no_tuned_launches):
+    q, k, v, key_valid = _inputs(2, 4, 2, 5, 200, 16, torch.float32)
+    candidates = launch_candidates(16, 200)
+    times = {c: 10.0 - 0.5 * (i % 5) for i, c in enumerate(candidates)}      # ties: the earliest fastest wins
+    timed = []
+
+    def timer(fn):
+        c = candidates[len(timed)]
+        timed.append(c)
+        assert torch.equal(torch.isnan(fn()), torch.zeros_like(q, dtype=torch.bool))   # each candidate runs
+        return times[c]
+
+    best = tuned_launch(q, k, v, key_valid, 0.25, timer=timer)
+    assert timed == candidates and best == candidates[4]
+    assert tuned_launch(q, k, v, key_valid, 0.25, timer=timer) is best and len(timed) == len(candidates)
+    q2, k2, v2, kv2 = _inputs(2, 4, 2, 5, 250, 16, torch.float32)           # 250 keys: the same power of two
+    assert tuned_launch(q2, k2, v2, kv2, 0.25, timer=timer) is best and len(timed) == len(candidates)
+    assert list(tuned_launches()) == [shape_key(q, k, key_valid)]
+    q3, k3, v3, _ = _inputs(2, 4, 2, 5, 200, 16, torch.float32)
+    timed.clear()
+    tuned_launch(q3, k3, v3, None, 0.25, timer=timer)                       # unmasked: another shape
+    assert len(timed) == len(candidates) and len(tuned_launches()) == 2
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 4, 32, 96, 16), (2, 6, 2, 7, 130, 24), (1, 2, 1, 1, 300, 64)])
+def test_tuned_launches_give_the_reference_attention(shape, monkeypatch, no_tuned_launches):
+    monkeypatch.setenv("DLLM_ATTENTION_LAUNCH", "tuned")
+    q, k, v, key_valid = _inputs(*shape, torch.float32)
+    out = bidir_attn(q, k, v, key_valid)
+    _check(out, q, k, v, key_valid)
+    assert list(tuned_launches()) == [shape_key(q, k, key_valid)]
+    _check(bidir_attn(q, k, v, key_valid), q, k, v, key_valid)              # the remembered launch
+
+
+def test_fixed_launches_tune_nothing_and_bad_choices_are_named(monkeypatch, no_tuned_launches):
+    q, k, v, key_valid = _inputs(1, 2, 2, 4, 64, 16, torch.float32)
+    for value in (None, "auto", "fixed"):
+        if value is None:
+            monkeypatch.delenv("DLLM_ATTENTION_LAUNCH", raising=False)
+        else:
+            monkeypatch.setenv("DLLM_ATTENTION_LAUNCH", value)
+        assert launch_choice() == "fixed"
+        bidir_attn(q, k, v, key_valid)
+    assert tuned_launches() == {}
+    monkeypatch.setenv("DLLM_ATTENTION_LAUNCH", "fastest")
+    with pytest.raises(ValueError, match="DLLM_ATTENTION_LAUNCH='fastest'; valid: auto, fixed, tuned"):
+        bidir_attn(q, k, v, key_valid)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
-# (default runs/gpu-checks). Run from the repository root; needs no network. Seven parts, each
+# (default runs/gpu-checks). Run from the repository root; needs no network. Eight parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
 # for the rest, and finished rows are kept):
 #   bash benchmarks/gpu/speed_checks.sh generate   # GPU tests; bench_generate at the LLaDA-8B shape,
@@ -28,6 +28,11 @@
 #                                                   # too), single forwards and graphed none/dual
 #                                                   # decodes at the LLaDA-8B shape with
 #                                                   # DLLM_ROPE_WRITE=torch and =triton
+#   bash benchmarks/gpu/speed_checks.sh attention  # the attention kernel: its tests (bf16 too), then
+#                                                   # sdpa, fixed and tuned launches at 32 queries x
+#                                                   # 512-4096 keys (LLaDA-8B and Dream-7B heads),
+#                                                   # then graphed none/dual decodes at the LLaDA-8B
+#                                                   # shape with sdpa and with tuned Triton launches
 set -u
 PART=${1:-generate}
 OUT=${OUT:-runs/gpu-checks}
@@ -112,6 +117,17 @@ rope)
             --out "$OUT/generate-rope-$impl.jsonl" >"$OUT/generate-rope-$impl.log" 2>&1
     done
     ;;
+attention)
+    timeout 120 python -m pytest -q -m "gpu or not slow" tests/test_kernels_attention.py >"$OUT/pytest-attention.log" 2>&1
+    timeout 150 python benchmarks/bench_kernels.py --only attention --configs --out "$OUT/attention.jsonl" \
+        >"$OUT/attention.log" 2>&1
+    for backend in sdpa triton; do   # whole decodes with CUDA graphs; the Triton one with tuned launches
+        DLLM_ATTENTION_LAUNCH=tuned timeout 140 python benchmarks/bench_generate.py --presets llada-8b \
+            --device cuda --dtype bfloat16 --batch 1 --caches --policies none,dual --repeats 1 --no-headline \
+            --cuda-graphs --attention $backend --out "$OUT/generate-attention-$backend.jsonl" \
+            >"$OUT/generate-attention-$backend.log" 2>&1
+    done
+    ;;
 serve)
     timeout 270 python benchmarks/bench_serve.py --device cuda --requests 256 --concurrency 1,8,32 --gen-length 64 \
         --out "$OUT/serve-none.jsonl" >"$OUT/serve-none.log" 2>&1
@@ -119,7 +135,7 @@ serve)
         --cache dual --block-length 32 --out "$OUT/serve-dual.jsonl" >"$OUT/serve-dual.log" 2>&1
     ;;
 *)
-    echo "unknown part $PART: give moe, step, short, generate, peers, serve or rope" >&2
+    echo "unknown part $PART: give moe, step, short, generate, peers, serve, rope or attention" >&2
     exit 2
     ;;
 esac
