@@ -271,15 +271,12 @@ def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
     every row at once without reading the device. A row whose next block has no mask either is
     moved again at the loop's next read (`_stale_blocks`)."""
     done = _stale_blocks(state, rows)                                              # (B',)
-    start = torch.where(done, state.block_end[rows], state.block_start[rows])
-    row_end = state.row_end[rows]
-    ended = done & (start >= row_end)
-    opening = done & ~ended
-    state.block_start[rows] = start
-    state.block_end[rows] = torch.where(opening, torch.minimum(start + state.block_length, row_end),
-                                        state.block_end[rows])
+    end, row_end = state.block_end[rows], state.row_end[rows]
+    opening = done & (end < row_end)            # a done row's next block starts at its block's end
+    state.block_start[rows] = torch.where(done, end, state.block_start[rows])
+    state.block_end[rows] = torch.where(opening, torch.minimum(end + state.block_length, row_end), end)
     state.step_in_block[rows] = state.step_in_block[rows].masked_fill(done, 0)
-    state.finished[rows] = state.finished[rows] | ended
+    state.finished[rows] = state.finished[rows] | (done ^ opening)
     sampler.begin_blocks(state, rows, opening)
 
 
@@ -450,9 +447,11 @@ def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _
     if step.needs is not None:
         # The forward also recomputes the columns whose hidden states give the scored logits; a
         # row that scores nothing reads column 0.
-        nothing = ~score_mask.any(1, keepdim=True) & (state.columns()[None, :] == 0)
+        first = state.derived("column_0", (state.columns(),), lambda: state.columns() == 0)   # (L,)
+        nothing = ~score_mask.any(1, keepdim=True) & first
         sources = source_columns(score_mask | nothing, model.config.logit_shift)
-        step.recompute = (step.needs.columns | sources) & (state.columns()[None, :] < row_end.max())
+        reach = state.derived("in_any_reach", (rows, state.row_end), lambda: state.in_reach(rows).any(0))
+        step.recompute = (step.needs.columns | sources) & reach
     return step
 
 
@@ -460,15 +459,19 @@ def _read(state: DecodeState, rows, step: _Step, finite: torch.Tensor) -> dict[s
     """The step's one host read: whether some or all rows finished or must move blocks, whether the last
     scores were finite, the shortest and longest kept row, the most columns a row scores, and
     the widths of the recompute plan."""
-    counts = step.recompute.sum(1) if step.recompute is not None else step.row_end.new_ones(1)
-    full = step.needs.full.all() if step.needs is not None else finite.new_ones(())
     finished = state.finished[rows]
-    widest = counts.max()
-    _, n_narrow, narrow_width = _narrow_rows(counts, widest)
-    flags = torch.stack([finished.any(), finished.all(), _stale_blocks(state, rows).any(), finite, full]).long()
-    sizes = torch.stack([*torch.aminmax(step.row_end), step.score_mask.sum(1).max(), widest, counts.min(), n_narrow,
-                         narrow_width])
-    values = torch.cat([flags, sizes]).tolist()
+    flags = [finished.any(), finished.all(), _stale_blocks(state, rows).any(), finite]
+    sizes = [*torch.aminmax(step.row_end), step.score_mask.sum(1).max()]
+    if step.recompute is not None:
+        counts = step.recompute.sum(1)
+        widest = counts.max()
+        _, n_narrow, narrow_width = _narrow_rows(counts, widest)
+        flags.append(step.needs.full.all())
+        sizes += [widest, counts.min(), n_narrow, narrow_width]
+    values = torch.cat([torch.stack(flags).long(), torch.stack(sizes)]).tolist()
+    if step.recompute is None:     # no plan: every row runs its whole canvas
+        values[4:4] = [1]
+        values += [1, 1, 0, 0]
     names = ("finished", "all_finished", "stale", "finite", "all_full", "shortest", "width", "most", "plan_width",
              "plan_min", "n_narrow", "narrow_width")
     return dict(zip(names, values))
