@@ -51,6 +51,7 @@ row's first column, which the forward collapses.
 """
 from __future__ import annotations
 
+import bisect
 import importlib
 import inspect
 from dataclasses import dataclass
@@ -633,20 +634,45 @@ class DKVGreedy(StoringPolicy):
 
 def window_columns(chosen: torch.Tensor, due: torch.Tensor, masked: torch.Tensor, window: int) -> torch.Tensor:
     """Add, for each due column in increasing order, up to `window` masked columns not chosen yet,
-    nearest first and the left one first on equal distance. All arguments (B, L) bool."""
+    nearest first and the left one first on equal distance. All arguments (B, L) bool.
+
+    The search runs on the host: one read of the due and free columns, then the picks are
+    written back in one indexed write (from pinned memory on CUDA, so the copy does not wait)."""
     chosen = chosen.clone()
-    L = chosen.shape[1]
-    cols = torch.arange(L, device=chosen.device)
-    for r, p in due.nonzero().tolist():
-        free = masked[r] & ~chosen[r]
-        if not bool(free.any()):
-            continue
-        # distance * 2, +1 on the right: a stable order with left winning ties
-        key = (cols - p).abs() * 2 + (cols > p).long()
-        key = key.masked_fill(~free, 2 * L + 2)
-        n = min(window, int(free.sum()))
-        chosen[r, key.topk(n, largest=False).indices] = True
+    if window <= 0:
+        return chosen
+    due_rows, free_rows = torch.stack([due, masked & ~chosen]).tolist()
+    rows, cols = [], []
+    for r, (due_row, free_row) in enumerate(zip(due_rows, free_rows)):
+        free = [c for c, f in enumerate(free_row) if f]                  # ascending
+        for p in (c for c, d in enumerate(due_row) if d):
+            picks = _nearest(free, p, window)
+            rows += [r] * len(picks)
+            cols += picks
+            for c in picks:
+                free.pop(bisect.bisect_left(free, c))
+    if rows:
+        index = torch.tensor([rows, cols], dtype=torch.long)
+        if chosen.is_cuda:
+            index = index.pin_memory().to(chosen.device, non_blocking=True)
+        chosen[index[0], index[1]] = True
     return chosen
+
+
+def _nearest(free: list[int], p: int, n: int) -> list[int]:
+    """The `n` columns of the ascending list `free` nearest to column p (not in it), the left one
+    first on equal distance."""
+    right = bisect.bisect_right(free, p)
+    left = right - 1
+    picks = []
+    while len(picks) < n and (left >= 0 or right < len(free)):
+        if right >= len(free) or (left >= 0 and p - free[left] <= free[right] - p):
+            picks.append(free[left])
+            left -= 1
+        else:
+            picks.append(free[right])
+            right += 1
+    return picks
 
 
 @dataclass(frozen=True)

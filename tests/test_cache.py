@@ -534,6 +534,33 @@ def test_window_columns_nearest_masks_left_first():
     assert window_columns(chosen, due, masked, 50)[0].nonzero().flatten().tolist() == list(range(2, 12))
 
 
+def _window_columns_plain(chosen, due, masked, window):
+    """dKV-Cache-Greedy's window search as stated: each due column in turn takes the `window`
+    free masked columns nearest to it, the left one first on equal distance."""
+    chosen = chosen.clone()
+    B, L = chosen.shape
+    for r in range(B):
+        for p in range(L):
+            if due[r, p]:
+                free = [c for c in range(L) if masked[r, c] and not chosen[r, c]]
+                for c in sorted(free, key=lambda c: (abs(c - p), c > p))[:window]:
+                    chosen[r, c] = True
+    return chosen
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 5])
+@pytest.mark.parametrize("seed", range(4))
+def test_window_columns_equal_the_plain_search(window, seed):
+    g = torch.Generator().manual_seed(seed)
+    B, L = 4, 37
+    masked = torch.rand(B, L, generator=g) < 0.6
+    due = masked & (torch.rand(B, L, generator=g) < 0.3)
+    chosen = due | (torch.rand(B, L, generator=g) < 0.1)
+    due[1] = False                                          # a row with nothing due
+    got = window_columns(chosen, due, masked, window)
+    assert torch.equal(got, _window_columns_plain(chosen, due, masked, window))
+
+
 def test_dkv_greedy_recomputes_scored_last_commits_and_a_window(family_model):
     model, _ = family_model
     policy = get_policy("dkv-greedy", refresh=3, window=2)

@@ -101,6 +101,16 @@ def test_the_loop_reads_the_device_once_per_step(tiny, sampler, cache, prompts):
     assert counts.counts["loop"].syncs == counts.forwards + 1, counts.counts["loop"].sync_sites
 
 
+def test_dkv_greedy_reads_once_more_per_step_for_its_window(tiny):
+    """Its window search runs on the host: one read of the due and free columns per step, besides
+    the step's read (the window is worked out before the read, since the plan's widths need it)."""
+    counts = count_decode(tiny, PROMPTS, GenerationConfig(gen_length=32, block_length=16, sampler="threshold",
+                                                          cache="dkv-greedy"))
+    loop = counts.counts["loop"]
+    assert loop.syncs == 2 * (counts.forwards + 1), loop.sync_sites
+    assert {site.split(" at ")[1].split(":")[0] for site in loop.sync_sites} == {"dllm/cache.py", "dllm/decode.py"}
+
+
 # Operations the loop dispatches per step around the forward (scoring, sampler, commits, cache
 # plan, bookkeeping) on llada-tiny, batch 1 and a ragged batch of 3: each is a host dispatch, and
 # on a GPU a kernel launch, so a step's host time grows with them (docs/architecture.md §The loop's
