@@ -460,21 +460,21 @@ def _read(state: DecodeState, rows, step: _Step, finite: torch.Tensor) -> dict[s
     scores were finite, the shortest and longest kept row, the most columns a row scores, and
     the widths of the recompute plan."""
     finished = state.finished[rows]
-    flags = [finished.any(), finished.all(), _stale_blocks(state, rows).any(), finite]
-    sizes = [*torch.aminmax(step.row_end), step.score_mask.sum(1).max()]
+    flags = {"finished": finished.any(), "all_finished": finished.all(), "stale": _stale_blocks(state, rows).any(),
+             "finite": finite}
+    shortest, width = torch.aminmax(step.row_end)
+    sizes = {"shortest": shortest, "width": width, "most": step.score_mask.sum(1).max()}
     if step.recompute is not None:
         counts = step.recompute.sum(1)
         widest = counts.max()
         _, n_narrow, narrow_width = _narrow_rows(counts, widest)
-        flags.append(step.needs.full.all())
-        sizes += [widest, counts.min(), n_narrow, narrow_width]
-    values = torch.cat([torch.stack(flags).long(), torch.stack(sizes)]).tolist()
+        flags["all_full"] = step.needs.full.all()
+        sizes.update(plan_width=widest, plan_min=counts.min(), n_narrow=n_narrow, narrow_width=narrow_width)
+    values = torch.cat([torch.stack(list(flags.values())).long(), torch.stack(list(sizes.values()))]).tolist()
+    read = dict(zip([*flags, *sizes], values))
     if step.recompute is None:     # no plan: every row runs its whole canvas
-        values[4:4] = [1]
-        values += [1, 1, 0, 0]
-    names = ("finished", "all_finished", "stale", "finite", "all_full", "shortest", "width", "most", "plan_width",
-             "plan_min", "n_narrow", "narrow_width")
-    return dict(zip(names, values))
+        read.update(all_full=1, plan_width=1, plan_min=1, n_narrow=0, narrow_width=0)
+    return read
 
 
 def fill_from_the_end(kept: list[int]) -> list[int]:

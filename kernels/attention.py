@@ -298,6 +298,7 @@ def tuned_launches() -> dict[tuple, Launch]:
 
 
 def clear_tuned_launches() -> None:
+    """Forget every tuned launch (the next call of each shape tunes it again)."""
     _TUNED.clear()
 
 
@@ -319,15 +320,20 @@ def tuned_launch(q, k, v, key_valid, scale, *, timer=None) -> Launch:
     """The fastest of `launch_candidates` for this call's shape: timed once per `shape_key`
     (`timer(fn) -> ms`, default `time_launch` on q's device; each candidate runs the real inputs
     into a scratch output) and remembered for later calls. Ties go to the earlier candidate (the
-    order of `CONFIGS`, then fewer splits)."""
+    order of `CONFIGS`, then fewer splits); a candidate the GPU lacks shared memory for is skipped."""
     key = shape_key(q, k, key_valid)
     known = _TUNED.get(key)
     if known is not None:
         return known
     timer = timer or functools.partial(time_launch, device=q.device)
     candidates = launch_candidates(q.shape[3], k.shape[2])
-    times = [timer(lambda c=c: bidir_attn_fwd(q, k, v, key_valid, scale, config=c.config, num_splits=c.splits))
-             for c in candidates]
+    times = []
+    for c in candidates:
+        try:
+            times.append(timer(lambda c=c: bidir_attn_fwd(q, k, v, key_valid, scale, config=c.config,
+                                                          num_splits=c.splits)))
+        except triton.runtime.errors.OutOfResources:
+            times.append(float("inf"))
     best = candidates[min(range(len(candidates)), key=times.__getitem__)]
     _TUNED[key] = best
     return best

@@ -237,3 +237,18 @@ def test_fixed_launches_tune_nothing_and_bad_choices_are_named(monkeypatch, no_t
     monkeypatch.setenv("DLLM_ATTENTION_LAUNCH", "fastest")
     with pytest.raises(ValueError, match="DLLM_ATTENTION_LAUNCH='fastest'; valid: auto, fixed, tuned"):
         bidir_attn(q, k, v, key_valid)
+
+
+def test_a_candidate_out_of_shared_memory_is_skipped(no_tuned_launches):
+    import triton
+    q, k, v, key_valid = _inputs(1, 2, 2, 4, 128, 16, torch.float32)
+    candidates = launch_candidates(16, 128)
+
+    def timer(fn):
+        timer.calls += 1
+        if timer.calls == 1:                     # the first (and otherwise fastest) does not fit
+            raise triton.runtime.errors.OutOfResources(200_000, 100_000, "shared memory")
+        return float(timer.calls)
+
+    timer.calls = 0
+    assert tuned_launch(q, k, v, key_valid, 0.25, timer=timer) == candidates[1]
