@@ -9,13 +9,19 @@
 Per configuration it prints the calls, operations per call and synchronisations per call of the
 full forward, the cached forward and the rest of a step (scoring + sampler + commit + loop
 bookkeeping, per step), and with --sites where each synchronisation comes from. With --time N it
-also times the rest of a step on this machine (no counting mode active): each of N decodes
-measures its wall time minus the time spent inside the model's forwards, per step; the row
-gives the fastest (`loop_us`, microseconds per step). Models are built
-with random weights on CPU; the prompt is `--prompt-length` tokens, the same in every row. A
-Triton kernel launch counts as one operation; rows name the rotary + K/V write path the cached
-forwards took (`rope_write`: DLLM_ROPE_WRITE resolved for CPU float32 tensors; "triton" runs the
-kernel through Triton's interpreter, which needs TRITON_INTERPRET=1 before dllm is imported).
+also times the decode on this machine (no counting mode active): each of N decodes measures its
+wall time and the time inside the model's forwards (wall time on a CPU; GPU time between CUDA
+events around each forward on CUDA); the row gives the fastest decode's time outside the forwards
+per step (`loop_us`, microseconds), its `decode_s`, `forwards_s` and `decode_over_forwards` (the
+whole decode against the sum of its forwards). Models are built with random weights on
+`--device` (CPU by default) in `--dtype`; the prompt is `--prompt-length` tokens, the same in every
+row. A Triton kernel launch counts as one operation; rows name the rotary + K/V write path the
+cached forwards took (`rope_write`: DLLM_ROPE_WRITE resolved for the model's device and dtype;
+"triton" on a CPU runs the kernel through Triton's interpreter, which needs TRITON_INTERPRET=1
+before dllm is imported).
+
+    python benchmarks/bench_overhead.py --presets llada-8b --device cuda --dtype bfloat16 --prompt-length 256 \
+        --gen-length 256 --block-length 32 --grid threshold+dual --time 3 --cuda-graphs   # decode vs forwards on a GPU
 """
 from __future__ import annotations
 
@@ -59,28 +65,64 @@ def _grid(text: str | None) -> list[tuple[str, str]]:
     return pairs
 
 
-def time_loop(model, prompts: list[list[int]], config: GenerationConfig, runs: int) -> float:
-    """Microseconds per step spent outside the model's forwards, the fastest of `runs` decodes
-    (after one untimed decode)."""
+class ForwardClock:
+    """Time spent inside the model's forwards during a decode: wall time on a CPU; on CUDA the GPU
+    time between events recorded before and after each forward (read once, after the decode, so
+    the decode runs as it would untimed)."""
+
+    def __init__(self, model, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.spans: list = []
+        self.hooks = [model.register_forward_pre_hook(lambda m, a: self._mark()),
+                      model.register_forward_hook(lambda m, a, o: self._mark())]
+
+    def _mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.spans.append(event)
+        else:
+            self.spans.append(time.perf_counter())
+
+    def seconds(self) -> float:
+        """The forwards' time since the last `seconds()` (the caller synchronises CUDA first)."""
+        marks, self.spans = self.spans, []
+        pairs = zip(marks[0::2], marks[1::2])
+        if self.cuda:
+            return sum(start.elapsed_time(end) for start, end in pairs) / 1e3
+        return sum(end - start for start, end in pairs)
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+
+def time_loop(model, prompts: list[list[int]], config: GenerationConfig, runs: int) -> dict:
+    """The fastest of `runs` decodes (after one untimed decode) as `loop_us`, microseconds per step
+    outside the model's forwards (wall time minus the forwards' time, per step), with that decode's
+    `decode_s`, `forwards_s` and `decode_over_forwards`."""
     request = resolve_request(model, config)
-    inside, entered = [0.0], [0.0]
-    hooks = [model.register_forward_pre_hook(lambda m, a: entered.__setitem__(0, time.perf_counter())),
-             model.register_forward_hook(lambda m, a, o: inside.__setitem__(0, inside[0] + time.perf_counter()
-                                                                              - entered[0]))]
-    best = float("inf")
+    device = next(model.parameters()).device
+    clock, best = ForwardClock(model, device), None
     try:
         for run in range(runs + 1):
             state = build_state(model, prompts, request.config, request.block_length)
-            inside[0] = 0.0
+            if clock.cuda:
+                torch.cuda.synchronize(device)
+            clock.seconds()
             start = time.perf_counter()
             with torch.no_grad():
                 steps = decode(model, state, request)
-            if run:
-                best = min(best, (time.perf_counter() - start - inside[0]) / steps * 1e6)
+            if clock.cuda:
+                torch.cuda.synchronize(device)
+            wall, inside = time.perf_counter() - start, clock.seconds()
+            if run and (best is None or wall - inside < best[0] - best[1]):
+                best = (wall, inside, steps)
     finally:
-        for hook in hooks:
-            hook.remove()
-    return best
+        clock.remove()
+    wall, inside, steps = best
+    return {"loop_us": round((wall - inside) / steps * 1e6, 1), "decode_s": round(wall, 6),
+            "forwards_s": round(inside, 6), "decode_over_forwards": round(wall / inside, 4)}
 
 
 def row(preset: str, batch: int, sampler: str, cache: str, args, model) -> dict:
@@ -100,15 +142,22 @@ def row(preset: str, batch: int, sampler: str, cache: str, args, model) -> dict:
         out[kind] = {"calls": counts.steps if kind == "loop" else c.calls, "ops_per_call": round(ops, 2),
                      "syncs_per_call": round(syncs, 2), "sync_sites": dict(c.sync_sites.most_common())}
     if args.time:
-        out["loop_us"] = round(time_loop(model, prompts, config, args.time), 1)
-        out["threads"] = torch.get_num_threads()
+        if args.cuda_graphs:
+            model.set_cuda_graphs(True, capture_after=1)     # timed decodes only: counting runs eagerly
+        try:
+            out.update(time_loop(model, prompts, config, args.time), threads=torch.get_num_threads(),
+                       cuda_graphs=args.cuda_graphs)
+        finally:
+            if args.cuda_graphs:
+                model.set_cuda_graphs(False)
     return out
 
 
 def _print(r: dict, sites: bool) -> None:
     cells = "  ".join(f"{k} {r[k]['calls']:>3}x {r[k]['ops_per_call']:7.1f} ops {r[k]['syncs_per_call']:5.2f} syncs"
                       for k in KINDS)
-    timed = f"  loop {r['loop_us']:8.1f} us/step" if "loop_us" in r else ""
+    timed = (f"  loop {r['loop_us']:8.1f} us/step  decode/forwards {r['decode_over_forwards']:.3f}"
+             if "loop_us" in r else "")
     print(f"{r['preset']:<14} B={r['batch']:<3} {r['sampler']:<15} {r['cache']:<11} {r['forwards']:>4} fwd  {cells}{timed}")
     if sites:
         for kind in KINDS:
@@ -129,6 +178,10 @@ def main(argv=None) -> int:
     ap.add_argument("--time", type=int, default=0, metavar="N",
                     help="also time the loop outside the forwards: the fastest of N decodes, us per step")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--device", default="cpu", help="where the model runs (default cpu; cuda for the GPU timings)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="--time: replay the forwards as CUDA graphs (captured at a layout's first forward)")
     ap.add_argument("--out", default=None, help="append one JSON row per configuration to this file")
     args = ap.parse_args(argv)
     if args.time < 0:
@@ -137,12 +190,16 @@ def main(argv=None) -> int:
         if args.threads < 1:
             raise SystemExit(f"error: --threads {args.threads} must be >= 1")
         torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.cuda_graphs and device.type != "cuda":
+        raise SystemExit(f"error: --cuda-graphs needs --device cuda, got --device {args.device}")
     batches, grid = _ints(args.batch, "--batch"), _grid(args.grid)
-    print(f"rotary + K/V write of cached forwards: {rope_write_impl(None, 'cpu', torch.float32)} (DLLM_ROPE_WRITE)")
+    rope = rope_write_impl(None, device, dtype)
+    print(f"rotary + K/V write of cached forwards: {rope} (DLLM_ROPE_WRITE)")
     rows = []
     try:
         for preset in [p.strip() for p in args.presets.split(",") if p.strip()]:
-            model = dllm.build_model(ModelConfig.from_name(preset), seed=0)
+            model = dllm.build_model(ModelConfig.from_name(preset), seed=0, device=device, dtype=dtype)
             for batch in batches:
                 for sampler, cache in grid:
                     r = row(preset, batch, sampler, cache, args, model)
@@ -152,7 +209,7 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.out:
-        common = {"torch": torch.__version__, "rope_write": rope_write_impl(None, "cpu", torch.float32),
+        common = {"torch": torch.__version__, "rope_write": rope, "device": str(device), "dtype": args.dtype,
                   "versions": provenance.versions(),
                   "hardware": provenance.hardware(), "timestamp": provenance.timestamp()}
         with open(args.out, "a", encoding="utf-8") as fh:

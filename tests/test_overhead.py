@@ -178,6 +178,11 @@ def test_bench_overhead_times_the_loop_outside_the_forwards(tmp_path, capsys):
                                 "--threads", "1", "--out", str(out)]) == 0
     row = json.loads(out.read_text())
     assert row["loop_us"] > 0 and row["threads"] == 1 and row["loop"]["ops_per_call"] > 0
+    assert 0 < row["forwards_s"] < row["decode_s"] and row["decode_over_forwards"] > 1
+    assert row["loop_us"] == pytest.approx((row["decode_s"] - row["forwards_s"]) / row["forwards"] * 1e6, abs=0.1)
+    assert row["device"] == "cpu" and row["dtype"] == "float32" and row["cuda_graphs"] is False
     assert "us/step" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--time -1 must be"):
         bench_overhead.main(["--time", "-1"])
+    with pytest.raises(SystemExit, match="--cuda-graphs needs --device cuda"):
+        bench_overhead.main(["--time", "1", "--cuda-graphs"])

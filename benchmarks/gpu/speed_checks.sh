@@ -11,9 +11,10 @@
 #                                                   # checkout at $FASTDLLM and a peer interpreter at
 #                                                   # $PEER_PYTHON (transformers 4.x; benchmarks/peers/);
 #                                                   # LLaDA's generate.py too with $LLADA (a checkout)
-#   bash benchmarks/gpu/speed_checks.sh step       # one call: the fused head's tests and timings, and
+#   bash benchmarks/gpu/speed_checks.sh step       # one call: the fused head's tests and timings,
 #                                                   # single forwards at the LLaDA-8B shape with op
-#                                                   # counts, a profile and torch.compile
+#                                                   # counts, a profile and torch.compile, and graphed
+#                                                   # decodes against the sum of their forwards
 #   bash benchmarks/gpu/speed_checks.sh moe        # LLaDA-MoE-7B-A1B and LLaDA2.0-mini shapes: forwards
 #                                                   # with the MoE share, compiled, and cache policies
 #   bash benchmarks/gpu/speed_checks.sh short      # one call for a short lease: the kernel and graph
@@ -73,6 +74,10 @@ step)
         >"$OUT/forward.log" 2>&1
     timeout 170 python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 --compile \
         >"$OUT/forward-compile.log" 2>&1
+    # the whole decode against the sum of its forwards (CUDA events), graphed, and the loop's counts
+    timeout 150 python benchmarks/bench_overhead.py --presets llada-8b --device cuda --dtype bfloat16 \
+        --prompt-length 256 --gen-length 256 --block-length 32 --grid threshold+dual,threshold+none --time 2 \
+        --cuda-graphs --out "$OUT/overhead-8b.jsonl" >"$OUT/overhead-8b.log" 2>&1
     ;;
 moe)
     # LLaDA-MoE-7B-A1B and LLaDA2.0-mini shapes, bf16: single forwards with the MoE share (eager,
