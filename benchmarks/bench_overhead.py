@@ -4,6 +4,7 @@
     python benchmarks/bench_overhead.py                                   # tiny presets, the default grid
     python benchmarks/bench_overhead.py --presets llada-compute --batch 1,8 --sites
     python benchmarks/bench_overhead.py --out overhead.jsonl              # one JSON row per configuration
+    python benchmarks/bench_overhead.py --checkpoint llada-pb-tiny --time 10   # the shipped model, timed
     TRITON_INTERPRET=1 DLLM_ROPE_WRITE=triton python benchmarks/bench_overhead.py   # the fused rotary + K/V write
 
 Per configuration it prints the calls, operations per call and synchronisations per call of the
@@ -29,6 +30,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -165,9 +167,20 @@ def _print(r: dict, sites: bool) -> None:
                 print(f"{'':<20}{kind:<7} {n / max(r[kind]['calls'], 1):6.2f}/call  {site}")
 
 
+def _models(args, device: torch.device, dtype: torch.dtype):
+    """(name, model) pairs: the checkpoint's, or a random-weight model of each preset."""
+    if args.checkpoint:
+        yield Path(args.checkpoint).name, dllm.load(args.checkpoint, dtype=dtype, device=device)[0]
+        return
+    for preset in [p.strip() for p in args.presets.split(",") if p.strip()]:
+        yield preset, dllm.build_model(ModelConfig.from_name(preset), seed=0, device=device, dtype=dtype)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="llada-tiny,dream-tiny", help="model presets (dllm.config.PRESETS)")
+    ap.add_argument("--checkpoint", default=None,
+                    help="a checkpoint folder or shipped model name (dllm.load) instead of the presets")
     ap.add_argument("--batch", default="1", help="batch sizes, comma-separated")
     ap.add_argument("--grid", default=None, help="SAMPLER+CACHE pairs, comma-separated (default: "
                     + ",".join(f"{s}+{c}" for s, c in DEFAULT_GRID) + ")")
@@ -198,14 +211,13 @@ def main(argv=None) -> int:
     print(f"rotary + K/V write of cached forwards: {rope} (DLLM_ROPE_WRITE)")
     rows = []
     try:
-        for preset in [p.strip() for p in args.presets.split(",") if p.strip()]:
-            model = dllm.build_model(ModelConfig.from_name(preset), seed=0, device=device, dtype=dtype)
+        for preset, model in _models(args, device, dtype):
             for batch in batches:
                 for sampler, cache in grid:
                     r = row(preset, batch, sampler, cache, args, model)
                     _print(r, args.sites)
                     rows.append(r)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.out:

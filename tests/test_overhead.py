@@ -186,3 +186,9 @@ def test_bench_overhead_times_the_loop_outside_the_forwards(tmp_path, capsys):
         bench_overhead.main(["--time", "-1"])
     with pytest.raises(SystemExit, match="--cuda-graphs needs --device cuda"):
         bench_overhead.main(["--time", "1", "--cuda-graphs"])
+    shipped = tmp_path / "shipped.jsonl"
+    assert bench_overhead.main(["--checkpoint", "llada-pb-tiny", "--grid", "low_confidence+none", "--gen-length", "16",
+                                "--block-length", "16", "--out", str(shipped)]) == 0
+    assert json.loads(shipped.read_text())["preset"] == "llada-pb-tiny"
+    assert bench_overhead.main(["--checkpoint", str(tmp_path / "missing")]) == 2
+    assert "no checkpoint folder" in capsys.readouterr().err
