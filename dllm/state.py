@@ -302,8 +302,9 @@ def select_positions(mask: torch.Tensor, most: int | None = None) -> tuple[torch
     if most is None:
         most = int(counts.max()) if mask.numel() else 0
     q = max(most, 1)
-    # Selected columns first, in order: a stable sort of "not selected" (False before True).
-    order = torch.sort(~mask, dim=1, stable=True).indices[:, :q]                 # (B, Q)
+    # Selected columns first, in order: a stable descending sort of the mask, as uint8 (older
+    # torch cannot sort bool tensors on CUDA).
+    order = torch.sort(mask.view(torch.uint8), dim=1, descending=True, stable=True).indices[:, :q]   # (B, Q)
     valid = torch.arange(q, device=mask.device) < counts[:, None]
     return order * valid, valid
 
