@@ -334,10 +334,11 @@ def _write_commits(state: DecodeState, rows, positions, commit, tokens) -> None:
     """Write `tokens` (B', Q) where `commit`, and the step, without reading the device: each row's
     changes are added at its columns, zero where nothing is committed, so the padding entries
     (repeated columns, never committed) change nothing."""
-    at = (rows[:, None].expand_as(positions), positions)
-    state.x.index_put_(at, (tokens - state.x[at]) * commit, accumulate=True)
-    at = (at[0], (positions - state.gen_start).clamp(min=0))
-    state.commit_step.index_put_(at, (state.global_step - state.commit_step[at]) * commit, accumulate=True)
+    x_rows = state.x[rows]                                                        # (B', L)
+    state.x[rows] = x_rows.scatter_add(1, positions, (tokens - x_rows.gather(1, positions)) * commit)
+    steps = state.commit_step[rows]                                               # (B', G)
+    cols = (positions - state.gen_start).clamp(min=0)
+    state.commit_step[rows] = steps.scatter_add(1, cols, (state.global_step - steps.gather(1, cols)) * commit)
 
 
 def _remask(state: DecodeState, rows, remask: torch.Tensor) -> None:

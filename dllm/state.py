@@ -277,11 +277,12 @@ class DecodeState:
 
 
 def add_at(t: torch.Tensor, rows: torch.Tensor, value) -> None:
-    """`t[rows] += value` for distinct `rows` (B',), in one operation; `value` a tensor that
-    broadcasts to (B',), or a number."""
+    """`t[rows] += value` for a 1-D integer tensor `t` and distinct `rows` (B',); `value` a tensor
+    that broadcasts to (B',), or a number. One `index_add_`: on CUDA one kernel of atomic adds,
+    exact for integers (an accumulating `index_put_` would sort its indices first)."""
     if not isinstance(value, torch.Tensor):
         value = t.new_full((), value)      # filled on t's device: no copy from the host
-    t.index_put_((rows,), value, accumulate=True)
+    t.index_add_(0, rows, value.expand(rows.shape))
 
 
 def pad_columns_left(t: torch.Tensor, columns: int, fill) -> torch.Tensor:

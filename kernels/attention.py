@@ -280,13 +280,18 @@ def launch_candidates(head_dim: int, keys: int) -> list[Launch]:
     return out
 
 
+def _power_of_two_above(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def shape_key(q: torch.Tensor, k: torch.Tensor, key_valid: torch.Tensor | None) -> tuple:
-    """What a tuned launch is remembered by: device, dtype, B, H, H_kv, P, D, the key count
-    rounded up to a power of two (a canvas that grows by a few columns keeps its launch), and
-    whether keys are masked."""
+    """What a tuned launch is remembered by: device, dtype, H, H_kv, D, whether keys are masked,
+    and the batch rows, queries and keys each rounded up to a power of two (the queries a step
+    recomputes and the rows of a served batch change from step to step; a bucket keeps the launch
+    its first shape was tuned with, and the number of tuned shapes stays small)."""
     B, H, P, D = q.shape
-    keys = k.shape[2]
-    return (q.device, q.dtype, B, H, k.shape[1], P, D, 1 << max(keys - 1, 0).bit_length(), key_valid is not None)
+    return (q.device, q.dtype, H, k.shape[1], D, key_valid is not None,
+            _power_of_two_above(B), _power_of_two_above(P), _power_of_two_above(k.shape[2]))
 
 
 _TUNED: dict[tuple, Launch] = {}
@@ -307,7 +312,7 @@ def time_launch(fn, device: torch.device) -> float:
     of warm-up, 20 ms of repeats); elsewhere (the interpreter) the fastest of three timed calls."""
     if device.type == "cuda":
         import triton.testing
-        return triton.testing.do_bench(fn, warmup=5, rep=20)
+        return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
