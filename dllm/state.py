@@ -181,7 +181,8 @@ class DecodeState:
     def writable(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(B', L) bool: the generation region's columns before each row's end (`row_end`)."""
         rows = self._rows(rows)
-        return self.derived("writable", (rows, self.row_end), lambda: self.in_generation()[None, :] & self.in_reach(rows))
+        return self.derived("writable", (rows, self.row_end),
+                            lambda: self.in_generation()[None, :] & self.in_reach(rows))
 
     def block_first_column(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(B',) the first column attending as part of each row's active block: its start, or with
