@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
-# (default runs/gpu-checks). Run from the repository root; needs no network. Eight parts, each
+# (default runs/gpu-checks). Run from the repository root; needs no network. Nine parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
 # for the rest, and finished rows are kept):
 #   bash benchmarks/gpu/speed_checks.sh generate   # GPU tests; bench_generate at the LLaDA-8B shape,
@@ -34,6 +34,11 @@
 #                                                   # 512-4096 keys (LLaDA-8B and Dream-7B heads),
 #                                                   # then graphed none/dual decodes at the LLaDA-8B
 #                                                   # shape with sdpa and with tuned Triton launches
+#   bash benchmarks/gpu/speed_checks.sh loop       # one call for a short lease: the attention kernel's
+#                                                   # tests, graphed LLaDA-8B-shape decodes against the
+#                                                   # sum of their forwards with the loop's counts,
+#                                                   # sdpa against fixed and tuned attention launches,
+#                                                   # and single forwards with DLLM_ROPE_WRITE=torch/triton
 set -u
 PART=${1:-generate}
 OUT=${OUT:-runs/gpu-checks}
@@ -133,6 +138,18 @@ attention)
             >"$OUT/generate-attention-$backend.log" 2>&1
     done
     ;;
+loop)
+    timeout 100 python -m pytest -q -m "gpu or not slow" tests/test_kernels_attention.py >"$OUT/pytest-attention.log" 2>&1
+    timeout 160 python benchmarks/bench_overhead.py --presets llada-8b --device cuda --dtype bfloat16 \
+        --prompt-length 256 --gen-length 256 --block-length 32 --grid threshold+dual,threshold+none --time 2 \
+        --cuda-graphs --out "$OUT/overhead-8b.jsonl" >"$OUT/overhead-8b.log" 2>&1
+    timeout 120 python benchmarks/bench_kernels.py --only attention --out "$OUT/attention.jsonl" \
+        >"$OUT/attention.log" 2>&1
+    for impl in torch triton; do
+        DLLM_ROPE_WRITE=$impl timeout 70 python benchmarks/bench_forward.py --presets llada-8b --device cuda \
+            --calls 10 --count >"$OUT/forward-rope-$impl.log" 2>&1
+    done
+    ;;
 serve)
     timeout 270 python benchmarks/bench_serve.py --device cuda --requests 256 --concurrency 1,8,32 --gen-length 64 \
         --out "$OUT/serve-none.jsonl" >"$OUT/serve-none.log" 2>&1
@@ -140,7 +157,7 @@ serve)
         --cache dual --block-length 32 --out "$OUT/serve-dual.jsonl" >"$OUT/serve-dual.log" 2>&1
     ;;
 *)
-    echo "unknown part $PART: give moe, step, short, generate, peers, serve, rope or attention" >&2
+    echo "unknown part $PART: give moe, step, short, generate, peers, serve, rope, attention or loop" >&2
     exit 2
     ;;
 esac
