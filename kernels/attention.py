@@ -258,7 +258,8 @@ class Launch:
 def launch_choice(choice: str | None = None) -> str:
     """How `bidir_attn` picks its launches: `choice`, else DLLM_ATTENTION_LAUNCH (default "auto").
     "fixed": `_pick_config` and `_pick_splits`; "tuned": each shape's fastest candidate, timed at
-    the shape's first call (`tuned_launch`); "auto" is "fixed" until tuning is timed on a GPU."""
+    the shape's first call (`tuned_launch`); "auto" is "fixed" (sdpa, the attention backend's
+    `auto`, is faster than tuned launches at 512-1024 keys; docs/kernels.md §7)."""
     name = chosen_impl(choice, "DLLM_ATTENTION_LAUNCH", LAUNCH_CHOICES, "attention launch")
     return "fixed" if name == "auto" else name
 

@@ -16,7 +16,8 @@ handled.
 
 `rope_write_impl` reads `DLLM_ROPE_WRITE` (or `impl=`): "torch" (the layer's torch operations),
 "triton" (this kernel, on CUDA tensors, or CPU tensors under TRITON_INTERPRET=1) or "auto"
-(default): "torch" everywhere until the kernel has been timed on a GPU (docs/kernels.md §12).
+(default): "torch" everywhere (graphed GPU forwards gain from the kernel, eager ones did not in
+the one H200 run; docs/kernels.md §12).
 """
 from __future__ import annotations
 
