@@ -448,11 +448,9 @@ def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _
     if step.needs is not None:
         # The forward also recomputes the columns whose hidden states give the scored logits; a
         # row that scores nothing reads column 0.
-        first = state.derived("column_0", (state.columns(),), lambda: state.columns() == 0)   # (L,)
-        nothing = ~score_mask.any(1, keepdim=True) & first
+        nothing = ~score_mask.any(1, keepdim=True) & state.first_column()
         sources = source_columns(score_mask | nothing, model.config.logit_shift)
-        reach = state.derived("in_any_reach", (rows, state.row_end), lambda: state.in_reach(rows).any(0))
-        step.recompute = (step.needs.columns | sources) & reach
+        step.recompute = (step.needs.columns | sources) & state.in_any_reach(rows)
     return step
 
 

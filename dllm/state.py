@@ -178,6 +178,15 @@ class DecodeState:
         return self.derived("in_reach", (rows, self.row_end),
                             lambda: self.columns()[None, :] < self.row_end[rows, None])
 
+    def in_any_reach(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(L,) bool: the columns before the end of some row of `rows` (the longest kept row)."""
+        rows = self._rows(rows)
+        return self.derived("in_any_reach", (rows, self.row_end), lambda: self.in_reach(rows).any(0))
+
+    def first_column(self) -> torch.Tensor:
+        """(L,) bool: column 0 alone (a row that scores nothing reads it)."""
+        return self.derived("first_column", (self.columns(),), lambda: self.columns() == 0)
+
     def writable(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(B', L) bool: the generation region's columns before each row's end (`row_end`)."""
         rows = self._rows(rows)
