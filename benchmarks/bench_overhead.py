@@ -127,6 +127,41 @@ def time_loop(model, prompts: list[list[int]], config: GenerationConfig, runs: i
             "forwards_s": round(inside, 6), "decode_over_forwards": round(wall / inside, 4)}
 
 
+def profile_decode(model, prompts: list[list[int]], config: GenerationConfig, path: Path) -> dict:
+    """One more decode under torch.profiler: writes its operator table (by self device time on CUDA,
+    self CPU time otherwise) to `path` and returns, per step, the wall time, the time inside the
+    forwards and the time the device spent in kernels (`device_busy_us`, CUDA only): what a step
+    costs beyond its forwards, split into device work and device idle time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    request = resolve_request(model, config)
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    state = build_state(model, prompts, request.config, request.block_length)
+    clock = ForwardClock(model, device)
+    try:
+        with profile(activities=activities) as prof, torch.no_grad():
+            start = time.perf_counter()
+            steps = decode(model, state, request)
+            if cuda:
+                torch.cuda.synchronize(device)
+            wall = time.perf_counter() - start
+        inside = clock.seconds()
+    finally:
+        clock.remove()
+    events = prof.key_averages()
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(events.table(sort_by=sort, row_limit=60) + "\n")
+    out = {"profiled_steps": steps, "profiled_wall_us": round(wall / steps * 1e6, 1),
+           "profiled_forwards_us": round(inside / steps * 1e6, 1)}
+    if cuda:
+        busy = sum(e.self_device_time_total for e in events) / steps    # microseconds
+        out["device_busy_us"] = round(busy, 1)
+    return out
+
+
 def row(preset: str, batch: int, sampler: str, cache: str, args, model) -> dict:
     """Count one configuration: a batch of `batch` equal-length prompts."""
     vocab = model.config.vocab_size
@@ -149,6 +184,9 @@ def row(preset: str, batch: int, sampler: str, cache: str, args, model) -> dict:
         try:
             out.update(time_loop(model, prompts, config, args.time), threads=torch.get_num_threads(),
                        cuda_graphs=args.cuda_graphs)
+            if args.profile:
+                name = f"{preset}-B{batch}-{sampler}-{cache}.txt"
+                out.update(profile_decode(model, prompts, config, Path(args.profile) / name))
         finally:
             if args.cuda_graphs:
                 model.set_cuda_graphs(False)
@@ -160,6 +198,9 @@ def _print(r: dict, sites: bool) -> None:
                       for k in KINDS)
     timed = (f"  loop {r['loop_us']:8.1f} us/step  decode/forwards {r['decode_over_forwards']:.3f}"
              if "loop_us" in r else "")
+    if "profiled_wall_us" in r:
+        timed += (f"  profiled: {r['profiled_wall_us']:.1f} us/step, forwards {r['profiled_forwards_us']:.1f}"
+                  + (f", device busy {r['device_busy_us']:.1f}" if "device_busy_us" in r else ""))
     print(f"{r['preset']:<14} B={r['batch']:<3} {r['sampler']:<15} {r['cache']:<11} {r['forwards']:>4} fwd  {cells}{timed}")
     if sites:
         for kind in KINDS:
@@ -195,10 +236,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="--time: replay the forwards as CUDA graphs (captured at a layout's first forward)")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="--time: profile one more decode per configuration; its operator table goes to DIR, "
+                         "and the row gets the profiled step's wall, forward and (CUDA) device-busy time")
     ap.add_argument("--out", default=None, help="append one JSON row per configuration to this file")
     args = ap.parse_args(argv)
     if args.time < 0:
         raise SystemExit(f"error: --time {args.time} must be a number of decodes >= 0")
+    if args.profile and not args.time:
+        raise SystemExit("error: --profile needs --time N (it profiles one more decode after the timed ones)")
     if args.threads is not None:
         if args.threads < 1:
             raise SystemExit(f"error: --threads {args.threads} must be >= 1")

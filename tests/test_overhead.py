@@ -190,6 +190,16 @@ def test_bench_overhead_times_the_loop_outside_the_forwards(tmp_path, capsys):
         bench_overhead.main(["--time", "-1"])
     with pytest.raises(SystemExit, match="--cuda-graphs needs --device cuda"):
         bench_overhead.main(["--time", "1", "--cuda-graphs"])
+    with pytest.raises(SystemExit, match="--profile needs --time N"):
+        bench_overhead.main(["--profile", str(tmp_path / "profile")])
+    profiled = tmp_path / "profiled.jsonl"
+    assert bench_overhead.main(["--presets", "llada-tiny", "--grid", "low_confidence+none", "--gen-length", "16",
+                                "--block-length", "16", "--time", "1", "--profile", str(tmp_path / "profile"),
+                                "--out", str(profiled)]) == 0
+    row = json.loads(profiled.read_text())
+    assert row["profiled_steps"] == row["forwards"] and 0 < row["profiled_forwards_us"] < row["profiled_wall_us"]
+    assert "device_busy_us" not in row    # CUDA only
+    assert "aten::mm" in (tmp_path / "profile" / "llada-tiny-B1-low_confidence-none.txt").read_text()
     shipped = tmp_path / "shipped.jsonl"
     assert bench_overhead.main(["--checkpoint", "llada-pb-tiny", "--grid", "low_confidence+none", "--gen-length", "16",
                                 "--block-length", "16", "--out", str(shipped)]) == 0

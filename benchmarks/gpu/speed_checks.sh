@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
-# (default runs/gpu-checks). Run from the repository root; needs no network. Nine parts, each
+# (default runs/gpu-checks). Run from the repository root; needs no network. Ten parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
 # for the rest, and finished rows are kept):
 #   bash benchmarks/gpu/speed_checks.sh generate   # GPU tests; bench_generate at the LLaDA-8B shape,
@@ -39,6 +39,9 @@
 #                                                   # sum of their forwards with the loop's counts,
 #                                                   # sdpa against fixed and tuned attention launches,
 #                                                   # and single forwards with DLLM_ROPE_WRITE=torch/triton
+#   bash benchmarks/gpu/speed_checks.sh gaps       # graphed LLaDA-8B-shape decodes profiled: per step the
+#                                                   # wall time, the forwards' time and the device's busy
+#                                                   # time, with each decode's operator table
 set -u
 PART=${1:-generate}
 OUT=${OUT:-runs/gpu-checks}
@@ -150,6 +153,11 @@ loop)
             --calls 10 --count >"$OUT/forward-rope-$impl.log" 2>&1
     done
     ;;
+gaps)
+    timeout 300 python benchmarks/bench_overhead.py --presets llada-8b --device cuda --dtype bfloat16 \
+        --prompt-length 256 --gen-length 256 --block-length 32 --grid threshold+dual,threshold+none --time 1 \
+        --cuda-graphs --profile "$OUT/profile" --out "$OUT/gaps-8b.jsonl" >"$OUT/gaps-8b.log" 2>&1
+    ;;
 serve)
     timeout 270 python benchmarks/bench_serve.py --device cuda --requests 256 --concurrency 1,8,32 --gen-length 64 \
         --out "$OUT/serve-none.jsonl" >"$OUT/serve-none.log" 2>&1
@@ -157,7 +165,7 @@ serve)
         --cache dual --block-length 32 --out "$OUT/serve-dual.jsonl" >"$OUT/serve-dual.log" 2>&1
     ;;
 *)
-    echo "unknown part $PART: give moe, step, short, generate, peers, serve, rope, attention or loop" >&2
+    echo "unknown part $PART: give moe, step, short, generate, peers, serve, rope, attention, loop or gaps" >&2
     exit 2
     ;;
 esac
