@@ -14,7 +14,9 @@ Before the load, each prompt is decoded alone with `dllm.generate`; a row is che
 streamed text equals that answer. Prints one Markdown row per level and the throughput of each
 level relative to concurrency 1; `--out` appends JSON rows. `--offline-batches 1,8,32` first
 times `dllm.generate` on the same prompts in batches of those sizes, the most batching can gain
-without the server (`--concurrency ''` then skips the server).
+without the server (`--concurrency ''` then skips the server). `--breakdown` adds, per level, where
+the engine's time went in milliseconds per request (`Breakdown`): forwards over the whole canvas,
+forwards over fewer columns, the rest of the steps, and the engine's time outside its steps.
 """
 from __future__ import annotations
 
@@ -112,6 +114,55 @@ def level_row(concurrency: int, results: list, seconds: float, expected: list[st
             "first_chunk_p50_s": round(percentile(ttfc, 0.5), 4), "first_chunk_p99_s": round(percentile(ttfc, 0.99), 4)}
 
 
+class Breakdown:
+    """Where the engine's time goes during a level (`--breakdown`), summed over the level and given
+    in milliseconds per request: forwards that recompute every column of their canvas (`full`: a
+    step without a cache, a refresh, a joining row's first forward) and forwards that recompute
+    fewer (`partial`), the rest of the engine's steps (scoring, sampler, commits, the plan) and the
+    engine's time outside its steps (admission, streaming the text, waiting for requests)."""
+
+    def __init__(self, model, engine):
+        self.engine_step = engine.on_step
+        engine.on_step = self._on_step
+        self.hooks = [model.register_forward_pre_hook(self._before, with_kwargs=True),
+                      model.register_forward_hook(self._after, with_kwargs=True)]
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds = {"full": 0.0, "partial": 0.0, "steps": 0.0}
+        self.calls = {"full": 0, "partial": 0}
+        self.partial_rows = 0
+        self._start = None
+
+    def _before(self, model, args, kwargs) -> None:
+        self._start = time.perf_counter()
+
+    def _after(self, model, args, kwargs, output) -> None:
+        x, plan = args[0], kwargs.get("positions")
+        kind = "full" if plan is None or plan.shape[1] >= x.shape[1] else "partial"
+        self.seconds[kind] += time.perf_counter() - self._start
+        self.calls[kind] += 1
+        if kind == "partial":
+            self.partial_rows += x.shape[0]
+
+    def _on_step(self, seconds: float, rows: int, tokens: int) -> None:
+        self.seconds["steps"] += seconds
+        if self.engine_step is not None:
+            self.engine_step(seconds, rows, tokens)
+
+    def row(self, requests: int, wall: float) -> dict:
+        """The level's figures, then `reset` for the next level."""
+        ms = lambda seconds: round(seconds / requests * 1e3, 2)   # noqa: E731
+        forwards = self.seconds["full"] + self.seconds["partial"]
+        out = {"full_forward_ms": ms(self.seconds["full"]), "partial_forward_ms": ms(self.seconds["partial"]),
+               "rest_of_steps_ms": ms(self.seconds["steps"] - forwards),
+               "outside_steps_ms": ms(wall - self.seconds["steps"]),
+               "full_forwards": self.calls["full"], "partial_forwards": self.calls["partial"],
+               "rows_per_partial_forward": round(self.partial_rows / max(self.calls["partial"], 1), 2)}
+        self.reset()
+        return out
+
+
 def offline_batches(model, tokenizer, prompt_ids: list[list[int]], config, sizes: list[int]) -> None:
     """What batching gains without the server: `dllm.generate` on the same prompts in batches of each
     size (one warm-up batch first), printed as seconds, batched forwards, answer tokens per second
@@ -129,6 +180,16 @@ def offline_batches(model, tokenizer, prompt_ids: list[list[int]], config, sizes
         first = first or seconds
         print(f"| {size} | {len(prompt_ids)} | {seconds:.2f} | {forwards} | {tokens / seconds:.1f} "
               f"| {first / seconds:.2f}x |", flush=True)
+
+
+def print_breakdown(rows: list[dict]) -> None:
+    print("\n| concurrency | full forwards ms/request | partial forwards ms/request | rest of steps ms/request "
+          "| outside steps ms/request | full / partial forwards | rows per partial forward |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['concurrency']} | {r['full_forward_ms']} | {r['partial_forward_ms']} | {r['rest_of_steps_ms']} "
+              f"| {r['outside_steps_ms']} | {r['full_forwards']} / {r['partial_forwards']} "
+              f"| {r['rows_per_partial_forward']} |")
 
 
 def main(argv=None) -> int:
@@ -150,6 +211,8 @@ def main(argv=None) -> int:
     p.add_argument("--offline-batches", default=None, metavar="SIZES",
                    help="first time dllm.generate on the first max(SIZES) prompts in batches of each size "
                         "(e.g. 1,8,32); --concurrency '' skips the server")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also report where the engine's time goes at each level, in ms per request (Breakdown)")
     p.add_argument("--out", default=None, help="append one JSON row per level here")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -173,13 +236,18 @@ def main(argv=None) -> int:
     expected = [dllm.generate(model, tok, [encode_messages(tok, m)], defaults).texts[0] for _, m in prompts]
     app = build_app(model, tok, model_name=name, defaults=defaults, max_batch_rows=args.max_batch_rows,
                     max_queue=max(levels) * 4, engine_thread=False)
+    breakdown = Breakdown(model, app.state.engine) if args.breakdown else None
     rows = []
 
     def run_levels(base_url: str) -> None:
         try:
             for c in levels:
+                if breakdown:
+                    breakdown.reset()
                 results, seconds = load_in_a_process(base_url + "/v1", name, prompts, c)
                 rows.append(level_row(c, results, seconds, expected))
+                if breakdown:
+                    rows[-1].update(breakdown.row(len(prompts), seconds))
         finally:
             app.state.engine.stop()
 
@@ -193,6 +261,8 @@ def main(argv=None) -> int:
         print(f"| {r['concurrency']} | {r['answered']}/{r['requests']} | {r['equal_offline']} | {r['requests_per_s']} "
               f"| {r['output_tokens_per_s']} | {ratio} | {r['latency_p50_s']} | {r['latency_p99_s']} "
               f"| {r['first_chunk_p50_s']} | {r['first_chunk_p99_s']} |")
+    if breakdown:
+        print_breakdown(rows)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         meta = {"model": name, "gen_length": args.gen_length, "block_length": args.block_length,

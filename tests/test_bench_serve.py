@@ -48,3 +48,18 @@ def test_a_small_load_is_answered_and_equal_to_offline(bench, tmp_path, capsys):
     assert [r["concurrency"] for r in rows] == [1, 2]
     assert all(r["answered"] == r["equal_offline"] == 3 for r in rows)
     assert [r[0] for r in table_rows(capsys.readouterr().out)] == ["1", "2"]
+
+
+def test_the_breakdown_splits_the_engines_time(bench, tmp_path, capsys):
+    """`--breakdown` with `dual`: every request takes a full forward (its first, at its block start) and
+    partial ones after it; the parts add up to the level's time per request."""
+    out = tmp_path / "rows.jsonl"
+    assert bench.main(["--requests", "2", "--concurrency", "2", "--gen-length", "8", "--block-length", "4",
+                       "--cache", "dual", "--breakdown", "--out", str(out)]) == 0
+    row = json.loads(out.read_text())
+    assert row["answered"] == row["equal_offline"] == 2
+    assert row["full_forwards"] >= 2 and row["partial_forwards"] >= 1 and row["rows_per_partial_forward"] >= 1
+    parts = [row[k] for k in ("full_forward_ms", "partial_forward_ms", "rest_of_steps_ms", "outside_steps_ms")]
+    assert min(parts[:3]) > 0
+    assert sum(parts) == pytest.approx(row["seconds"] / 2 * 1e3, abs=0.6)   # seconds are rounded to 1 ms
+    assert "| full forwards ms/request |" in capsys.readouterr().out
