@@ -130,8 +130,8 @@ class Breakdown:
 
     def reset(self) -> None:
         self.seconds = {"full": 0.0, "partial": 0.0, "steps": 0.0}
-        self.calls = {"full": 0, "partial": 0}
-        self.partial_rows = 0
+        self.calls = {"full": 0, "partial": 0, "partial_rows": 0}
+        self._step = dict.fromkeys(["full", "partial", "partial_rows"], 0) | {"full_s": 0.0, "partial_s": 0.0}
         self._start = None
 
     def _before(self, model, args, kwargs) -> None:
@@ -140,13 +140,20 @@ class Breakdown:
     def _after(self, model, args, kwargs, output) -> None:
         x, plan = args[0], kwargs.get("positions")
         kind = "full" if plan is None or plan.shape[1] >= x.shape[1] else "partial"
-        self.seconds[kind] += time.perf_counter() - self._start
-        self.calls[kind] += 1
+        self._step[kind + "_s"] += time.perf_counter() - self._start
+        self._step[kind] += 1
         if kind == "partial":
-            self.partial_rows += x.shape[0]
+            self._step["partial_rows"] += x.shape[0]
 
     def _on_step(self, seconds: float, rows: int, tokens: int) -> None:
+        # a step's forwards count with the step, so that a level's last step (which the engine
+        # reports after the answers it streamed) falls wholly in one level
+        step, self._step = self._step, dict.fromkeys(self._step, 0)
         self.seconds["steps"] += seconds
+        for kind in ("full", "partial"):
+            self.seconds[kind] += step[kind + "_s"]
+            self.calls[kind] += step[kind]
+        self.calls["partial_rows"] += step["partial_rows"]
         if self.engine_step is not None:
             self.engine_step(seconds, rows, tokens)
 
@@ -158,7 +165,7 @@ class Breakdown:
                "rest_of_steps_ms": ms(self.seconds["steps"] - forwards),
                "outside_steps_ms": ms(wall - self.seconds["steps"]),
                "full_forwards": self.calls["full"], "partial_forwards": self.calls["partial"],
-               "rows_per_partial_forward": round(self.partial_rows / max(self.calls["partial"], 1), 2)}
+               "rows_per_partial_forward": round(self.calls["partial_rows"] / max(self.calls["partial"], 1), 2)}
         self.reset()
         return out
 
