@@ -119,7 +119,9 @@ class Breakdown:
     in milliseconds per request: forwards that recompute every column of their canvas (`full`: a
     step without a cache, a refresh, a joining row's first forward) and forwards that recompute
     fewer (`partial`), the rest of the engine's steps (scoring, sampler, commits, the plan) and the
-    engine's time outside its steps (admission, streaming the text, waiting for requests)."""
+    engine's time outside its steps (admission, streaming the text, waiting for requests). Times are
+    the host's wall clock: on a CPU the work itself; on a GPU a forward's time is its launch, and
+    the device's queued work lands in whatever next waits for it."""
 
     def __init__(self, model, engine):
         self.engine_step = engine.on_step
