@@ -160,6 +160,19 @@ def test_bad_requests_get_a_400_naming_the_field(server, body, param):
     assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
 
 
+def test_a_body_that_is_not_json_or_a_prompt_of_no_known_form_is_named(server):
+    r = httpx.post(server.url + "/v1/chat/completions", content=b"not json", timeout=60,
+                   headers={"content-type": "application/json"})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] is None
+    assert error["message"].startswith("the request body is not valid JSON")
+    for prompt in ([[1, 2], [3]], {"text": "hi"}, [1.5], None):
+        r = httpx.post(server.url + "/v1/completions", json={"model": "llada-pb-tiny", "prompt": prompt}, timeout=60)
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == "prompt", r.text
+        assert error["message"].startswith("prompt: expected a string or a list of token ids"), error["message"]
+
+
 def test_openai_client_raises_bad_request(client):
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         client.chat.completions.create(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[0]), n=2)

@@ -81,8 +81,12 @@ def create_app(server: Server, engine_thread: bool = True) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError):
         first = err.errors()[0]
+        if first["type"] == "json_invalid":
+            reason = first.get("ctx", {}).get("error", first["msg"])
+            return error_response(400, f"the request body is not valid JSON: {reason}", None)
         param = ".".join(str(p) for p in first["loc"] if p != "body") or None
-        return error_response(400, f"{param}: {first['msg']}" if param else first["msg"], param)
+        message = first["msg"].removeprefix("Value error, ")   # a validator's own message, as it wrote it
+        return error_response(400, f"{param}: {message}" if param else message, param)
 
     @app.get("/health")
     async def health():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..config import GenerationConfig
 from ..decode import with_instances
@@ -81,6 +81,14 @@ class ChatRequest(_Request):
 
 class CompletionRequest(_Request):
     prompt: str | list[int]
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        """One prompt per request: a string, or a list of token ids."""
+        if isinstance(value, str) or (isinstance(value, list) and all(type(t) is int for t in value)):
+            return value
+        raise ValueError(f"expected a string or a list of token ids (one prompt per request), got {str(value)[:80]}")
 
 
 # The request field behind a length setting a sampler or cache refuses when its batch is built.
