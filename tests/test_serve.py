@@ -15,7 +15,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from dllm.serve import build_app  # noqa: E402
+from dllm.serve import build_app, serve  # noqa: E402
 
 GEN = 32
 DEFAULTS = dllm.GenerationConfig(gen_length=GEN, sampler="low_confidence", seed=0)
@@ -244,6 +244,11 @@ def test_bad_server_settings_are_refused_before_serving(shipped, capsys):
         Engine(model, tok, max_batch_rows=0)
     assert main(["serve", "--sampler", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+    for port in (70000, -5):
+        assert main(["serve", "--port", str(port)]) == 2
+        assert f"port must be an integer in 0-65535 (0 picks a free one), got {port}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="port must be an integer in 0-65535"):
+        serve(build_app(model, tok, model_name="m", engine_thread=False), port=65536)
 
 
 def test_a_failing_batch_fails_only_its_own_requests(shipped):
@@ -323,8 +328,6 @@ def test_with_shared_kv_buffers_storing_batches_run_one_at_a_time(shipped, monke
 def test_serve_steps_the_batches_in_the_calling_thread(shipped):
     """`serve` answers over HTTP from another thread while this one steps the batches; it returns
     once the engine stops, and the stopped engine answers later requests 503."""
-    from dllm.serve import serve
-
     model, tok = shipped
     app = build_app(model, tok, model_name="m", defaults=DEFAULTS, engine_thread=False)
     engine, stepped_in, answers = app.state.engine, set(), {}
@@ -348,8 +351,6 @@ def test_serve_steps_the_batches_in_the_calling_thread(shipped):
 
 
 def test_stopping_the_engine_answers_open_requests_503(shipped):
-    from dllm.serve import serve
-
     model, tok = shipped
     app = build_app(model, tok, model_name="m", defaults=DEFAULTS, engine_thread=False)
     events = []
@@ -373,8 +374,6 @@ def test_stopping_the_engine_answers_open_requests_503(shipped):
 
 def test_serve_refuses_a_threaded_engine_and_reports_a_port_in_use(shipped):
     import socket
-
-    from dllm.serve import serve
 
     model, tok = shipped
     with pytest.raises(ValueError, match="engine_thread=False"):

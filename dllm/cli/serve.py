@@ -26,11 +26,12 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     try:
-        from dllm.serve import build_app, serve
+        from dllm.serve import build_app, check_port, serve
     except ImportError as err:
         print(f"error: dllm serve needs the serve extra (pip install -e \".[serve]\"): {err}", file=sys.stderr)
         return 2
     try:
+        check_port(args.port)
         defaults = generation_config(args)
         with_instances(defaults.for_length(defaults.gen_length))          # fails before the model load
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device, attention=args.attention,

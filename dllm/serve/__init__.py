@@ -9,9 +9,9 @@ routes, `metrics` the Prometheus metrics, `runner` runs a server.
 from __future__ import annotations
 
 from ..config import GenerationConfig
-from .runner import serve
+from .runner import check_port, serve
 
-__all__ = ["build_app", "serve"]
+__all__ = ["build_app", "check_port", "serve"]
 
 
 def build_app(model, tokenizer, *, model_name: str, defaults: GenerationConfig | None = None,

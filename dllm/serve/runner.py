@@ -8,6 +8,12 @@ import time
 from typing import Callable
 
 
+def check_port(port) -> None:
+    """Raise ValueError unless `port` is a TCP port number (0 picks a free one)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer in 0-65535 (0 picks a free one), got {port!r}")
+
+
 def serve(app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
           on_started: Callable[[str], None] | None = None) -> None:
     """Serve `app` (from `build_app(..., engine_thread=False)`) until the engine stops: Ctrl-C or
@@ -17,6 +23,7 @@ def serve(app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "i
     RuntimeError when the server could not start (the address in use, say)."""
     import uvicorn
 
+    check_port(port)
     engine = app.state.engine
     if app.state.engine_thread:
         raise ValueError("serve() runs the engine in this thread; build the app with engine_thread=False")
