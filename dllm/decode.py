@@ -119,9 +119,13 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool | None) -> list
 
 
 def _as_rows(prompts, attention_mask) -> list[list[int]]:
+    if attention_mask is not None and not isinstance(prompts, torch.Tensor):
+        raise ValueError("attention_mask marks the padding of input_ids given as a tensor; prompts given as "
+                         "lists of token ids carry their own lengths (leave attention_mask out)")
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() == 1:
             prompts = prompts[None]
+            attention_mask = attention_mask if attention_mask is None or attention_mask.dim() != 1 else attention_mask[None]
         if prompts.dim() != 2:
             raise ValueError(f"input_ids must be 1-D or 2-D, got shape {tuple(prompts.shape)}")
         if attention_mask is None:
@@ -772,7 +776,8 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
 
     prompts: a string, a list of strings (tokenized, through the chat template when `chat`), a
         list of token ids, a list of such lists (ragged: left-padded here), or an input_ids tensor
-        (B, L) with an optional `attention_mask` marking its padding.
+        (B, L) or (L,) with an optional `attention_mask` of its shape marking its padding (only
+        with a tensor: lists carry their own lengths).
     config: a GenerationConfig; keyword overrides (gen_length=..., sampler=..., cache=...,
         cache_kwargs=...) replace its fields.
     on_step: called with the DecodeState after every step (progress display).

@@ -269,6 +269,12 @@ def test_bad_input_ids_and_mask(tiny):
         dllm.generate(tiny, None, torch.ones(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 3), gen_length=4)
     with pytest.raises(ValueError, match=r"token-id prompts must be lists of integers"):
         dllm.generate(tiny, None, [[1, 2.5]], gen_length=4)
+    with pytest.raises(ValueError, match=r"attention_mask marks the padding of input_ids given as a tensor"):
+        dllm.generate(tiny, None, [[1, 2, 3]], attention_mask=torch.ones(2, 2), gen_length=4)
+    # a 1-D mask goes with 1-D input_ids: the padding it marks is left out
+    ids = torch.tensor([5, 6, 7, 8])
+    masked = dllm.generate(tiny, None, ids, attention_mask=torch.tensor([0, 1, 1, 1]), gen_length=4)
+    assert masked.sequences.tolist() == dllm.generate(tiny, None, [[6, 7, 8]], gen_length=4).sequences.tolist()
 
 
 def test_sampler_kwargs_with_an_instance(tiny):
