@@ -173,6 +173,23 @@ def test_a_body_that_is_not_json_or_a_prompt_of_no_known_form_is_named(server):
         assert error["message"].startswith("prompt: expected a string or a list of token ids"), error["message"]
 
 
+def test_prompts_with_the_mask_token_are_refused_and_an_empty_one_decodes(server, shipped):
+    model, tok = shipped
+    mask = model.config.mask_token_id
+    mask_text = tok.decode([mask])
+    for path, body, param in (("/v1/completions", {"prompt": [5, mask, 6]}, "prompt"),
+                              ("/v1/completions", {"prompt": "a " + mask_text}, "prompt"),
+                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": mask_text}]},
+                               "messages")):
+        r = httpx.post(server.url + path, json=body, timeout=60)
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == param, r.text
+        assert f"the mask token id {mask} is in the {param}" in error["message"]
+    for prompt in ("", []):       # an empty prompt decodes from nothing, as dllm.generate does
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 0, r.text
+
+
 def test_openai_client_raises_bad_request(client):
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         client.chat.completions.create(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[0]), n=2)

@@ -55,20 +55,27 @@ class Server:
     def chat_prompt(self, body: ChatRequest) -> list[int]:
         messages = [m.model_dump() for m in body.messages]
         try:
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                           return_dict=False))
+            ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                          return_dict=False))
         except Exception as err:   # a template that refuses the roles or their order
             raise RequestError(f"the model's chat template cannot render these messages: {err}", "messages") from None
+        return self._without_masks(ids, "messages")
 
     def completion_prompt(self, body: CompletionRequest) -> list[int]:
         if isinstance(body.prompt, str):
-            return self.tokenizer(body.prompt, add_special_tokens=False)["input_ids"]
+            return self._without_masks(self.tokenizer(body.prompt, add_special_tokens=False)["input_ids"], "prompt")
         vocab = self.engine.model.config.vocab_size
         bad = [t for t in body.prompt if not 0 <= t < vocab]
-        if bad or not body.prompt:
-            raise RequestError(f"prompt token ids must be in [0, {vocab}) and not empty, got {bad[:3] or '[]'}",
-                               "prompt")
-        return list(body.prompt)
+        if bad:
+            raise RequestError(f"prompt token ids must be in [0, {vocab}), got {bad[:3]}", "prompt")
+        return self._without_masks(list(body.prompt), "prompt")
+
+    def _without_masks(self, ids: list[int], param: str) -> list[int]:
+        """The prompt's ids, refused when they hold the mask token (a prompt is given, not decoded)."""
+        if self.engine.mask_id in ids:
+            raise RequestError(f"the mask token id {self.engine.mask_id} is in the {param}, at prompt position "
+                               f"{ids.index(self.engine.mask_id)}; a prompt may not contain masks", param)
+        return ids
 
 
 def create_app(server: Server, engine_thread: bool = True) -> FastAPI:
