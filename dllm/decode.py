@@ -125,7 +125,8 @@ def _as_rows(prompts, attention_mask) -> list[list[int]]:
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() == 1:
             prompts = prompts[None]
-            attention_mask = attention_mask if attention_mask is None or attention_mask.dim() != 1 else attention_mask[None]
+            if attention_mask is not None and attention_mask.dim() == 1:
+                attention_mask = attention_mask[None]
         if prompts.dim() != 2:
             raise ValueError(f"input_ids must be 1-D or 2-D, got shape {tuple(prompts.shape)}")
         if attention_mask is None:

@@ -20,7 +20,8 @@ def serve(app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "i
     SIGTERM (when called from the main thread), `app.state.engine.stop()`, or the HTTP server
     ending; the requests still open are answered 503. `on_started(url)` is called in a thread
     of its own once the server listens, with its base URL (`port=0` picks a free port). Raises
-    RuntimeError when the server could not start (the address in use, say)."""
+    RuntimeError when the server could not start (the address in use, say), ValueError for a port
+    outside 0-65535."""
     import uvicorn
 
     check_port(port)
