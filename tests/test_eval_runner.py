@@ -96,6 +96,21 @@ def test_rows_scores_and_resume(llada, bench_data, tmp_path):
     assert len(other) == 12 and len({r["run_id"] for r in _file_rows(out)}) == 2
 
 
+def test_a_results_file_that_cannot_be_written_fails_before_decoding(llada, bench_data, tmp_path):
+    """The results file is opened before the first batch (`ResultsFile.check_writable`), not when
+    the first rows are stored."""
+    model, tok = llada
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(bench_data), tasks="waiting_line/copy", limit=2,
+                                       out=str(blocker / "r.jsonl")))
+    with pytest.raises(OSError, match=r"cannot write the results file .*a-file/r\.jsonl"):
+        runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    fine = runner.ResultsFile(tmp_path / "new" / "r.jsonl")
+    fine.check_writable()
+    assert fine.path.read_text() == "" and fine.rows() == []
+
+
 def test_torn_last_line_is_redone(llada, bench_data, tmp_path):
     model, tok = llada
     full = tmp_path / "full.jsonl"

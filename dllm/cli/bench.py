@@ -128,7 +128,7 @@ def run(args) -> int:
             print_report(runner.ResultsFile(args.out).rows(), levels, args=args)
             return 0
         rows = runner.run_bench(bench_config(args), progress=not args.no_progress)
-    except (ValueError, FileNotFoundError, FloatingPointError, RuntimeError) as err:
+    except (ValueError, OSError, FloatingPointError, RuntimeError) as err:   # OSError: files it cannot read or write
         print(f"error: {err}", file=sys.stderr)
         return 2
     if not is_main_process():

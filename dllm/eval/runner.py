@@ -183,6 +183,16 @@ class ResultsFile:
         """The result rows of the file (records with a run id)."""
         return [r for r in self.records() if "run_id" in r]
 
+    def check_writable(self) -> None:
+        """Create the file's folder and open the file for appending (creating it empty), so that a
+        path that cannot be written fails before any sample is decoded. Raises OSError naming it."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8"):
+                pass
+        except OSError as err:
+            raise OSError(f"cannot write the results file {str(self.path)!r}: {err.strerror or err}") from err
+
     def append(self, rows: list[dict]) -> None:
         if not rows:
             return
@@ -319,6 +329,7 @@ def _start_run(cfg: BenchConfig, dist: Distributed, model, tokenizer) -> tuple[_
 def _stored_rows(cfg: BenchConfig, dist: Distributed, run_id: str) -> tuple[ResultsFile | None, list[dict]]:
     results = ResultsFile(cfg.out) if cfg.out else None
     if results is not None and dist.is_main:
+        results.check_writable()
         results.repair()
     dist.barrier()
     stored = [r for r in results.rows() if r.get("run_id") == run_id] if results is not None else []
