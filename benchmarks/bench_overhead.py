@@ -99,25 +99,30 @@ class ForwardClock:
             hook.remove()
 
 
+def timed_decode(model, prompts: list[list[int]], request, clock: ForwardClock) -> tuple[float, float, int]:
+    """One decode from a fresh state: (wall seconds, seconds inside the forwards, steps)."""
+    device = next(model.parameters()).device
+    state = build_state(model, prompts, request.config, request.block_length)
+    if clock.cuda:
+        torch.cuda.synchronize(device)
+    clock.seconds()
+    start = time.perf_counter()
+    with torch.no_grad():
+        steps = decode(model, state, request)
+    if clock.cuda:
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start, clock.seconds(), steps
+
+
 def time_loop(model, prompts: list[list[int]], config: GenerationConfig, runs: int) -> dict:
     """The fastest of `runs` decodes (after one untimed decode) as `loop_us`, microseconds per step
     outside the model's forwards (wall time minus the forwards' time, per step), with that decode's
     `decode_s`, `forwards_s` and `decode_over_forwards`."""
     request = resolve_request(model, config)
-    device = next(model.parameters()).device
-    clock, best = ForwardClock(model, device), None
+    clock, best = ForwardClock(model, next(model.parameters()).device), None
     try:
         for run in range(runs + 1):
-            state = build_state(model, prompts, request.config, request.block_length)
-            if clock.cuda:
-                torch.cuda.synchronize(device)
-            clock.seconds()
-            start = time.perf_counter()
-            with torch.no_grad():
-                steps = decode(model, state, request)
-            if clock.cuda:
-                torch.cuda.synchronize(device)
-            wall, inside = time.perf_counter() - start, clock.seconds()
+            wall, inside, steps = timed_decode(model, prompts, request, clock)
             if run and (best is None or wall - inside < best[0] - best[1]):
                 best = (wall, inside, steps)
     finally:
@@ -135,28 +140,20 @@ def profile_decode(model, prompts: list[list[int]], config: GenerationConfig, pa
     from torch.profiler import ProfilerActivity, profile
 
     request = resolve_request(model, config)
-    device = next(model.parameters()).device
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    state = build_state(model, prompts, request.config, request.block_length)
-    clock = ForwardClock(model, device)
+    clock = ForwardClock(model, next(model.parameters()).device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if clock.cuda else [])
     try:
-        with profile(activities=activities) as prof, torch.no_grad():
-            start = time.perf_counter()
-            steps = decode(model, state, request)
-            if cuda:
-                torch.cuda.synchronize(device)
-            wall = time.perf_counter() - start
-        inside = clock.seconds()
+        with profile(activities=activities) as prof:
+            wall, inside, steps = timed_decode(model, prompts, request, clock)
     finally:
         clock.remove()
     events = prof.key_averages()
-    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    sort = "self_device_time_total" if clock.cuda else "self_cpu_time_total"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(events.table(sort_by=sort, row_limit=60) + "\n")
     out = {"profiled_steps": steps, "profiled_wall_us": round(wall / steps * 1e6, 1),
            "profiled_forwards_us": round(inside / steps * 1e6, 1)}
-    if cuda:
+    if clock.cuda:
         busy = sum(e.self_device_time_total for e in events) / steps    # microseconds
         out["device_busy_us"] = round(busy, 1)
     return out

@@ -281,10 +281,6 @@ def launch_candidates(head_dim: int, keys: int) -> list[Launch]:
     return out
 
 
-def _power_of_two_above(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def shape_key(q: torch.Tensor, k: torch.Tensor, key_valid: torch.Tensor | None) -> tuple:
     """What a tuned launch is remembered by: device, dtype, H, H_kv, D, whether keys are masked,
     and the batch rows, queries and keys each rounded up to a power of two (the queries a step
@@ -292,7 +288,7 @@ def shape_key(q: torch.Tensor, k: torch.Tensor, key_valid: torch.Tensor | None) 
     its first shape was tuned with, and the number of tuned shapes stays small)."""
     B, H, P, D = q.shape
     return (q.device, q.dtype, H, k.shape[1], D, key_valid is not None,
-            _power_of_two_above(B), _power_of_two_above(P), _power_of_two_above(k.shape[2]))
+            triton.next_power_of_2(B), triton.next_power_of_2(P), triton.next_power_of_2(k.shape[2]))
 
 
 _TUNED: dict[tuple, Launch] = {}
