@@ -370,40 +370,39 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    roots, python = check_peers(args.configs, args.fastdllm, args.llada, args.peer_python)
-    check_peer_model(roots, args.checkpoint)
-    workdir = Path(args.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    if args.checkpoint:
-        ckpt = Path(args.checkpoint).expanduser()
-        if not (ckpt / "config.json").is_file():
-            raise FileNotFoundError(f"no config.json in --checkpoint {ckpt}; pass a LLaDA checkpoint folder")
-        label = str(args.checkpoint)
-    else:
-        ckpt, label = preset_checkpoint(args.preset, workdir, args.seed, args.dtype, args.device), args.preset
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+def run_prompts(args, cfg: ModelConfig) -> list[list[int]]:
+    """The prompts of the run: `--prompt-ids` (which then sets `args.prompts` and
+    `args.prompt_length`) or seeded random ones."""
+    if not args.prompt_ids:
+        return make_prompts(cfg, args.prompts, args.prompt_length, args.seed)
+    prompts = read_prompt_ids(args.prompt_ids, cfg)
+    args.prompts, args.prompt_length = len(prompts), len(prompts[0])
+    return prompts
 
-    # dllm's side, in this process.
-    model = load_model(ckpt, dtype=args.dtype, device=device)
-    cfg = model.config
-    if cfg.family != "llada":
-        raise ValueError(f"{ckpt} holds a {cfg.family} model; the peers' LLaDA code runs LLaDA only")
-    if args.prompt_ids:
-        prompts = read_prompt_ids(args.prompt_ids, cfg)
-        args.prompts, args.prompt_length = len(prompts), len(prompts[0])
-    else:
-        prompts = make_prompts(cfg, args.prompts, args.prompt_length, args.seed)
-    Lp, G = len(prompts[0]), args.gen_length
-    logit_positions = sorted({Lp - 1, Lp, Lp + 1, Lp + G // 2, Lp + G - 1})
-    canvas = torch.full((1, Lp + G), cfg.mask_token_id, dtype=torch.long, device=device)
-    canvas[0, :Lp] = torch.tensor(prompts[0], device=device)
+
+def checkpoint_of(args, workdir: Path) -> tuple[Path, str]:
+    """The checkpoint folder both sides read, and its label in the rows."""
+    if not args.checkpoint:
+        return preset_checkpoint(args.preset, workdir, args.seed, args.dtype, args.device), args.preset
+    ckpt = Path(args.checkpoint).expanduser()
+    if not (ckpt / "config.json").is_file():
+        raise FileNotFoundError(f"no config.json in --checkpoint {ckpt}; pass a LLaDA checkpoint folder")
+    return ckpt, str(args.checkpoint)
+
+
+def first_canvas_logits(model, prompt: list[int], gen_length: int, device) -> tuple[list[int], torch.Tensor]:
+    """The columns compared on both sides and dllm's logits there, from a full forward of the first
+    prompt's starting canvas (fp32, on the CPU)."""
+    Lp, mask = len(prompt), model.config.mask_token_id
+    columns = sorted({Lp - 1, Lp, Lp + 1, Lp + gen_length // 2, Lp + gen_length - 1})
+    canvas = torch.full((1, Lp + gen_length), mask, dtype=torch.long, device=device)
+    canvas[0, :Lp] = torch.tensor(prompt, device=device)
     with torch.no_grad():
-        our_logits = model(canvas)[0, logit_positions].float().cpu()
-    load_before = os.getloadavg()[0]
+        return columns, model(canvas)[0, columns].float().cpu()
+
+
+def time_ours(model, prompts, args, device) -> dict:
+    """dllm's timings per (configuration, variant)."""
     ours = {}
     for variant in args.variants:
         model.set_cuda_graphs("graphs" in variant, capture_after=1)
@@ -413,15 +412,18 @@ def main(argv=None) -> int:
                                            args.repeats)
             print(f"dllm {name} ({variant}): forwards {ours[name, variant]['forwards']}, "
                   f"{ours[name, variant]['seconds']:.2f} s", flush=True)
-    del model
-    gc.collect()
+    return ours
 
-    # The peer's side, in its own environment.
-    request = {"prompts": prompts, "gen_length": G, "block_length": args.block_length, "steps": G,
-               "threshold": args.threshold, "mask_id": cfg.mask_token_id, "temperature": 0.0,
+
+def run_peer(roots: dict[str, Path], python: Path, ckpt: Path, prompts, logit_columns, args, workdir: Path,
+             mask_id: int) -> tuple[dict, torch.Tensor]:
+    """The peer driver's result and its logits on the first canvas, from a subprocess in the peers'
+    environment."""
+    request = {"prompts": prompts, "gen_length": args.gen_length, "block_length": args.block_length,
+               "steps": args.gen_length, "threshold": args.threshold, "mask_id": mask_id, "temperature": 0.0,
                "remasking": "low_confidence", "repeats": args.repeats, "warmup_runs": args.warmup_runs,
                "device": args.device, "dtype": args.dtype, "threads": args.threads,
-               "logit_positions": logit_positions,
+               "logit_positions": logit_columns,
                "functions": [{"name": n, "peer": CONFIGS[n].peer, "function": CONFIGS[n].function,
                               **({} if CONFIGS[n].uses_threshold else {"threshold": None, "steps": args.steps})}
                              for n in args.configs]}
@@ -434,66 +436,107 @@ def main(argv=None) -> int:
     done = subprocess.run(cmd)
     if done.returncode != 0 or not res_path.is_file():
         raise RuntimeError(f"the peer driver failed (exit status {done.returncode}); its messages are above")
-    load_after = os.getloadavg()[0]
-    peer = json.loads(res_path.read_text())
     peer_logits = torch.load(str(res_path) + ".logits.pt", weights_only=True)["logits"]
-    logit_diff = float((our_logits - peer_logits).abs().max())
-    logit_scale = float(our_logits.abs().max())
+    return json.loads(res_path.read_text()), peer_logits
 
-    commits = {peer: peer_commit(root, args.fastdllm_git if peer == "fastdllm" else args.llada_git)
-               for peer, root in roots.items()}
+
+def shared_fields(args, cfg, label: str, prompts, peer: dict, load_avg: list[float], logits: dict) -> dict:
+    """The fields every row of the run carries: provenance on both sides and the settings."""
     head, dirty = our_commit()
-    shared = {"timestamp": timestamp(), "versions": versions(), "peer_versions": peer["versions"],
-              "hardware": hardware(), "git_commit": head, "git_dirty": dirty,
-              "peer_files_sha256": peer["peer_files_sha256"], "peer_model_source": peer["model_source"],
-              "load_avg_1m": [load_before, load_after], "checkpoint": label, "n_params": cfg.n_params,
-              "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "seed": args.seed,
-              "batch": 1, "prompts": args.prompts, "prompt_length": Lp, "prompt_lengths": [len(p) for p in prompts],
-              "prompt_source": args.prompt_ids or f"random (seed {args.seed})", "gen_length": G,
-              "block_length": args.block_length, "threshold": args.threshold, "dtype": args.dtype,
-              "device": args.device, "threads": torch.get_num_threads(), "peer_threads": peer["threads"],
-              "repeats": args.repeats, "warmup_runs": args.warmup_runs, "logit_positions": logit_positions,
-              "logits_max_abs_diff": logit_diff, "logits_max_abs": logit_scale}
+    return {"timestamp": timestamp(), "versions": versions(), "peer_versions": peer["versions"],
+            "hardware": hardware(), "git_commit": head, "git_dirty": dirty,
+            "peer_files_sha256": peer["peer_files_sha256"], "peer_model_source": peer["model_source"],
+            "load_avg_1m": load_avg, "checkpoint": label, "n_params": cfg.n_params,
+            "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "seed": args.seed,
+            "batch": 1, "prompts": args.prompts, "prompt_length": len(prompts[0]),
+            "prompt_lengths": [len(p) for p in prompts],
+            "prompt_source": args.prompt_ids or f"random (seed {args.seed})", "gen_length": args.gen_length,
+            "block_length": args.block_length, "threshold": args.threshold, "dtype": args.dtype,
+            "device": args.device, "threads": torch.get_num_threads(), "peer_threads": peer["threads"],
+            "repeats": args.repeats, "warmup_runs": args.warmup_runs, **logits}
+
+
+def compared_rows(ours: dict, peer: dict, commits: dict, shared: dict, args) -> list[dict]:
+    """One row per (peer configuration, dllm variant), printed as a table line too."""
     rows = []
-    lengths = sorted({len(p) for p in prompts})
-    shown = lengths[0] if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
-    print(f"\n{label}: prompt {shown}, gen {G}, block {args.block_length}, threshold {args.threshold}, "
-          f"{args.dtype}, {args.device}, batch 1, {args.prompts} prompt(s); "
-          + ", ".join(f"{PEERS[p][1]} {c[:12]}" for p, c in commits.items()))
-    print(f"full forward on the first canvas: max |logit difference| {logit_diff:.3g} "
-          f"(max |logit| {logit_scale:.3g})")
     print(f"{'config':<30} {'peer function':<38} {'identical':<12} {'forwards':>15} "
           f"{'dllm s':>9} {'peer s':>9} {'dllm/peer':>9}")
     for entry, variant in ((e, v) for e in peer["results"] for v in args.variants):
-        name = entry["name"]
+        name, peer_name = entry["name"], entry["peer"]
         mine = ours[name, variant]
         row_i, pos, count = first_difference(mine["tokens"], entry["tokens"])
-        same = count == 0
         ratio = mine["seconds"] / entry["seconds"] if entry["seconds"] > 0 else float("inf")
-        req = dllm_request(name, args)
-        peer_name = entry["peer"]
-        row = {**shared, "config": name, "dllm_variant": variant, "peer": PEERS[peer_name][0],
-               "peer_commit": commits[peer_name], "peer_function": entry["function"], "peer_kwargs": entry["kwargs"],
-               "dllm_request": req, "tokens_identical": same, "first_diff_prompt": row_i,
-               "first_diff_position": pos, "mismatched_tokens": count,
-               "dllm_forwards": mine["forwards"], "peer_forwards": entry["forwards"], "peer_nfe": entry["nfe"],
-               "dllm_seconds": mine["seconds"], "peer_seconds": entry["seconds"],
-               "dllm_seconds_all": mine["seconds_all"], "peer_seconds_all": entry["seconds_all"],
-               "dllm_warmup_seconds": mine["warmup_seconds"], "peer_warmup_seconds": entry["warmup_seconds"],
-               "ratio": ratio}
-        rows.append(row)
-        ident = "yes" if same else f"no @{pos}" + (f" (p{row_i})" if args.prompts > 1 else "")
+        rows.append({**shared, "config": name, "dllm_variant": variant, "peer": PEERS[peer_name][0],
+                     "peer_commit": commits[peer_name], "peer_function": entry["function"],
+                     "peer_kwargs": entry["kwargs"], "dllm_request": dllm_request(name, args),
+                     "tokens_identical": count == 0, "first_diff_prompt": row_i, "first_diff_position": pos,
+                     "mismatched_tokens": count, "dllm_forwards": mine["forwards"],
+                     "peer_forwards": entry["forwards"], "peer_nfe": entry["nfe"],
+                     "dllm_seconds": mine["seconds"], "peer_seconds": entry["seconds"],
+                     "dllm_seconds_all": mine["seconds_all"], "peer_seconds_all": entry["seconds_all"],
+                     "dllm_warmup_seconds": mine["warmup_seconds"], "peer_warmup_seconds": entry["warmup_seconds"],
+                     "ratio": ratio})
+        ident = "yes" if count == 0 else f"no @{pos}" + (f" (p{row_i})" if args.prompts > 1 else "")
         fw = f"{sum(mine['forwards'])} / {sum(entry['forwards'])}"
         function = f"{PEERS[peer_name][1]} {entry['function']}"
         print(f"{name + ' (' + variant + ')':<30} {function:<38} {ident:<12} {fw:>15} {mine['seconds']:>9.2f} "
               f"{entry['seconds']:>9.2f} {ratio:>9.3f}")
+    return rows
+
+
+def append_rows(path: str, rows: list[dict]) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    print(f"appended {len(rows)} row(s) to {out}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    roots, python = check_peers(args.configs, args.fastdllm, args.llada, args.peer_python)
+    check_peer_model(roots, args.checkpoint)
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpt, label = checkpoint_of(args, workdir)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    # dllm's side, in this process.
+    model = load_model(ckpt, dtype=args.dtype, device=device)
+    cfg = model.config
+    if cfg.family != "llada":
+        raise ValueError(f"{ckpt} holds a {cfg.family} model; the peers' LLaDA code runs LLaDA only")
+    prompts = run_prompts(args, cfg)
+    logit_columns, our_logits = first_canvas_logits(model, prompts[0], args.gen_length, device)
+    load_before = os.getloadavg()[0]
+    ours = time_ours(model, prompts, args, device)
+    del model
+    gc.collect()
+
+    # The peer's side, in its own environment.
+    peer, peer_logits = run_peer(roots, python, ckpt, prompts, logit_columns, args, workdir, cfg.mask_token_id)
+    load_after = os.getloadavg()[0]
+    logit_diff = float((our_logits - peer_logits).abs().max())
+    logit_scale = float(our_logits.abs().max())
+
+    commits = {name: peer_commit(root, args.fastdllm_git if name == "fastdllm" else args.llada_git)
+               for name, root in roots.items()}
+    shared = shared_fields(args, cfg, label, prompts, peer, [load_before, load_after],
+                           {"logit_positions": logit_columns, "logits_max_abs_diff": logit_diff,
+                            "logits_max_abs": logit_scale})
+    lengths = sorted({len(p) for p in prompts})
+    shown = lengths[0] if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
+    print(f"\n{label}: prompt {shown}, gen {args.gen_length}, block {args.block_length}, threshold {args.threshold}, "
+          f"{args.dtype}, {args.device}, batch 1, {args.prompts} prompt(s); "
+          + ", ".join(f"{PEERS[p][1]} {c[:12]}" for p, c in commits.items()))
+    print(f"full forward on the first canvas: max |logit difference| {logit_diff:.3g} "
+          f"(max |logit| {logit_scale:.3g})")
+    rows = compared_rows(ours, peer, commits, shared, args)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("a", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row) + "\n")
-        print(f"appended {len(rows)} row(s) to {out}")
+        append_rows(args.out, rows)
     return 0
 
 

@@ -130,6 +130,105 @@ def check_signature(fn, kwargs: dict) -> None:
              f"this checkout differs from the one the driver was written for")
 
 
+def read_request(path: Path) -> dict:
+    req = json.loads(path.read_text())
+    for key in ("prompts", "gen_length", "block_length", "steps", "functions", "mask_id"):
+        if key not in req:
+            fail(f"request {path} lacks {key!r}")
+    if req.get("dtype", "float32") not in DTYPES:
+        fail(f"dtype {req['dtype']!r} is not one of {', '.join(DTYPES)}")
+    return req
+
+
+class ForwardCounter:
+    """Counts the model's forwards: an instance attribute shadows the class's forward, and
+    nn.Module.__call__ looks the name up on the instance. More than `cap` forwards for one prompt
+    raise: Fast-dLLM's functions loop until the block holds no mask, and a committed argmax equal
+    to the mask id (which they do not exclude) leaves the canvas as it was."""
+
+    def __init__(self, model, cap: int):
+        self.calls, self.cap, self._inner = 0, cap, model.forward
+        model.forward = self._forward
+
+    def _forward(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls > self.cap:
+            raise RuntimeError(f"more than {self.cap} forwards for one prompt; the decoding loop does not finish")
+        return self._inner(*args, **kwargs)
+
+
+def peer_call(entry, req: dict, modules: dict) -> tuple[str, str, str, object, dict]:
+    """(name, peer, function name, function, keyword arguments) of one entry of the request."""
+    entry = {"name": entry, "function": entry} if isinstance(entry, str) else dict(entry)
+    fname, peer = entry.get("function", entry["name"]), entry.get("peer", "fastdllm")
+    if peer not in FUNCTIONS or fname not in FUNCTIONS[peer]:
+        fail(f"unknown function {peer}:{fname}; valid: "
+             + ", ".join(f"{p}:{f}" for p, names in FUNCTIONS.items() for f in names))
+    if peer not in modules:
+        fail(f"{entry['name']} runs {peer}'s {fname}: pass --{peer} DIR")
+    fn = getattr(modules[peer], fname)
+    kwargs = dict(steps=int(entry.get("steps", req["steps"])), gen_length=int(req["gen_length"]),
+                  block_length=int(entry.get("block_length", req["block_length"])),
+                  temperature=float(req.get("temperature", 0.0)),
+                  remasking=req.get("remasking", "low_confidence"), mask_id=int(req["mask_id"]))
+    if peer == "llada":
+        kwargs["cfg_scale"] = 0.0
+    else:
+        kwargs["threshold"] = entry.get("threshold", req.get("threshold"))
+    check_signature(fn, kwargs)
+    return entry["name"], peer, fname, fn, kwargs
+
+
+def time_function(fn, fname: str, model, counter: ForwardCounter, prompts, kwargs: dict, req: dict, device) -> dict:
+    """`fn` on every prompt alone, `warmup_runs` untimed times, then `repeats` timed times."""
+    import torch
+
+    G = kwargs["gen_length"]
+
+    def run_all():
+        tokens, forwards, nfes = [], [], []
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for prompt in prompts:
+            counter.calls = 0
+            out = fn(model, prompt, **kwargs)
+            x, nfe = out if isinstance(out, tuple) else (out, None)
+            forwards.append(counter.calls)
+            nfes.append(None if nfe is None else int(nfe))
+            tokens.append(x[0, prompt.shape[1]:prompt.shape[1] + G].tolist())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start, tokens, forwards, nfes
+
+    warmup = [run_all()[0] for _ in range(int(req.get("warmup_runs", 1)))]
+    seconds, tokens = [], None
+    for _ in range(max(1, int(req.get("repeats", 1)))):
+        s, again, forwards, nfes = run_all()
+        seconds.append(s)
+        if tokens is not None and again != tokens:
+            fail(f"{fname} gave different tokens on a repeat; the comparison needs deterministic runs")
+        tokens = again
+    return {"tokens": tokens, "forwards": forwards, "nfe": nfes, "warmup_seconds": warmup,
+            "seconds": statistics.median(seconds), "seconds_all": seconds}
+
+
+def save_first_canvas_logits(model, prompt, req: dict, path: str) -> None:
+    """The logits of a full forward of the first prompt's starting canvas at the request's
+    `logit_positions` (fp32, CPU), saved for the comparison with dllm's."""
+    import torch
+
+    positions = req.get("logit_positions") or []
+    if not positions:
+        return
+    canvas = torch.full((1, prompt.shape[1] + int(req["gen_length"])), int(req["mask_id"]), dtype=torch.long,
+                        device=prompt.device)
+    canvas[:, :prompt.shape[1]] = prompt
+    with torch.no_grad():
+        logits = model(canvas).logits[0, positions].float().cpu()
+    torch.save({"positions": positions, "logits": logits}, path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fastdllm", type=Path, help="Fast-dLLM checkout (holds llada/generate.py)")
@@ -143,12 +242,7 @@ def main(argv=None) -> int:
         fail("no peer checkout given: pass --fastdllm DIR, --llada DIR or both")
     if not (args.checkpoint / "config.json").is_file():
         fail(f"no config.json in checkpoint folder {args.checkpoint}")
-    req = json.loads(args.request.read_text())
-    for key in ("prompts", "gen_length", "block_length", "steps", "functions", "mask_id"):
-        if key not in req:
-            fail(f"request {args.request} lacks {key!r}")
-    if req.get("dtype", "float32") not in DTYPES:
-        fail(f"dtype {req['dtype']!r} is not one of {', '.join(DTYPES)}")
+    req = read_request(args.request)
 
     import torch  # after the argument checks: the peer environment's torch
 
@@ -172,86 +266,16 @@ def main(argv=None) -> int:
     model, model_source = load_peer_model(model_cls, args.checkpoint, dtype)
     model = model.to(device).eval()
     load_seconds = time.perf_counter() - t0
-
-    # Count forwards: an instance attribute shadows the class's forward, and nn.Module.__call__
-    # looks the name up on the instance.
-    # A cap on forwards per prompt turns a loop that cannot finish into an error: Fast-dLLM's
-    # functions loop until the block holds no mask, and a committed argmax equal to the mask id
-    # (which they do not exclude) leaves the canvas as it was.
-    calls = [0]
-    inner = model.forward
-    cap = int(req.get("max_forwards") or 4 * int(req["gen_length"]) + 64)
-
-    def counted_forward(*a, **kw):
-        calls[0] += 1
-        if calls[0] > cap:
-            raise RuntimeError(f"more than {cap} forwards for one prompt; the decoding loop does not finish")
-        return inner(*a, **kw)
-
-    model.forward = counted_forward
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    counter = ForwardCounter(model, int(req.get("max_forwards") or 4 * int(req["gen_length"]) + 64))
 
     prompts = [torch.tensor([p], dtype=torch.long, device=device) for p in req["prompts"]]
-    G = int(req["gen_length"])
     results = []
     for entry in req["functions"]:
-        entry = {"name": entry, "function": entry} if isinstance(entry, str) else dict(entry)
-        fname, peer = entry.get("function", entry["name"]), entry.get("peer", "fastdllm")
-        if peer not in FUNCTIONS or fname not in FUNCTIONS[peer]:
-            fail(f"unknown function {peer}:{fname}; valid: "
-                 + ", ".join(f"{p}:{f}" for p, names in FUNCTIONS.items() for f in names))
-        if peer not in modules:
-            fail(f"{entry['name']} runs {peer}'s {fname}: pass --{peer} DIR")
-        fn = getattr(modules[peer], fname)
-        kwargs = dict(steps=int(entry.get("steps", req["steps"])), gen_length=G,
-                      block_length=int(entry.get("block_length", req["block_length"])),
-                      temperature=float(req.get("temperature", 0.0)),
-                      remasking=req.get("remasking", "low_confidence"), mask_id=int(req["mask_id"]))
-        if peer == "llada":
-            kwargs["cfg_scale"] = 0.0
-        else:
-            kwargs["threshold"] = entry.get("threshold", req.get("threshold"))
-        check_signature(fn, kwargs)
-
-        def run_all():
-            tokens, forwards, nfes = [], [], []
-            sync()
-            start = time.perf_counter()
-            for prompt in prompts:
-                calls[0] = 0
-                out = fn(model, prompt, **kwargs)
-                x, nfe = out if isinstance(out, tuple) else (out, None)
-                forwards.append(calls[0])
-                nfes.append(None if nfe is None else int(nfe))
-                tokens.append(x[0, prompt.shape[1]:prompt.shape[1] + G].tolist())
-            sync()
-            return time.perf_counter() - start, tokens, forwards, nfes
-
-        warmup = [run_all()[0] for _ in range(int(req.get("warmup_runs", 1)))]
-        seconds, tokens = [], None
-        for _ in range(max(1, int(req.get("repeats", 1)))):
-            s, again, forwards, nfes = run_all()
-            seconds.append(s)
-            if tokens is not None and again != tokens:
-                fail(f"{fname} gave different tokens on a repeat; the comparison needs deterministic runs")
-            tokens = again
-        results.append({"name": entry["name"], "peer": peer, "function": fname, "kwargs": kwargs, "tokens": tokens,
-                        "forwards": forwards, "nfe": nfes, "warmup_seconds": warmup,
-                        "seconds": statistics.median(seconds), "seconds_all": seconds})
-        print(f"driver: {entry['name']}: forwards {forwards}, "
-              f"{results[-1]['seconds']:.2f} s", file=sys.stderr)
-
-    positions = req.get("logit_positions") or []
-    if positions:
-        p = prompts[0]
-        canvas = torch.full((1, p.shape[1] + G), int(req["mask_id"]), dtype=torch.long, device=device)
-        canvas[:, :p.shape[1]] = p
-        with torch.no_grad():
-            logits = model(canvas).logits[0, positions].float().cpu()
-        torch.save({"positions": positions, "logits": logits}, str(args.out) + ".logits.pt")
+        name, peer, fname, fn, kwargs = peer_call(entry, req, modules)
+        timed = time_function(fn, fname, model, counter, prompts, kwargs, req, device)
+        results.append({"name": name, "peer": peer, "function": fname, "kwargs": kwargs, **timed})
+        print(f"driver: {name}: forwards {timed['forwards']}, {timed['seconds']:.2f} s", file=sys.stderr)
+    save_first_canvas_logits(model, prompts[0], req, str(args.out) + ".logits.pt")
 
     info = {
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
