@@ -144,18 +144,27 @@ def _as_rows(prompts, attention_mask) -> list[list[int]]:
     return [list(r) for r in rows]
 
 
+def prompt_problem(ids: list[int], vocab_size: int, mask_id: int) -> str | None:
+    """What makes a prompt's token ids undecodable, worded to follow "prompt ...", or None: an id
+    outside the vocabulary, or the mask token (a prompt is given, not decoded)."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        return f"holds token id {bad[0]} outside the vocabulary [0, {vocab_size})"
+    if mask_id in ids:
+        return (f"contains the mask token id {mask_id} at position {ids.index(mask_id)}; masks inside prompts are "
+                f"not allowed (remove it, or mask the generation region only)")
+    return None
+
+
 def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_length: int) -> DecodeState:
     mc = model.config
     ids = special_ids(model)
     if not rows:
         raise ValueError("no prompts given")
     for b, r in enumerate(rows):
-        bad = [t for t in r if not 0 <= t < mc.vocab_size]
-        if bad:
-            raise ValueError(f"prompt {b} holds token id {bad[0]} outside the vocabulary [0, {mc.vocab_size})")
-        if ids.mask in r:
-            raise ValueError(f"prompt {b} contains the mask token id {ids.mask} at position {r.index(ids.mask)}; "
-                             f"masks inside prompts are not allowed (remove it, or mask the generation region only)")
+        problem = prompt_problem(r, mc.vocab_size, ids.mask)
+        if problem:
+            raise ValueError(f"prompt {b} {problem}")
         if mc.logit_shift and not r:
             raise ValueError(f"prompt {b} is empty; {mc.family} predicts token i from position i-1 and needs at "
                              f"least one prompt token")

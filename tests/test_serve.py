@@ -173,7 +173,7 @@ def test_a_body_that_is_not_json_or_a_prompt_of_no_known_form_is_named(server):
         assert error["message"].startswith("prompt: expected a string or a list of token ids"), error["message"]
 
 
-def test_prompts_with_the_mask_token_are_refused_and_an_empty_one_decodes(server, shipped):
+def test_prompts_with_the_mask_token_or_unknown_ids_are_refused_and_an_empty_one_decodes(server, shipped):
     model, tok = shipped
     mask = model.config.mask_token_id
     mask_text = tok.decode([mask])
@@ -184,7 +184,12 @@ def test_prompts_with_the_mask_token_are_refused_and_an_empty_one_decodes(server
         r = httpx.post(server.url + path, json=body, timeout=60)
         error = r.json()["error"]
         assert r.status_code == 400 and error["param"] == param, r.text
-        assert f"the mask token id {mask} is in the {param}" in error["message"]
+        assert f"the prompt of the {param} contains the mask token id {mask}" in error["message"]
+    vocab = model.config.vocab_size
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": [5, vocab + 3]}, timeout=60)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "prompt", r.text
+    assert f"holds token id {vocab + 3} outside the vocabulary [0, {vocab})" in error["message"]
     for prompt in ("", []):       # an empty prompt decodes from nothing, as dllm.generate does
         r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 0, r.text

@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..config import DEFAULT_GEN_LENGTH, GenerationConfig
-from ..decode import checkpoint_gen_length
+from ..decode import checkpoint_gen_length, prompt_problem
 from .engine import Engine, EngineStopped, Job, QueueFull
 from .metrics import ServerMetrics
 from .schema import ChatRequest, CompletionRequest, RequestError, request_config
@@ -59,22 +59,18 @@ class Server:
                                                           return_dict=False))
         except Exception as err:   # a template that refuses the roles or their order
             raise RequestError(f"the model's chat template cannot render these messages: {err}", "messages") from None
-        return self._without_masks(ids, "messages")
+        return self._checked(ids, "messages")
 
     def completion_prompt(self, body: CompletionRequest) -> list[int]:
         if isinstance(body.prompt, str):
-            return self._without_masks(self.tokenizer(body.prompt, add_special_tokens=False)["input_ids"], "prompt")
-        vocab = self.engine.model.config.vocab_size
-        bad = [t for t in body.prompt if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"prompt token ids must be in [0, {vocab}), got {bad[:3]}", "prompt")
-        return self._without_masks(list(body.prompt), "prompt")
+            return self._checked(self.tokenizer(body.prompt, add_special_tokens=False)["input_ids"], "prompt")
+        return self._checked(list(body.prompt), "prompt")
 
-    def _without_masks(self, ids: list[int], param: str) -> list[int]:
-        """The prompt's ids, refused when they hold the mask token (a prompt is given, not decoded)."""
-        if self.engine.mask_id in ids:
-            raise RequestError(f"the mask token id {self.engine.mask_id} is in the {param}, at prompt position "
-                               f"{ids.index(self.engine.mask_id)}; a prompt may not contain masks", param)
+    def _checked(self, ids: list[int], param: str) -> list[int]:
+        """The prompt's ids, refused (naming the request field) when `dllm.generate` would refuse them."""
+        problem = prompt_problem(ids, self.engine.model.config.vocab_size, self.engine.mask_id)
+        if problem:
+            raise RequestError(f"the prompt of the {param} {problem}", param)
         return ids
 
 
