@@ -64,8 +64,6 @@ import gc
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -81,6 +79,7 @@ import dllm
 import dllm.cache
 from dllm.attention import get_backend
 from dllm.config import ModelConfig
+from dllm.provenance import cpu_name, source_commit
 
 RATIO_GOAL = 0.5
 GOAL_PRESET = "llada-vocab"
@@ -277,27 +276,6 @@ def count_flops(fn):
     return out, counter.get_total_flops()
 
 
-def git_info() -> tuple[str | None, bool | None]:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                check=True, timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                                    capture_output=True, text=True, check=True, timeout=10).stdout.strip())
-        return commit, dirty
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def load_avg() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -322,9 +300,9 @@ def package_version(name: str) -> str | None:
 
 
 def environment(device: torch.device) -> dict:
-    commit, dirty = git_info()
+    commit, dirty = source_commit()
     cuda_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    cpu = cpu_model()
+    cpu = cpu_name()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return dict(timestamp_utc="", git_commit=commit, git_dirty=dirty, dllm_version=dllm.__version__,
                 torch_version=torch.__version__, triton_version=package_version("triton"),

@@ -76,7 +76,7 @@ import dllm
 from dllm.config import ModelConfig
 from dllm.models.loading import load_model
 from dllm.train import save_pretrained
-from dllm.provenance import hardware, timestamp, versions
+from dllm.provenance import hardware, source_commit, timestamp, versions
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "benchmarks" / "peers" / "driver.py"
@@ -225,17 +225,6 @@ def peer_commit(root: Path, git_dir: str | None) -> str:
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def our_commit() -> tuple[str | None, bool | None]:
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip() != ""
-        return head, dirty
-    except (OSError, subprocess.CalledProcessError):
-        return None, None
 
 
 # -- dllm's side -----------------------------------------------------------------------------------
@@ -442,7 +431,7 @@ def run_peer(roots: dict[str, Path], python: Path, ckpt: Path, prompts, logit_co
 
 def shared_fields(args, cfg, label: str, prompts, peer: dict, load_avg: list[float], logits: dict) -> dict:
     """The fields every row of the run carries: provenance on both sides and the settings."""
-    head, dirty = our_commit()
+    head, dirty = source_commit()
     return {"timestamp": timestamp(), "versions": versions(), "peer_versions": peer["versions"],
             "hardware": hardware(), "git_commit": head, "git_dirty": dirty,
             "peer_files_sha256": peer["peer_files_sha256"], "peer_model_source": peer["model_source"],

@@ -34,6 +34,7 @@ import dllm
 from dllm.cli import parse_kv
 from dllm.eval import generators
 from dllm.eval.tasks import encode_messages, messages
+from dllm.provenance import hardware, source_commit, timestamp, versions
 
 
 def prompts_of(tasks: list[str], count: int) -> list[tuple[str, list[dict]]]:
@@ -191,6 +192,26 @@ def offline_batches(model, tokenizer, prompt_ids: list[list[int]], config, sizes
               f"| {first / seconds:.2f}x |", flush=True)
 
 
+def print_levels(rows: list[dict]) -> None:
+    """One Markdown row per level, with its throughput relative to concurrency 1."""
+    base = rows[0]["output_tokens_per_s"] if rows and rows[0]["concurrency"] == 1 else None
+    print("| concurrency | answered | equal offline | requests/s | output tokens/s | vs c=1 | p50 s | p99 s "
+          "| first chunk p50 s | p99 s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = f"{r['output_tokens_per_s'] / base:.2f}x" if base else "-"
+        print(f"| {r['concurrency']} | {r['answered']}/{r['requests']} | {r['equal_offline']} | {r['requests_per_s']} "
+              f"| {r['output_tokens_per_s']} | {ratio} | {r['latency_p50_s']} | {r['latency_p99_s']} "
+              f"| {r['first_chunk_p50_s']} | {r['first_chunk_p99_s']} |")
+
+
+def append_rows(path: str, rows: list[dict]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+
+
 def print_breakdown(rows: list[dict]) -> None:
     print("\n| concurrency | full forwards ms/request | partial forwards ms/request | rest of steps ms/request "
           "| outside steps ms/request | full / partial forwards | rows per partial forward |")
@@ -201,7 +222,7 @@ def print_breakdown(rows: list[dict]) -> None:
               f"| {r['rows_per_partial_forward']} |")
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model folder or name (default: the shipped model)")
     p.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
@@ -224,10 +245,27 @@ def main(argv=None) -> int:
                    help="also report where the engine's time goes at each level, in ms per request (Breakdown)")
     p.add_argument("--out", default=None, help="append one JSON row per level here")
     args = p.parse_args(argv)
-    levels = [int(c) for c in args.concurrency.split(",") if c]
-    sizes = [int(b) for b in args.offline_batches.split(",")] if args.offline_batches else []
-    if sizes and (min(sizes) < 1 or max(sizes) > args.requests):
-        p.error(f"--offline-batches sizes must be between 1 and --requests ({args.requests}), got {args.offline_batches}")
+    if args.requests < 1:
+        p.error(f"--requests must be at least 1, got {args.requests}")
+    levels = counts(p, "--concurrency", args.concurrency, None)
+    sizes = counts(p, "--offline-batches", args.offline_batches or "", args.requests)
+    return args, levels, sizes
+
+
+def counts(p: argparse.ArgumentParser, option: str, text: str, most: int | None) -> list[int]:
+    """A comma list of positive integers (at most `most`), or a parser error naming `option`."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = None
+    if values is None or any(v < 1 or (most is not None and v > most) for v in values):
+        bound = f"between 1 and --requests ({most})" if most is not None else "at least 1"
+        p.error(f"{option} must be a comma list of integers {bound}, got {text!r}")
+    return values
+
+
+def main(argv=None) -> int:
+    args, levels, sizes = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from dllm.serve import build_app, serve
@@ -261,26 +299,17 @@ def main(argv=None) -> int:
             app.state.engine.stop()
 
     serve(app, host="127.0.0.1", port=0, log_level="warning", on_started=run_levels)
-    base = rows[0]["output_tokens_per_s"] if rows and rows[0]["concurrency"] == 1 else None
-    print("| concurrency | answered | equal offline | requests/s | output tokens/s | vs c=1 | p50 s | p99 s "
-          "| first chunk p50 s | p99 s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        ratio = f"{r['output_tokens_per_s'] / base:.2f}x" if base else "-"
-        print(f"| {r['concurrency']} | {r['answered']}/{r['requests']} | {r['equal_offline']} | {r['requests_per_s']} "
-              f"| {r['output_tokens_per_s']} | {ratio} | {r['latency_p50_s']} | {r['latency_p99_s']} "
-              f"| {r['first_chunk_p50_s']} | {r['first_chunk_p99_s']} |")
+    print_levels(rows)
     if breakdown:
         print_breakdown(rows)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        commit, dirty = source_commit()
         meta = {"model": name, "gen_length": args.gen_length, "block_length": args.block_length,
                 "sampler": args.sampler, "sampler_args": defaults.sampler_kwargs, "cache": args.cache,
-                "cache_args": defaults.cache_kwargs, "dtype": args.dtype,
-                "threads": torch.get_num_threads(), "torch": torch.__version__}
-        with open(args.out, "a", encoding="utf-8") as fh:
-            for r in rows:
-                fh.write(json.dumps({**meta, **r}) + "\n")
+                "cache_args": defaults.cache_kwargs, "dtype": args.dtype, "threads": torch.get_num_threads(),
+                "torch": torch.__version__, "timestamp": timestamp(), "versions": versions(),
+                "hardware": hardware(), "git_commit": commit, "git_dirty": dirty}
+        append_rows(args.out, [{**meta, **r} for r in rows])
     lost = len(rows) < len(levels) or any(r["answered"] < r["requests"] or r["equal_offline"] < r["requests"]
                                           for r in rows)
     return 1 if lost else 0

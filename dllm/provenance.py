@@ -1,5 +1,5 @@
-"""Where a result came from: the run id of a set of settings, the library versions and the
-hardware, as stored in every bench row and sweep summary."""
+"""Where a result came from: the run id of a set of settings, the library versions, the source
+commit and the hardware, as stored in every bench row and sweep summary."""
 from __future__ import annotations
 
 import datetime as dt
@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 import platform
+import subprocess
+from pathlib import Path
 
 import torch
 import transformers
@@ -26,7 +28,8 @@ def versions() -> dict:
             "transformers": transformers.__version__}
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU model (/proc/cpuinfo), else what `platform` knows."""
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -38,10 +41,26 @@ def _cpu_name() -> str:
     return name
 
 
+def source_commit() -> tuple[str | None, bool | None]:
+    """The git commit of the source tree dllm is imported from, and whether its tracked files differ
+    from it; (None, None) when it is not a git checkout."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return None, None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True, timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, check=True, timeout=10).stdout.strip())
+        return commit, dirty
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
 def hardware(world_size: int = 1) -> dict:
     """The device (first GPU's name, else the CPU model), core and thread counts, and the number
     of processes of the run."""
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else _cpu_name()
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu_name()
     return {"device": device, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
             "world_size": world_size}
 

@@ -35,10 +35,18 @@ def test_offline_batches_alone_count_their_forwards(bench, capsys):
     assert rows[0][5] == "1.00x"
 
 
-def test_offline_batch_sizes_must_fit_the_requests(bench, capsys):
+@pytest.mark.parametrize("argv,message", [
+    (["--requests", "2", "--offline-batches", "1,4"],
+     "--offline-batches must be a comma list of integers between 1 and --requests (2), got '1,4'"),
+    (["--offline-batches", "0"], "--offline-batches must be a comma list of integers between 1 and --requests"),
+    (["--concurrency", "1,x"], "--concurrency must be a comma list of integers at least 1, got '1,x'"),
+    (["--concurrency", "-8"], "--concurrency must be a comma list of integers at least 1, got '-8'"),
+    (["--requests", "0"], "--requests must be at least 1, got 0"),
+])
+def test_bad_counts_are_named(bench, capsys, argv, message):
     with pytest.raises(SystemExit):
-        bench.main(["--requests", "2", "--offline-batches", "1,4"])
-    assert "--offline-batches sizes must be between 1 and --requests (2), got 1,4" in capsys.readouterr().err
+        bench.main(argv)
+    assert message in capsys.readouterr().err
 
 
 def test_a_small_load_is_answered_and_equal_to_offline(bench, tmp_path, capsys):
@@ -46,6 +54,7 @@ def test_a_small_load_is_answered_and_equal_to_offline(bench, tmp_path, capsys):
     assert bench.main(["--requests", "3", "--concurrency", "1,2", "--gen-length", "8", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["concurrency"] for r in rows] == [1, 2]
+    assert all(r["timestamp"] and r["hardware"]["device"] and r["versions"]["dllm"] for r in rows)
     assert all(r["answered"] == r["equal_offline"] == 3 for r in rows)
     assert [r[0] for r in table_rows(capsys.readouterr().out)] == ["1", "2"]
 
