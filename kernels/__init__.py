@@ -17,7 +17,7 @@ import os
 
 import torch
 
-try:  # the kernel modules import it anyway; a broken install counts as missing
+try:  # the kernel modules import it anyway; one that raises ImportError counts as missing
     import triton  # noqa: F401
     HAS_TRITON = True
 except ImportError:

@@ -107,6 +107,15 @@ def test_streaming_sends_the_growing_prefix_and_usage_last(client, shipped):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+@pytest.mark.parametrize("sampler", ["remdm", "rcr"])
+def test_a_sampler_that_rewrites_tokens_streams_its_final_text_once(client, shipped, sampler):
+    messages = copy_messages(QUESTIONS[1])
+    chunks = list(client.chat.completions.create(model="llada-pb-tiny", messages=messages, stream=True,
+                                                 extra_body={"dllm": {"sampler": sampler}}))
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert pieces == [offline(shipped, messages, sampler=sampler).texts[0]]
+
+
 def test_canvas_stream_shows_every_step(server):
     body = {"messages": copy_messages(QUESTIONS[0]), "stream": True, "dllm": {"stream_canvas": True}}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
@@ -244,13 +253,22 @@ def test_a_full_queue_answers_429_with_retry_after(shipped):
         running.close()
 
 
-def test_a_request_past_its_timeout_gets_408(shipped):
+def test_a_request_past_its_timeout_gets_408_and_failures_are_counted(shipped):
     model, tok = shipped
     running = RunningServer(build_app(model, tok, model_name="m", defaults=DEFAULTS.replace(gen_length=64),
                                       timeout=1e-6))
     try:
         r = httpx.post(running.url + "/v1/chat/completions", json={"messages": copy_messages(QUESTIONS[0])}, timeout=60)
         assert r.status_code == 408 and "timeout" in r.json()["error"]["message"]
+        body = {"messages": copy_messages(QUESTIONS[0]), "stream": True}
+        with httpx.stream("POST", running.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert events[-1]["error"]["code"] == 408
+        assert metric(running, 'dllm_requests_total{outcome="failed"}') == 2
+        for bad in ({"messages": copy_messages(QUESTIONS[0]), "max_tokens": 0}, {"prompt": [[1], [2]]}):
+            path = "/v1/chat/completions" if "messages" in bad else "/v1/completions"
+            assert httpx.post(running.url + path, json=bad, timeout=60).status_code == 400
+        assert metric(running, 'dllm_requests_total{outcome="invalid"}') == 2
     finally:
         running.close()
 

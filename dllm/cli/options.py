@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ast
 
+from dllm.cache import available_policies
 from dllm.config import GenerationConfig
 
 
@@ -73,7 +74,8 @@ def add_sampling_options(p) -> None:
     g.add_argument("--temperature", action=_Given, type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--seed", action=_Given, type=int, default=0, help="seed of every random draw (default 0)")
     g.add_argument("--max-forwards", action=_Given, type=int, default=None,
-                   help="hard cap on forwards; remaining masks are then filled (default: max(steps, gen length))")
+                   help="hard cap on forwards; remaining masks are then filled (default: max(steps, gen length), "
+                        "plus the forwards a sampler that re-masks or edits tokens may add)")
 
 
 def add_request_options(p) -> None:
@@ -84,11 +86,12 @@ def add_request_options(p) -> None:
                    help="sampler name (see `dllm samplers`); default: the checkpoint's or the family's")
     g.add_argument("--sampler-arg", action="append", metavar="KEY=VALUE", help="sampler argument (repeatable)")
     g.add_argument("--cache", action=_Given, default="none",
-                   help="KV cache policy: none | prefix | dual | dkv-decode | dkv-greedy (default none)")
+                   help=f"KV cache policy: {' | '.join(available_policies())} (default none)")
     g.add_argument("--cache-arg", action="append", metavar="KEY=VALUE",
                    help="cache policy argument, e.g. refresh=4, twins=true, guard=0.99 (repeatable)")
     g.add_argument("--gen-length", action=_Given, type=int, default=None,
-                   help="tokens to generate (default: 128 for generate, each task's max_tokens for bench)")
+                   help="tokens to generate (default: the checkpoint's max_new_tokens when its generation "
+                        "config names one, else 128 for generate; each task's max_tokens for bench)")
     g.add_argument("--block-length", action=_Given, type=int, default=None,
                    help="semi-autoregressive block length (default: one block over the generation)")
     steps = g.add_mutually_exclusive_group()

@@ -83,6 +83,7 @@ def create_app(server: Server, engine_thread: bool = True) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError):
+        server.metrics.requests.labels("invalid").inc()
         first = err.errors()[0]
         if first["type"] == "json_invalid":
             reason = first.get("ctx", {}).get("error", first["msg"])
@@ -189,8 +190,12 @@ class _Disconnected(Exception):
 
 def _failed(server: Server, payload) -> JSONResponse:
     status, message, param = payload
-    server.metrics.requests.labels("invalid" if status == 400 else "failed").inc()
+    _count_failure(server, status)
     return error_response(status, message, param)
+
+
+def _count_failure(server: Server, status: int) -> None:
+    server.metrics.requests.labels("invalid" if status == 400 else "failed").inc()
 
 
 async def _stream(events: asyncio.Queue, request: Request, server: Server, job: Job, reply: "_Reply", body):
@@ -207,6 +212,7 @@ async def _stream(events: asyncio.Queue, request: Request, server: Server, job: 
             elif event == "error":
                 status, message, param = payload
                 yield reply.sse({"error": {"message": message, "type": "server_error", "param": param, "code": status}})
+                _count_failure(server, status)
                 break
             elif event == "done":
                 include = body.stream_options is None or body.stream_options.include_usage

@@ -254,21 +254,23 @@ class Engine:
             self.groups.remove(group)
 
     def _stream(self, group: _Group) -> int:
-        """Send each row's new text, answer the rows that are done and drop them from the batch;
-        returns the answer tokens of the rows answered."""
+        """Send each row's new text (a sampler that rewrites written tokens: all of it once the row is
+        done), answer the rows that are done and drop them from the batch; returns the answer
+        tokens of the rows answered."""
         state = group.decoder.state
         generated, finished = state.generated().tolist(), state.finished.tolist()
+        rewrites = group.decoder.request.sampler.rewrites_tokens   # a written token may still change
         answered = 0
         for r, job in enumerate(group.jobs):
             if job.cancelled:
                 continue
             text, n, stopped = self._prefix(job, generated[r])
-            stopped = stopped and (finished[r] or not group.decoder.request.sampler.rewrites_tokens)
+            stopped = stopped and (finished[r] or not rewrites)
             if job.stream_canvas:
                 job.emit("canvas", self.tokenizer.decode(generated[r], skip_special_tokens=False))
             done = finished[r] or stopped
             grown = text[len(job.sent):] if text.startswith(job.sent) else ""
-            if grown and (done or not grown.endswith("\ufffd")):   # hold back a split character
+            if grown and (done or not (rewrites or grown.endswith("\ufffd"))):   # hold back a split character
                 job.sent += grown
                 job.emit("delta", grown)
             if done:
