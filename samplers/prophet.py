@@ -10,13 +10,15 @@ commit:
 3. tau(p) = thresholds[0] if p < switches[0], thresholds[1] if p < switches[1], else thresholds[2];
 4. if g >= tau(p): every remaining mask of the row (future blocks included) is filled with this
    step's candidate tokens, and the row is done;
-5. otherwise the base sampler's decision is used unchanged.
+5. otherwise the base sampler's decision is used unchanged (its commits, tokens, edits, re-masks,
+   held blocks, block ends and truncation).
 
 Composition: `base` is a registered sampler name with `base_kwargs`, or a Sampler instance; the
 wrapper takes over its block use, schedule and logits needs. Prophet scores every masked position
 of the generation region (and the answer region) each step, since a fill-all needs them all; the
 base sampler sees only the positions it asked for, so with a base that never triggers the fill the
-tokens equal the base's at temperature 0.
+tokens equal the base's at temperature 0 (for a base that draws nothing then: `random` and
+`origin` draw over the scored positions). A base with a shadow block (`wino`) is refused.
 
 Answer region. The reference monitors `answer_length` = 5 positions from an `answer_start_pos`
 estimated per task (its GSM8K harness forces "The answer is" at generated positions 200-202 of a
@@ -96,8 +98,12 @@ class Prophet(Sampler):
         self.answer_start, self.answer_length = answer_start, answer_length
         # The wrapper decodes as its base does.
         b = self.base
+        if b.shadow_block:
+            raise ValueError(f"sampler {n!r}: base {b.name!r} runs shadow copies of its block, which a fill of "
+                             f"every mask cannot take part in; use another base")
         self.uses_blocks, self.fixed_schedule = b.uses_blocks, b.fixed_schedule
         self.needs_logits, self.gumbel_candidates = b.needs_logits, b.gumbel_candidates
+        self.rewrites_tokens, self.remasks, self.reaches_back = b.rewrites_tokens, b.remasks, b.reaches_back
         self.score_fields = frozenset(b.score_fields) | {"logit_gap"}
         self._args = dict(base=b.name, base_kwargs=b.arguments(), thresholds=list(self.thresholds),
                           switches=list(self.switches), answer_start=answer_start, answer_length=answer_length)
@@ -128,6 +134,12 @@ class Prophet(Sampler):
 
     def begin_blocks(self, state, rows, opening):
         self.base.begin_blocks(state, rows, opening)
+
+    def key_end(self, state, rows):
+        return self.base.key_end(state, rows)
+
+    def forward_allowance(self, state) -> int:
+        return self.base.forward_allowance(state)
 
     @property
     def edits_logits(self) -> bool:
@@ -160,17 +172,22 @@ class Prophet(Sampler):
         index = q_of_col.gather(1, base_pos)                                             # (B', Q') -> Q
         dec = self.base.step(state, rows, base_pos, base_valid, gather_scores(scores, index))
 
-        # Back onto this step's columns.
+        # Back onto this step's columns; a row that fills takes the fill alone.
         br, bq = base_valid.nonzero(as_tuple=True)
-        commit = torch.zeros_like(valid)
-        commit[br, index[br, bq]] = dec.commit[br, bq]
-        tokens = None
-        if dec.tokens is not None:
-            tokens = scores.token.clone()
-            tokens[br, index[br, bq]] = dec.tokens[br, bq]
+
+        def on_columns(per_base: torch.Tensor, default: torch.Tensor) -> torch.Tensor:
+            out = default.clone()
+            out[br, index[br, bq]] = per_base[br, bq]
+            return out
+
+        commit = on_columns(dec.commit, torch.zeros_like(valid))
+        tokens = None if dec.tokens is None else on_columns(dec.tokens, scores.token)
         if dec.fill_all is not None:
             fill = fill | dec.fill_all
         commit = torch.where(fill[:, None], valid, commit)
         if tokens is not None:
             tokens = torch.where(fill[:, None], scores.token, tokens)
-        return Decision(commit=commit, tokens=tokens, fill_all=fill, block_end=dec.block_end)
+        kept = lambda t: None if t is None else t & ~fill.view(-1, *[1] * (t.dim() - 1))   # noqa: E731
+        edit = None if dec.edit is None else kept(on_columns(dec.edit, torch.zeros_like(valid)))
+        return Decision(commit=commit, tokens=tokens, fill_all=fill, block_end=dec.block_end,
+                        truncate_at=dec.truncate_at, edit=edit, hold=kept(dec.hold), remask=kept(dec.remask))

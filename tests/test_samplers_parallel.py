@@ -424,7 +424,9 @@ def test_prophet_answer_region():
 
 
 @pytest.mark.parametrize("base,family", [("low_confidence", "llada"), ("threshold", "llada"), ("eb", "dream"),
-                                         ("entropy", "dream"), ("adablock", "llada")])
+                                         ("entropy", "dream"), ("adablock", "llada"), ("llada21", "llada"),
+                                         ("remdm", "llada"), ("rcr", "llada"), ("slowfast", "llada"),
+                                         ("klass", "llada"), ("dus", "llada")])
 def test_prophet_that_never_fires_equals_its_base(request, base, family):
     model, tok = request.getfixturevalue(family)
     kw = dict(gen_length=16, block_length=8, steps=16)
@@ -484,6 +486,7 @@ def test_prophet_base_instance_and_kwargs():
     ("prophet", dict(switches=[0.7, 0.3]), "switches must satisfy"),
     ("prophet", dict(answer_length=0), "answer_length must be >= 1"),
     ("prophet", dict(base="prophet"), "cannot be prophet itself"),
+    ("prophet", dict(base="wino"), "base 'wino' runs shadow copies of its block"),
     ("prophet", dict(base=3), "base must be a registered sampler name"),
     ("prophet", dict(base_kwargs="tau=1"), "base_kwargs must be a dict"),
 ])
