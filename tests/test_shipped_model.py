@@ -104,3 +104,15 @@ def test_learn2pd_finds_the_filter_shipped_with_the_default_model(shipped):
     alone = dllm.generate(model, tok, ids, **settings, sampler_kwargs={"filter": "none"})
     assert torch.equal(found.sequences, named.sequences) and found.nfe == named.nfe
     assert max(found.nfe) < min(alone.nfe)          # the filter accepts positions beyond the base count
+
+
+def test_prophet_keeps_learn2pds_end_of_text_cut(shipped):
+    """A Prophet that never fires decodes as its base, the base's truncation included."""
+    model, tok = shipped
+    _, ids = _held_out_copies(tok, 4)
+    settings = dict(gen_length=64, block_length=32)
+    base = dllm.generate(model, tok, ids, **settings, sampler="learn2pd")
+    wrapped = dllm.generate(model, tok, ids, **settings, sampler="prophet",
+                            sampler_kwargs={"base": "learn2pd", "thresholds": [1e9, 1e9, 1e9]})
+    assert torch.equal(wrapped.sequences, base.sequences) and wrapped.nfe == base.nfe
+    assert min(base.nfe) < 64 // 4              # the cut ends rows long before one token per forward would
