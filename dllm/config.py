@@ -122,8 +122,16 @@ class ModelConfig:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head dim {self.head_dim} must be even for rotary embeddings")
-        for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
+        for name in ("norm_eps", "rope_theta"):
             value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive number, got {value!r}")
+        for name in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"):
+            value = getattr(self, name)
+            if value is None and name == "bos_token_id":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"ModelConfig.{name} must be an integer token id, got {value!r}")
             if not 0 <= value < self.vocab_size:
                 raise ValueError(f"ModelConfig.{name} = {value} lies outside the vocabulary [0, {self.vocab_size})")
         if self.pad_token_id == self.mask_token_id:

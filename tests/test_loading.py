@@ -253,3 +253,32 @@ def test_dream_default_sampler_comes_from_generation_config(dream):
     assert out.sampler == "origin" and out.sampler_args["eps"] == 0.001
     out = dllm.generate(model, None, [[5, 6, 7]], gen_length=8, steps=8, sampler="entropy")
     assert out.sampler == "entropy"
+
+
+def test_auto_dtype_runs_a_checkpoint_that_stores_its_norms_in_float32(llada_dir, tmp_path):
+    folder = _copy(llada_dir, tmp_path / "ck")
+    sd = load_file(str(folder / "model.safetensors"))
+    sd = {k: v.float() if "norm" in k else v.bfloat16() for k, v in sd.items()}
+    save_file(sd, str(folder / "model.safetensors"))
+    model, _ = dllm.load(folder)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    want, _ = dllm.load(folder, dtype="bfloat16")
+    got = dllm.generate(model, None, [[1, 2, 3]], gen_length=4)
+    assert torch.equal(got.sequences, dllm.generate(want, None, [[1, 2, 3]], gen_length=4).sequences)
+
+
+@pytest.mark.parametrize("index,message", [({"weight_map": []}, "'weight_map' must map"),
+                                           ({"weight_map": {"a": None}}, "'weight_map' must map"),
+                                           ({"metadata": {}}, "KeyError")])
+def test_a_bad_shard_index_is_named(llada_sharded_dir, tmp_path, index, message):
+    folder = _copy(llada_sharded_dir, tmp_path / "ck")
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=rf"corrupt shard index .*{message}"):
+        dllm.load(folder)
+
+
+def test_a_generation_config_that_is_not_an_object_is_named(llada_dir, tmp_path):
+    folder = _copy(llada_dir, tmp_path / "ck")
+    (folder / "generation_config.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"corrupt generation_config.json .*expected a JSON object, got \[\]"):
+        dllm.load(folder)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
+from .config_json import first_of, flag, number, token_id
 from .transformer import DiffusionTransformer
 
 
@@ -28,19 +29,17 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     missing = [k for k in required if d.get(k) is None]
     if missing:
         raise ValueError(f"Dream config.json lacks required keys: {', '.join(missing)}")
-    eos = d.get("eos_token_id", d.get("pad_token_id"))
-    if isinstance(eos, list):
-        eos = eos[0]
+    eos = token_id(first_of(d, "eos_token_id", "pad_token_id"))
     if eos is None:
         raise ValueError("Dream config.json has neither eos_token_id nor pad_token_id")
     return ModelConfig(
         family="dream",
         vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
         n_heads=d["num_attention_heads"], n_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-        mlp_hidden=d["intermediate_size"], norm_eps=d.get("rms_norm_eps", 1e-6),
-        rope_theta=float(d.get("rope_theta", 10000.0)), max_seq_len=d.get("max_position_embeddings", 32768),
-        mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=d.get("pad_token_id", eos),
-        bos_token_id=d.get("bos_token_id"), qkv_bias=True, tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+        mlp_hidden=d["intermediate_size"], norm_eps=number(d, "rms_norm_eps", 1e-6, "Dream"),
+        rope_theta=number(d, "rope_theta", 10000.0, "Dream"), max_seq_len=d.get("max_position_embeddings", 32768),
+        mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
+        bos_token_id=d.get("bos_token_id"), qkv_bias=True, tie_embeddings=flag(d, "tie_word_embeddings", False, "Dream"),
         rope_fp32=False, logit_shift=True,
     )
 

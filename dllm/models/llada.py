@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
+from .config_json import first_of, flag, number, token_id
 from .transformer import DiffusionTransformer
 
 # Keys of an OLMo-style config whose values this implementation does not cover, with the value
@@ -22,42 +23,36 @@ _REQUIRED = {
 }
 
 
-def _get(d: dict, *names: str, default: Any = None):
-    for n in names:
-        if d.get(n) is not None:
-            return d[n]
-    return default
-
-
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """ModelConfig from a LLaDA `config.json` (every key read; unsupported values refused)."""
     for key, want in _REQUIRED.items():
         if key in d and d[key] != want and not (want is None and d[key] is None):
             raise ValueError(f"LLaDA config key {key!r} = {d[key]!r} is not supported (supported: {want!r})")
-    d_model = _get(d, "d_model", "hidden_size")
-    n_heads = _get(d, "n_heads", "num_attention_heads")
+    d_model = first_of(d, "d_model", "hidden_size")
+    n_heads = first_of(d, "n_heads", "num_attention_heads")
     n_kv = d.get("n_kv_heads")
     if n_kv is None:
         n_kv = 1 if d.get("multi_query_attention") else n_heads
     mlp = d.get("mlp_hidden_size") or int(d.get("mlp_ratio", 4) * d_model)
-    missing = [k for k, v in (("d_model", d_model), ("n_layers", _get(d, "n_layers", "num_hidden_layers")),
+    missing = [k for k, v in (("d_model", d_model), ("n_layers", first_of(d, "n_layers", "num_hidden_layers")),
                               ("n_heads", n_heads), ("vocab_size", d.get("vocab_size")),
                               ("mask_token_id", d.get("mask_token_id")), ("eos_token_id", d.get("eos_token_id")),
                               ("weight_tying", d.get("weight_tying")))
                if v is None]
     if missing:
         raise ValueError(f"LLaDA config.json lacks required keys: {', '.join(missing)}")
-    eos = d["eos_token_id"]
+    eos = token_id(d["eos_token_id"])
     return ModelConfig(
         family="llada",
         # The logit width is `embedding_size` (the embedding may be padded past the tokenizer vocab).
-        vocab_size=_get(d, "embedding_size", "vocab_size"),
-        d_model=d_model, n_layers=_get(d, "n_layers", "num_hidden_layers"), n_heads=n_heads, n_kv_heads=n_kv,
-        mlp_hidden=mlp, norm_eps=d.get("rms_norm_eps", 1e-5), rope_theta=float(d.get("rope_theta", 10000.0)),
-        max_seq_len=_get(d, "max_sequence_length", "max_position_embeddings", default=1024),  # LLaDAConfig default
-        mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=_get(d, "pad_token_id", default=eos),
-        bos_token_id=d.get("bos_token_id"), qkv_bias=bool(d.get("include_qkv_bias", False)),
-        tie_embeddings=bool(d["weight_tying"]), rope_fp32=bool(d.get("rope_full_precision", True)),
+        vocab_size=first_of(d, "embedding_size", "vocab_size"),
+        d_model=d_model, n_layers=first_of(d, "n_layers", "num_hidden_layers"), n_heads=n_heads, n_kv_heads=n_kv,
+        mlp_hidden=mlp, norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA"),
+        max_seq_len=first_of(d, "max_sequence_length", "max_position_embeddings", default=1024),  # LLaDAConfig default
+        mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
+        bos_token_id=d.get("bos_token_id"), qkv_bias=flag(d, "include_qkv_bias", False, "LLaDA"),
+        tie_embeddings=flag(d, "weight_tying", False, "LLaDA"),
+        rope_fp32=flag(d, "rope_full_precision", True, "LLaDA"),
         logit_shift=False,
     )
 

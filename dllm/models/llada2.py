@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, MoEConfig
-from .llada_moe import EOS_TOKEN, MASK_TOKEN, check_required, special_id
+from .config_json import check_required, first_of, flag, number, token_id
+from .llada_moe import EOS_TOKEN, MASK_TOKEN, special_id
 from .transformer import DiffusionTransformer
 
 ARCHITECTURE = "LLaDA2MoeModelLM"
@@ -55,7 +56,7 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     k = d["num_experts_per_tok"]
     moe = MoEConfig(n_experts=d["num_experts"], experts_per_token=k, expert_hidden=d["moe_intermediate_size"],
                     score="sigmoid", norm_topk=k > 1, n_groups=d.get("n_group") or 1,
-                    topk_groups=d.get("topk_group") or 1, routed_scale=float(d.get("routed_scaling_factor", 1.0)),
+                    topk_groups=d.get("topk_group") or 1, routed_scale=number(d, "routed_scaling_factor", 1.0, "LLaDA2"),
                     expert_bias=True, router_fp32=True, sum_fp32=True,
                     shared_hidden=d["moe_intermediate_size"] * (d.get("num_shared_experts") or 0),
                     first_dense=d.get("first_k_dense_replace") or 0)
@@ -63,11 +64,11 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     return ModelConfig(
         family="llada2", vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
         n_heads=n_heads, n_kv_heads=d.get("num_key_value_heads") or n_heads, mlp_hidden=d["intermediate_size"],
-        norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=float(d.get("rope_theta", 600000.0)),
+        norm_eps=number(d, "rms_norm_eps", 1e-6, "LLaDA2"), rope_theta=number(d, "rope_theta", 600000.0, "LLaDA2"),
         max_seq_len=d.get("max_position_embeddings", 32768),
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens, "LLaDA2"), eos_token_id=eos,
-        pad_token_id=d.get("pad_token_id") if d.get("pad_token_id") is not None else eos,
-        bos_token_id=d.get("bos_token_id"), tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+        pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
+        bos_token_id=d.get("bos_token_id"), tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA2"),
         rope_fp32=False, logit_shift=False, qk_norm=True, rotary_dim=rotary, moe=moe,
         attention_block=ATTENTION_BLOCK,
     )

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..config import ModelConfig, MoEConfig
 from .dream import qwen2_names
+from .config_json import check_required, first_of, flag, number, token_id
 from .transformer import DiffusionTransformer
 
 PUBLISHED_VOCAB = 157184
@@ -30,21 +31,11 @@ _REQUIRED = {"hidden_act": "silu", "rope_scaling": None, "attention_bias": False
              "moe_router_enable_expert_bias": None, "use_sliding_window": False}
 
 
-def check_required(d: dict, required: dict, family: str) -> None:
-    """A ValueError naming the first key of `d` whose value `required` does not allow (an absent
-    key, null, or for a False/None requirement false or {}, is allowed)."""
-    for key, want in required.items():
-        value = d.get(key)
-        if value is None or value == want or (want in (None, False) and value in (False, {})):
-            continue
-        raise ValueError(f"{family} config key {key!r} = {value!r} is not supported (supported: {want!r})")
-
-
 def special_id(d: dict, key: str, token: str, tokens: dict[str, int] | None, family: str = "LLaDA-MoE") -> int:
     """The id `d[key]`, else the tokenizer's `token`, else its id in the published vocabulary."""
-    value = d.get(key)
-    if isinstance(value, list):
-        value = value[0] if value else None
+    value = token_id(d.get(key))
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{family} config key {key!r} = {d[key]!r} must be an integer token id")
     if value is None and tokens:
         value = tokens.get(token)
     if value is None and d.get("vocab_size") == PUBLISHED_VOCAB:
@@ -57,7 +48,8 @@ def special_id(d: dict, key: str, token: str, tokens: dict[str, int] | None, fam
 def _moe_layers(d: dict) -> None:
     freq = d.get("moe_layer_freq", 1)
     layers = d["num_hidden_layers"]
-    dense = freq == 0 if isinstance(freq, int) else (len(freq) != layers or any(f != 1 for f in freq))
+    one = lambda f: f == 1 and not isinstance(f, bool)   # noqa: E731
+    dense = not one(freq) and not (isinstance(freq, list) and len(freq) == layers and all(map(one, freq)))
     if dense:
         raise ValueError(f"LLaDA-MoE config key 'moe_layer_freq' = {freq!r} is not supported (supported: 1, or "
                          f"{layers} ones: every layer mixture-of-experts)")
@@ -75,8 +67,8 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     _moe_layers(d)
     n_heads = d["num_attention_heads"]
     head_dim = d["hidden_size"] // n_heads
-    factor = d.get("partial_rotary_factor", 1.0)
-    if factor is None or factor <= 0 or factor > 1:
+    factor = number(d, "partial_rotary_factor", 1.0, "LLaDA-MoE")
+    if factor > 1:
         raise ValueError(f"LLaDA-MoE config key 'partial_rotary_factor' = {factor!r} must lie in (0, 1]")
     shared = d.get("shared_expert_intermediate_size")
     moe = MoEConfig(n_experts=d["num_experts"], experts_per_token=d["num_experts_per_tok"],
@@ -87,12 +79,12 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
         family="llada-moe", vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
         n_heads=n_heads, n_kv_heads=d.get("num_key_value_heads") or n_heads,
         mlp_hidden=d.get("dense_intermediate_size") or d["expert_intermediate_size"],
-        norm_eps=d.get("rms_norm_eps", 1e-5), rope_theta=float(d.get("rope_theta", 10000.0)),
+        norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA-MoE"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA-MoE"),
         max_seq_len=d.get("max_position_embeddings", 8192),
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens), eos_token_id=eos,
-        pad_token_id=d.get("pad_token_id") if d.get("pad_token_id") is not None else eos,
-        bos_token_id=d.get("bos_token_id"), tie_embeddings=bool(d.get("tie_word_embeddings", False)),
-        rope_fp32=False, logit_shift=False, qk_norm=bool(d.get("qk_layernorm", True)),
+        pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
+        bos_token_id=d.get("bos_token_id"), tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA-MoE"),
+        rope_fp32=False, logit_shift=False, qk_norm=flag(d, "qk_layernorm", True, "LLaDA-MoE"),
         rotary_dim=int(head_dim * factor), clip_qkv=d.get("clip_qkv"), moe=moe,
     )
 

@@ -192,8 +192,10 @@ def _weight_files(folder: Path) -> list[Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
             raise ValueError(f"corrupt shard index {index}: {err!r}") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ValueError(f"corrupt shard index {index}: 'weight_map' must map weight names to file names")
         files = sorted(set(weight_map.values()))
         missing = [f for f in files if not (folder / f).is_file()]
         if missing:
@@ -296,8 +298,27 @@ def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "auto
            for ours, t in sorted(tensors.items()) if tuple(t.shape) != expected[ours]]
     if bad:
         raise ValueError(f"weight shapes in {folder} do not match its config.json: " + "; ".join(bad[:6]))
+    if resolve_dtype(dtype) is None:
+        one_parameter_dtype(tensors, {name for name, _ in model.named_parameters()})
     model.load_state_dict(tensors, strict=True, assign=True)
     return model.eval()
+
+
+def one_parameter_dtype(tensors: dict[str, torch.Tensor], parameters: set[str]) -> None:
+    """Cast, in place, the floating parameters stored in another dtype than most of the
+    parameters' entries to that one (a checkpoint keeping e.g. its norms in float32 beside bfloat16
+    weights runs in one dtype); buffers keep theirs."""
+    counts: dict[torch.dtype, int] = {}
+    for name in parameters:
+        t = tensors[name]
+        if t.is_floating_point():
+            counts[t.dtype] = counts.get(t.dtype, 0) + t.numel()
+    if len(counts) < 2:
+        return
+    common = max(counts, key=counts.get)
+    for name in parameters:
+        if tensors[name].is_floating_point() and tensors[name].dtype != common:
+            tensors[name] = tensors[name].to(common)
 
 
 def _generation_defaults(folder: Path) -> dict[str, Any]:
@@ -305,9 +326,12 @@ def _generation_defaults(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
+        defaults = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"corrupt generation_config.json in {folder}: {err}") from None
+    if not isinstance(defaults, dict):
+        raise ValueError(f"corrupt generation_config.json in {folder}: expected a JSON object, got {defaults!r:.80}")
+    return defaults
 
 
 def load_tokenizer(folder: Path, family: str):

@@ -1,0 +1,52 @@
+"""Reading a checkpoint's `config.json`: values of the type the model needs, or a ValueError that
+names the family, the key, its value and what is allowed. A key that is absent or null takes the
+default."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def first_of(d: dict, *keys: str, default: Any = None) -> Any:
+    """The value of the first of `keys` that `d` holds and is not null, else `default`."""
+    for key in keys:
+        if d.get(key) is not None:
+            return d[key]
+    return default
+
+
+def check_required(d: dict, required: dict, family: str) -> None:
+    """A ValueError naming the first key of `d` whose value `required` does not allow (an absent
+    key, null, or for a False/None requirement false or {}, is allowed)."""
+    for key, want in required.items():
+        value = d.get(key)
+        if value is None or value == want or (want in (None, False) and value in (False, {})):
+            continue
+        raise ValueError(f"{family} config key {key!r} = {value!r} is not supported (supported: {want!r})")
+
+
+def flag(d: dict, key: str, default: bool, family: str) -> bool:
+    """`d[key]` as a JSON boolean."""
+    value = d.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{family} config key {key!r} = {value!r} must be true or false")
+    return value
+
+
+def number(d: dict, key: str, default: float, family: str) -> float:
+    """`d[key]` as a positive JSON number."""
+    value = d.get(key)
+    if value is None:
+        return float(default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{family} config key {key!r} = {value!r} must be a positive number")
+    return float(value)
+
+
+def token_id(value: Any) -> Any:
+    """A special-token id as configs write it: an id, or a list whose first entry is the id (None
+    when empty or absent)."""
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value

@@ -1,0 +1,62 @@
+"""Reading each family's `config.json`: values of the wrong type or range are refused with the key
+named, and the null and list forms real configs use are read as the reference code reads them."""
+import pytest
+
+from dllm.models import dream, llada, llada2, llada_moe
+from tests.fixtures.checkpoints import (LLADAMOE_TINY_SPECIAL_IDS, dream_config, llada2_config, llada_config,
+                                        lladamoe_config)
+
+FAMILIES = {"LLaDA": (llada.config_from_hf, llada_config, {}),
+            "Dream": (dream.config_from_hf, dream_config, {}),
+            "LLaDA-MoE": (llada_moe.config_from_hf, lladamoe_config, {"tokens": LLADAMOE_TINY_SPECIAL_IDS}),
+            "LLaDA2": (llada2.config_from_hf, llada2_config, {"tokens": LLADAMOE_TINY_SPECIAL_IDS})}
+FLAGS = {"LLaDA": "weight_tying", "Dream": "tie_word_embeddings", "LLaDA-MoE": "tie_word_embeddings",
+         "LLaDA2": "tie_word_embeddings"}
+
+
+def parse(family: str, **changes):
+    read, config, extra = FAMILIES[family]
+    d = config()
+    d.update(changes)
+    return read(d, **extra)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("key,value", [("rms_norm_eps", "x"), ("rms_norm_eps", 0), ("rope_theta", "abc"),
+                                       ("rope_theta", True)])
+def test_a_number_of_the_wrong_type_names_its_key(family, key, value):
+    with pytest.raises(ValueError, match=rf"{family} config key '{key}' = {value!r} must be a positive number"):
+        parse(family, **{key: value})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_flag_must_be_a_boolean(family):
+    key = FLAGS[family]
+    with pytest.raises(ValueError, match=rf"{family} config key '{key}' = 'false' must be true or false"):
+        parse(family, **{key: "false"})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_token_id_must_be_an_integer(family):
+    with pytest.raises(ValueError, match=r"(ModelConfig.mask_token_id|config key 'mask_token_id' = '3') must be an "
+                                         r"integer token id"):
+        parse(family, mask_token_id="3")
+
+
+def test_dream_reads_a_null_pad_or_eos_id_as_the_other():
+    d = dream_config()
+    eos, pad = d["eos_token_id"], d["pad_token_id"]
+    assert parse("Dream", pad_token_id=None).pad_token_id == eos
+    assert parse("Dream", eos_token_id=None).eos_token_id == pad
+
+
+def test_llada_reads_a_list_of_end_ids_as_its_first():
+    eos = llada_config()["eos_token_id"]
+    cfg = parse("LLaDA", eos_token_id=[eos, eos - 1], pad_token_id=None)
+    assert cfg.eos_token_id == eos and cfg.pad_token_id == eos
+
+
+@pytest.mark.parametrize("freq", [2, True, 0, [1, 2], "1"])
+def test_llada_moe_refuses_dense_layers(freq):
+    with pytest.raises(ValueError, match=r"LLaDA-MoE config key 'moe_layer_freq' .* is not supported"):
+        parse("LLaDA-MoE", moe_layer_freq=freq)
