@@ -1,6 +1,7 @@
 """The bench runner: rows, resume after a torn write or SIGKILL, 2 processes equal 1, the CLI."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,6 +216,13 @@ def test_cli_prints_the_table_and_report(model_dir, bench_data, tmp_path, capsys
     assert "waiting_line/copy" in text and "waiting_line/reverse" in text and "average" in text and "PB@80" in text
     assert main(["bench", "--report", "--out", str(out)]) == 0
     assert "waiting_line/copy" in capsys.readouterr().out
+    # A second run of the same settings over one task shows that task's table alone.
+    assert main(["bench", "--model", str(model_dir), "--data-dir", str(bench_data), "--limit", "1", "--out", str(out),
+                 "--dtype", "float32", "--tokens-per-step", "4", "--no-progress", "--tasks", "waiting_line/copy"]) == 0
+    run_table = capsys.readouterr().out.split("PB@X")[0]
+    assert "waiting_line/copy" in run_table and "waiting_line/reverse" not in run_table
+    assert main(["bench", "--report", "--out", str(tmp_path / "nowhere.jsonl")]) == 2
+    assert "no results file" in capsys.readouterr().err
     assert main(["bench", "--model", str(model_dir), "--data-dir", str(bench_data), "--tasks", "puzzle/*"]) == 2
     assert "matches none" in capsys.readouterr().err
     assert main(["bench", "--model", str(model_dir), "--data-dir", str(bench_data), "--sampler", "nope"]) == 2
@@ -306,3 +314,43 @@ def test_a_checkpoints_generation_length_is_the_default(model_dir, bench_data, t
     (row,) = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     assert row["gen_length_used"] == 32
     assert resolve_request(model, dllm.GenerationConfig()).config.gen_length == 128
+
+
+def test_repair_refuses_a_file_that_is_not_results_and_keeps_a_whole_last_line(tmp_path):
+    notes = tmp_path / "notes.csv"
+    notes.write_text("task,tps,accuracy\nwaitingline-copy,1.0,100\navg,1.0,100")
+    with pytest.raises(ValueError, match=r"notes.csv' is not a JSONL results file \(line 1 is not a JSON object\)"):
+        runner.ResultsFile(notes).repair()
+    assert notes.read_text().endswith("avg,1.0,100")
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text('{"run_id": "a", "task": "t", "index": 0}\n{"run_id": "a", "task": "t", "index": 1}')
+    assert runner.ResultsFile(whole).repair() == 0
+    assert whole.read_text().endswith('"index": 1}\n') and len(runner.ResultsFile(whole).rows()) == 2
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text('{"run_id": "a", "task": "t", "index": 0}\n{"run_id": "a", "ta')
+    assert runner.ResultsFile(torn).repair() == len('{"run_id": "a", "ta')
+    assert len(runner.ResultsFile(torn).rows()) == 1
+
+
+def test_a_sweeps_summaries_are_not_result_rows(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"kind": "summary", "summary_id": "s", "run_id": "a"}\n{"run_id": "a", "task": "t", "index": 0}\n')
+    assert runner.ResultsFile(path).rows() == [{"run_id": "a", "task": "t", "index": 0}]
+
+
+def test_resume_redoes_a_sample_whose_data_changed_and_returns_the_selection(llada, bench_data, tmp_path):
+    model, tok = llada
+    folder = tmp_path / "pb"
+    shutil.copytree(bench_data, folder)
+    out = tmp_path / "r.jsonl"
+    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(folder), tasks="waiting_line/copy", limit=3,
+                                       out=str(out), tokens_per_step=8))
+    first = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert len(runner.run_bench(cfg.replace(limit=2), model=model, tokenizer=tok, progress=False)) == 2
+    copy = folder / "waiting_line" / "copy.jsonl"
+    records = [json.loads(line) for line in copy.read_text().splitlines()]
+    records[0] = _records(13)[12]
+    copy.write_text("".join(json.dumps(r) + "\n" for r in records))
+    again = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert len(_file_rows(out)) == 4                     # sample 0 decoded again, the others reused
+    assert again[0]["prompt_id"] != first[0]["prompt_id"] and again[1:] == first[1:]

@@ -60,14 +60,13 @@ def parse_levels(text: str) -> tuple[float, ...]:
     return levels
 
 
-def print_report(rows, levels, run_ids=None, args=None) -> None:
-    """Each run's per-task table (only `run_ids` when given), then the PB@X leaderboard; with
-    `--format leaderboard` the runs' leaderboard CSV files, with `--compare` PB@X beside the
-    leaderboard's files."""
+def print_report(rows, levels, current=None, args=None) -> None:
+    """Each run's per-task table (with `current`, the rows of the run just made: its table alone),
+    then the PB@X leaderboard of `rows`; with `--format leaderboard` the runs' leaderboard CSV
+    files, with `--compare` PB@X beside the leaderboard's files."""
     summaries = report.summarize(rows)
-    for s in summaries:
-        if run_ids is None or s.run_id in run_ids:
-            print(report.format_run(s) + "\n")
+    for s in summaries if current is None else report.summarize(current):
+        print(report.format_run(s) + "\n")
     print(f"PB@X: the largest tokens/forward whose average score is >= X, over the {len(summaries)} run(s) stored")
     print(report.format_leaderboard(report.leaderboard(summaries, levels), levels))
     if args is None or (args.format == "text" and not args.compare):
@@ -125,6 +124,8 @@ def run(args) -> int:
         if args.report:
             if not args.out:
                 raise ValueError("--report prints the tables of a results file; give it with --out FILE")
+            if not Path(args.out).is_file():
+                raise FileNotFoundError(f"--report: no results file {args.out!r}")
             print_report(runner.ResultsFile(args.out).rows(), levels, args=args)
             return 0
         rows = runner.run_bench(bench_config(args), progress=not args.no_progress)
@@ -138,7 +139,7 @@ def run(args) -> int:
         return 0
     stored = runner.ResultsFile(args.out).rows() if args.out else rows
     try:
-        print_report(stored, levels, run_ids={rows[0]["run_id"]}, args=args)
+        print_report(stored, levels, current=rows, args=args)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -134,6 +134,13 @@ class BenchConfig:
 
 
 # -- the results file ---------------------------------------------------------------------------
+def _is_json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
 class ResultsFile:
     """An append-only JSONL file of result rows that survives being killed mid-write."""
 
@@ -141,25 +148,30 @@ class ResultsFile:
         self.path = Path(path)
 
     def repair(self) -> int:
-        """Drop a trailing line cut short by a kill (no newline, or not JSON); returns bytes dropped."""
+        """Drop a last line cut short by a kill (a JSON object begun and not ended), or end a whole
+        last line that lacks its newline; returns the bytes dropped. A file with any other line
+        that is not a JSON object is not a results file: ValueError naming it, nothing changed."""
         if not self.path.is_file():
             return 0
         data = self.path.read_bytes()
-        keep = len(data)
-        if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
-        else:
-            last_start = data.rfind(b"\n", 0, max(len(data) - 1, 0)) + 1
-            tail = data[last_start:].strip()
-            if tail:
-                try:
-                    json.loads(tail)
-                except json.JSONDecodeError:
-                    keep = last_start
-        if keep < len(data):
+        lines = data.split(b"\n")
+        filled = [i for i, line in enumerate(lines) if line.strip()]
+        if not filled:
+            return 0
+        last = filled[-1]
+        bad = [i for i in filled if not _is_json_object(lines[i])]
+        if bad and (bad != [last] or not lines[last].lstrip().startswith(b"{")):
+            raise ValueError(f"{str(self.path)!r} is not a JSONL results file (line {bad[0] + 1} is not a JSON "
+                             f"object); give another file")
+        if bad:                               # the torn last line
+            keep = sum(len(line) + 1 for line in lines[:last])
             with self.path.open("r+b") as fh:
                 fh.truncate(keep)
-        return len(data) - keep
+            return len(data) - keep
+        if not data.endswith(b"\n"):
+            with self.path.open("ab") as fh:
+                fh.write(b"\n")
+        return 0
 
     def records(self) -> list[dict]:
         """Every JSON object of the file, in order; blank lines and a torn last line are skipped."""
@@ -180,8 +192,9 @@ class ResultsFile:
         return out
 
     def rows(self) -> list[dict]:
-        """The result rows of the file (records with a run id)."""
-        return [r for r in self.records() if "run_id" in r]
+        """The result rows of the file: records of one sample of a run (a run id, a task and an
+        index; a sweep's summaries are not rows)."""
+        return [r for r in self.records() if "run_id" in r and "task" in r and "index" in r]
 
     def check_writable(self) -> None:
         """Create the file's folder and open the file for appending (creating it empty), so that a
@@ -361,22 +374,26 @@ def _decode_pending(run: _Run, dist: Distributed, batches: list, results, order:
 
 
 def run_bench(cfg: BenchConfig, *, model=None, tokenizer=None, progress: bool = True) -> list[dict]:
-    """Run (or resume) a benchmark run; returns every row of this run, stored ones included,
-    sorted by task and index. Only the main process writes `cfg.out`."""
+    """Run (or resume) a benchmark run; returns the rows of the selected samples (tasks and
+    limit), stored ones included, sorted by task and index. A stored row is reused when it was
+    decoded from the same prompt (its `prompt_id`); a sample whose data changed is decoded again
+    and its new row appended. Only the main process writes `cfg.out`."""
     dist = Distributed()
     run, dataset, run_id = _start_run(cfg, dist, model, tokenizer)
     results, stored = _stored_rows(cfg, dist, run_id)
-    done = {(r["task"], r["index"]) for r in stored}
+    prompts = {(t, s.index): prompt_id(s.messages()) for t in dataset.tasks for s in dataset.samples[t]}
+    current = lambda rows: {(r["task"], r["index"]): r for r in rows                     # noqa: E731
+                            if prompts.get((r["task"], r["index"])) == r.get("prompt_id")}
     order = {t: i for i, t in enumerate(dataset.tasks)}
+    done = current(stored)
     pending = [s for t in dataset.tasks for s in dataset.samples[t] if (t, s.index) not in done]
     new_rows = _decode_pending(run, dist, _batches(pending, cfg.batch_size), results, order, progress)
     dist.barrier()
-    everything = {(r["task"], r["index"]): r for r in stored}
     if dist.is_main:
-        everything.update({(r["task"], r["index"]): r for r in new_rows})
+        done.update(current(new_rows))
     elif results is not None:
-        everything = {(r["task"], r["index"]): r for r in results.rows() if r.get("run_id") == run_id}
-    return [everything[k] for k in sorted(everything, key=lambda k: (order.get(k[0], len(order)), k[1]))]
+        done = current(r for r in results.rows() if r.get("run_id") == run_id)
+    return [done[k] for k in sorted(done, key=lambda k: (order[k[0]], k[1]))]
 
 
 _BENCH_FIELDS = tuple(f for f in BenchConfig.__dataclass_fields__)
