@@ -192,6 +192,9 @@ def test_bad_grid_files(tmp_path):
     (tmp_path / "list.yaml").write_text("- threshold\n")
     with pytest.raises(ValueError, match="must hold a mapping at the top level, got list"):
         sweep.load_grid_file(tmp_path / "list.yaml")
+    (tmp_path / "twice.yaml").write_text("samplers: [threshold]\nsamplers: [low_confidence]\n")
+    with pytest.raises(ValueError, match="cannot parse grid file .*key 'samplers' appears twice"):
+        sweep.load_grid_file(tmp_path / "twice.yaml")
 
 
 def test_command_line_axes_replace_the_files_everywhere(tmp_path):
@@ -216,7 +219,9 @@ def test_command_line_axes_replace_the_files_everywhere(tmp_path):
     # 6 sampler settings x 2 caches x 2 block lengths x 2 gen lengths, + the sub-grid with its own gen_lengths [64]
     assert len(g.points) == 6 * 2 * 2 * 2 + 6 * 2 * 2 * 1
     for spec, message in [("=0.9", "must start with a name"), ("threshold tau", r"'tau' must look like key=value"),
-                          ("threshold tau=[0.9", "cannot read the value of 'tau'")]:
+                          ("threshold tau=[0.9", "cannot read the value of 'tau'"),
+                          ("threshold tau=0.8 tau=0.7", "'tau' is given twice; list its values once"),
+                          ("low_confidence tokens_per_step=1 tokens-per-step=4", "'tokens_per_step' is given twice")]:
         with pytest.raises(ValueError, match=message):
             sweep.parse_spec(spec, "--sampler")
     bad = build_parser().parse_args(["sweep", "--out-dir", "x", "--sampler", "threshold", "--gen-length", "32,x"])

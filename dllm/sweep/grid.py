@@ -305,12 +305,26 @@ def load_grid_file(path: str | os.PathLike) -> dict:
             with path.open("rb") as fh:
                 data = tomllib.load(fh)
         else:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
     except Exception as err:  # yaml.YAMLError, tomllib.TOMLDecodeError, UnicodeDecodeError
         raise ValueError(f"cannot parse grid file {str(path)!r}: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"grid file {str(path)!r} must hold a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's safe loader that refuses a mapping holding a key twice (yaml itself keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice in one mapping",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_spec(text: str, what: str, entry_keys: Sequence[str] = ()) -> dict:
@@ -335,7 +349,10 @@ def parse_spec(text: str, what: str, entry_keys: Sequence[str] = ()) -> dict:
             alts = yaml.safe_load(f"[{value}]")
         except yaml.YAMLError as err:
             raise ValueError(f"{what} {text!r}: cannot read the value of {key!r}: {err}") from None
-        (entry if key in entry_keys else args)[key] = alts      # always a list of alternatives
+        target = entry if key in entry_keys else args
+        if key in target:
+            raise ValueError(f"{what} {text!r}: {key!r} is given twice; list its values once, e.g. {key}=a,b")
+        target[key] = alts      # always a list of alternatives
     if args:
         entry["args"] = args
     return entry
