@@ -469,3 +469,21 @@ def test_two_processes_store_what_one_stores(grid_file, reference, tmp_path):
         assert (out / name).read_bytes()[:8] == PNG_SIGNATURE
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [sweep.ROWS_FILE, sweep.SUMMARIES_FILE, sweep.REPORT_FILE, sweep.PLOT_TPF, sweep.PLOT_TPS, sweep.PLOT_TASKS])
+
+
+def test_report_only_needs_the_sweeps_summaries(tmp_path):
+    from dllm.cli import build_parser
+
+    args = build_parser().parse_args(["sweep", "--out-dir", str(tmp_path / "o"), "--sampler", "low_confidence",
+                                      "--tasks", "waiting_line/copy", "--limit", "1", "--report-only"])
+    grid = sweep.grid_from_args(args)
+    with pytest.raises(FileNotFoundError, match=r"--report-only: no summaries.jsonl in .*'; give the --out-dir"):
+        sweep.run_sweep(grid, tmp_path / "o", report_only=True, progress=False, plots=False)
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "s").mkdir()
+    other = {"kind": "summary", "version": sweep.SUMMARY_VERSION, "summary_id": "0123456789abcdef", "status": "ok"}
+    (tmp_path / "s" / sweep.SUMMARIES_FILE).write_text(json.dumps(other) + "\n")
+    (tmp_path / "s" / "report.md").write_text("kept")
+    with pytest.raises(ValueError, match=r"none of this grid's 1 configuration\(s\) is among the 1 summarized"):
+        sweep.run_sweep(grid, tmp_path / "s", report_only=True, progress=False, plots=False)
+    assert (tmp_path / "s" / "report.md").read_text() == "kept"

@@ -295,6 +295,8 @@ def run_sweep(grid: Grid, out_dir: str | os.PathLike, *, progress: bool = True, 
     Returns this grid's summaries and the report."""
     curves = leaderboard.read_curves(compare) if compare else []
     out_dir = Path(out_dir)
+    if report_only and not (out_dir / SUMMARIES_FILE).is_file():
+        raise FileNotFoundError(f"--report-only: no {SUMMARIES_FILE} in {str(out_dir)!r}; give the --out-dir of a sweep")
     dist = Distributed()
     plan = _plan(grid, out_dir, dist)
     initial = sum(plan.done_samples(i) for i in plan.todo)
@@ -313,5 +315,8 @@ def run_sweep(grid: Grid, out_dir: str | os.PathLike, *, progress: bool = True, 
         return SweepResult([], "", out_dir)
     by_id = {s["summary_id"]: s for s in read_summaries(plan.summaries_path)}
     mine = [by_id[plan.sids[i]] for i in plan.todo if plan.sids[i] in by_id]
+    if report_only and not mine:
+        raise ValueError(f"--report-only: none of this grid's {len(plan.todo)} configuration(s) is among the "
+                         f"{len(by_id)} summarized in {str(out_dir)!r}; give the grid that sweep ran")
     text = write_report(mine, out_dir, plan.settings.levels, plots=plots, compare=curves)
     return SweepResult(mine, text, out_dir)
