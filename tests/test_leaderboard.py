@@ -123,3 +123,13 @@ def test_bad_leaderboard_files_are_clear_errors(tmp_path, text, message):
 def test_bad_report_options_are_clear_errors(results, capsys, extra, message):
     assert main(["bench", "--report", "--out", str(results), *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_curve_of_dllm_runs_takes_its_schedule_from_the_runs_not_the_methods_name():
+    rows = [r for run, tpf, score in (("a", 1.0, 0.9), ("b", 2.0, 0.85), ("c", 4.0, 0.5))
+            for r in _rows(run, "low_confidence", "dual", {"waiting_line/copy": score}, tpf, "fixed")]
+    summaries = report.summarize(rows)
+    (curve,) = leaderboard.curves_from_runs(summaries)
+    assert curve.method == "confidence-topk+dual" and curve.adaptive is False
+    (row,) = report.leaderboard(summaries, (80, 70, 60))
+    assert [curve.pb(x) for x in (80, 70, 60)] == [row["PB80"], row["PB70"], row["PB60"]] == [2.0, 2.0, 2.0]

@@ -70,6 +70,7 @@ class Curve:
     method: str
     rows: list[tuple[str, float, float]] = field(default_factory=list)
     source: str = "dllm"
+    adaptive: bool | None = None      # None: known from the method's name (the leaderboard's files)
 
     @property
     def points(self) -> list[tuple[float, float]]:
@@ -77,7 +78,8 @@ class Curve:
         return [(tps, acc) for task, tps, acc in self.rows if task == AVG]
 
     def pb(self, x: float) -> float | None:
-        return pb_score(self.points, x, adaptive=self.method not in FIXED_METHODS)
+        adaptive = self.method not in FIXED_METHODS if self.adaptive is None else self.adaptive
+        return pb_score(self.points, x, adaptive=adaptive)
 
     def sorted_rows(self) -> list[tuple[str, float, float]]:
         """The tasks' rows by task id and tps, then the `avg` rows by tps (the leaderboard's order)."""
@@ -93,7 +95,8 @@ def curves_from_runs(summaries: list[RunSummary]) -> list[Curve]:
         if not scored:
             continue
         key = (model_id(s.model), method_id(s.sampler, s.cache))
-        curve = curves.setdefault(key, Curve(*key))
+        curve = curves.setdefault(key, Curve(*key, adaptive=False))
+        curve.adaptive = curve.adaptive or s.schedule != "fixed"      # as the runs' own PB@X table decides
         rows = [(task_id(t.task), t.tokens_per_forward, t.score) for t in scored]
         curve.rows += rows + [(AVG, sum(r[1] for r in rows) / len(rows), sum(r[2] for r in rows) / len(rows))]
     return list(curves.values())
