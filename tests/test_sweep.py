@@ -487,3 +487,14 @@ def test_report_only_needs_the_sweeps_summaries(tmp_path):
     with pytest.raises(ValueError, match=r"none of this grid's 1 configuration\(s\) is among the 1 summarized"):
         sweep.run_sweep(grid, tmp_path / "s", report_only=True, progress=False, plots=False)
     assert (tmp_path / "s" / "report.md").read_text() == "kept"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_missing_device_fails_the_sweep_once_before_any_configuration(tmp_path):
+    from dllm.cli import build_parser
+
+    args = build_parser().parse_args(["sweep", "--out-dir", str(tmp_path / "o"), "--sampler", "low_confidence",
+                                      "--tasks", "waiting_line/copy", "--limit", "1", "--device", "cuda"])
+    with pytest.raises(ValueError, match="CUDA is not available on this machine"):
+        sweep.run_sweep(sweep.grid_from_args(args), tmp_path / "o", progress=False, plots=False)
+    assert not (tmp_path / "o" / sweep.SUMMARIES_FILE).exists()

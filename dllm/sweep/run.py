@@ -298,6 +298,8 @@ def run_sweep(grid: Grid, out_dir: str | os.PathLike, *, progress: bool = True, 
     if report_only and not (out_dir / SUMMARIES_FILE).is_file():
         raise FileNotFoundError(f"--report-only: no {SUMMARIES_FILE} in {str(out_dir)!r}; give the --out-dir of a sweep")
     dist = Distributed()
+    if not report_only:
+        resolve_device(grid.settings.device, auto=dist.device)   # a missing device fails once, not per configuration
     plan = _plan(grid, out_dir, dist)
     initial = sum(plan.done_samples(i) for i in plan.todo)
     bar = _Progress(plan.rows_path, plan.per_config * len(plan.todo), initial,
