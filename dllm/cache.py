@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .state import DecodeState, add_at, pad_columns_left, select_positions
+from .state import MAX_INTEGER_ARGUMENT, DecodeState, add_at, pad_columns_left, select_positions
 
 
 @dataclass
@@ -261,6 +261,8 @@ def _check_int(policy: str, name: str, value, low: int, allow_none: bool = False
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         what = f"an integer >= {low}" + (" or None" if allow_none else "")
         raise ValueError(f"cache policy {policy!r}: {name} must be {what}, got {value!r}")
+    if value > MAX_INTEGER_ARGUMENT:
+        raise ValueError(f"cache policy {policy!r}: {name} must be <= {MAX_INTEGER_ARGUMENT}, got {value!r}")
     return value
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+MAX_INTEGER_ARGUMENT = 2 ** 31 - 1     # the largest integer argument a sampler or cache policy takes
+
 
 @dataclass
 class SpecialIds:

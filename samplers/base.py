@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from dllm.kernels.scoring import TokenScores
-from dllm.state import Decision, DecodeState
+from dllm.state import MAX_INTEGER_ARGUMENT, Decision, DecodeState
 
 
 class Sampler:
@@ -163,6 +163,8 @@ def check_number(name: str, value, *, low=None, high=None, integer=False, allow_
         raise ValueError(f"{where}{name} must be {kind}, got NaN")
     if low is not None and (value <= low if low_open else value < low):
         raise ValueError(f"{where}{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
+    if high is None and integer:
+        high = MAX_INTEGER_ARGUMENT
     if high is not None and value > high:
         raise ValueError(f"{where}{name} must be <= {high}, got {value!r}")
     return value

@@ -34,7 +34,11 @@ def dilated_groups(block_length: int, base: int = 2, base_skip: int = 1) -> list
         return [list(range(block_length))]
     taken = [False] * block_length
     groups = []
-    stride = block_length // base ** base_skip
+    stride = block_length
+    for _ in range(base_skip):         # block_length // base ** base_skip, without the power
+        stride //= base
+        if not stride:
+            break
     while stride >= 1:
         group = [o for o in range(0, block_length, stride) if not taken[o]]
         for o in group:

@@ -160,6 +160,11 @@ def test_stop_strings_cut_the_answer(client, shipped):
     ({"dllm": {"block_length": 5}}, "dllm.block_length"),
     ({"dllm": {"colour": 1}}, "dllm.colour"),
     ({"messages": []}, "messages"),
+    ({"seed": 2 ** 64}, "seed"),
+    ({"seed": -1}, "seed"),
+    ({"dllm": {"sampler": "learn2pd", "sampler_args": {"filter": "/nonexistent/filter.safetensors"}}}, "dllm.sampler"),
+    ({"dllm": {"sampler": "dus", "sampler_args": {"base_skip": 10 ** 12}}}, "dllm.sampler"),
+    ({"dllm": {"cache": "dual", "cache_args": {"refresh": 10 ** 20}}}, "dllm.cache"),
 ])
 def test_bad_requests_get_a_400_naming_the_field(server, body, param):
     request = {"messages": copy_messages(QUESTIONS[0]), **body}
@@ -180,6 +185,9 @@ def test_a_body_that_is_not_json_or_a_prompt_of_no_known_form_is_named(server):
         error = r.json()["error"]
         assert r.status_code == 400 and error["param"] == "prompt", r.text
         assert error["message"].startswith("prompt: expected a string or a list of token ids"), error["message"]
+    r = httpx.post(server.url + "/v1/completions", content=json.dumps({"prompt": "hi \ud800 there"}),   # ascii escapes
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
 
 
 def test_prompts_with_the_mask_token_or_unknown_ids_are_refused_and_an_empty_one_decodes(server, shipped):
@@ -235,6 +243,73 @@ def test_disconnect_mid_stream_drops_the_request(server):
     while metric(server, 'dllm_requests_total{outcome="disconnected"}') == before or metric(server, "dllm_running_rows"):
         assert time.monotonic() < deadline, "the disconnected request kept decoding"
         time.sleep(0.05)
+
+
+def test_a_client_that_hangs_up_before_its_whole_answer_is_dropped(server):
+    before = metric(server, 'dllm_requests_total{outcome="disconnected"}')
+    body = {"prompt": "hi", "max_tokens": 512, "dllm": {"sampler": "low_confidence", "block_length": 8}}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=1.0)
+    deadline = time.monotonic() + 5          # far less than its 512 forwards take
+    while metric(server, 'dllm_requests_total{outcome="disconnected"}') == before or metric(server, "dllm_running_rows"):
+        assert time.monotonic() < deadline, "the request kept decoding after its client left"
+        time.sleep(0.05)
+
+
+def test_a_stop_string_that_straddles_two_pieces_never_reaches_the_stream(client):
+    for stop in ['"An', 'Lee"', "y"]:
+        kwargs = dict(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[0]), stop=[stop])
+        whole = client.chat.completions.create(**kwargs).choices[0].message.content
+        chunks = client.chat.completions.create(stream=True, **kwargs)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole, stop
+
+
+def test_samplers_that_draw_over_their_batch_run_alone_with_their_seed(client, shipped):
+    messages = copy_messages(QUESTIONS[1])
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda seed: client.chat.completions.create(
+            model="llada-pb-tiny", messages=messages, seed=seed,
+            extra_body={"dllm": {"sampler": "random"}}).choices[0].message.content, (1, 2, 3)))
+    assert got == [offline(shipped, messages, sampler="random", seed=seed).texts[0] for seed in (1, 2, 3)]
+
+
+def test_cancelling_a_queued_request_frees_its_place(shipped):
+    from dllm.serve.engine import Engine, Job, QueueFull
+
+    model, tok = shipped
+    engine = Engine(model, tok, max_queue=2)           # not started: the requests stay queued
+    jobs = [Job([5, 6], DEFAULTS, lambda kind, payload: None) for _ in range(2)]
+    for job in jobs:
+        engine.submit(job)
+    with pytest.raises(QueueFull):
+        engine.submit(Job([5, 6], DEFAULTS, lambda kind, payload: None))
+    engine.cancel(jobs[0])
+    assert engine.queue_depth == 1
+    engine.submit(Job([5, 6], DEFAULTS, lambda kind, payload: None))
+
+
+def test_batches_of_a_policy_given_as_an_instance_keep_their_own(shipped):
+    """Defaults naming a cache policy instance: a request joining a running batch, and another
+    batch beside it, decode with copies of it and give their offline answers."""
+    from dllm.cache import get_policy
+
+    model, tok = shipped
+    defaults = dllm.GenerationConfig(gen_length=64, block_length=8, sampler="low_confidence", cache=get_policy("dual"))
+    running = RunningServer(build_app(model, tok, model_name="m", defaults=defaults))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            first = pool.submit(httpx.post, running.url + "/v1/completions", json={"prompt": "hi"}, timeout=120)
+            time.sleep(0.3)
+            later = [pool.submit(httpx.post, running.url + "/v1/completions", json={"prompt": p}, timeout=120)
+                     for p in ("hello there, friend", "ok")]
+            answers = [f.result() for f in [first, *later]]
+        assert [r.status_code for r in answers] == [200, 200, 200], [r.text for r in answers]
+        for prompt, r in zip(("hi", "hello there, friend", "ok"), answers):
+            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            want = dllm.generate(model, tok, [ids], defaults.replace(cache="dual")).texts[0]
+            assert r.json()["choices"][0]["text"] == want, prompt
+    finally:
+        running.close()
 
 
 def test_a_full_queue_answers_429_with_retry_after(shipped):

@@ -18,6 +18,7 @@ from .metrics import ServerMetrics
 from .schema import ChatRequest, CompletionRequest, RequestError, request_config
 
 RETRY_AFTER_S = 1          # what a 429 asks the client to wait
+DISCONNECT_CHECK_S = 0.5   # how often a waiting request asks whether its client is still there
 
 
 def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
@@ -63,7 +64,11 @@ class Server:
 
     def completion_prompt(self, body: CompletionRequest) -> list[int]:
         if isinstance(body.prompt, str):
-            return self._checked(self.tokenizer(body.prompt, add_special_tokens=False)["input_ids"], "prompt")
+            try:
+                ids = self.tokenizer(body.prompt, add_special_tokens=False)["input_ids"]
+            except Exception as err:   # text the tokenizer cannot encode (e.g. a lone surrogate)
+                raise RequestError(f"the tokenizer cannot encode this prompt: {err}", "prompt") from None
+            return self._checked(ids, "prompt")
         return self._checked(list(body.prompt), "prompt")
 
     def _checked(self, ids: list[int], param: str) -> list[int]:
@@ -175,11 +180,20 @@ async def _complete(server: Server, request: Request, body, kind: str, prompt_of
 
 
 async def _next_event(events: asyncio.Queue, request: Request):
-    """The job's next event; raises _Disconnected when the client has gone away."""
+    """The job's next event; raises _Disconnected when the client has gone away, asked at least
+    every DISCONNECT_CHECK_S, also while events keep coming."""
+    now = time.monotonic()
+    last = getattr(request.state, "disconnect_checked", now)
+    if now - last >= DISCONNECT_CHECK_S:
+        if await request.is_disconnected():
+            raise _Disconnected
+        last = now
+    request.state.disconnect_checked = last
     while True:
         try:
-            return await asyncio.wait_for(events.get(), timeout=0.5)
+            return await asyncio.wait_for(events.get(), timeout=DISCONNECT_CHECK_S)
         except asyncio.TimeoutError:
+            request.state.disconnect_checked = time.monotonic()
             if await request.is_disconnected():
                 raise _Disconnected from None
 

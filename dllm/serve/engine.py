@@ -16,6 +16,7 @@ batch.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import threading
@@ -123,9 +124,12 @@ class Engine:
             self._wake.notify()
 
     def cancel(self, job: Job) -> None:
-        """Drop a request (client gone): it leaves the queue or its batch at the next step boundary."""
+        """Drop a request (client gone): it leaves the queue now, or its batch at the next step
+        boundary."""
         job.cancelled = True
         with self._wake:
+            if job in self.queue:
+                self.queue.remove(job)
             self._wake.notify()
 
     @property
@@ -141,6 +145,7 @@ class Engine:
         """Step the batches in the calling thread until `stop`, until `keep_running()` (checked at
         least once a second while idle, and between steps) turns false, or until an exception such
         as KeyboardInterrupt; the requests still open are then answered 503."""
+        admitted: list[Job] = []
         try:
             while keep_running is None or keep_running():
                 with self._wake:
@@ -150,13 +155,15 @@ class Engine:
                         break
                     admitted = self._take_admissible()
                 self._admit(admitted)
+                admitted = []
                 for group in list(self.groups):
                     self._turn(group)
         finally:
             with self._wake:
                 self._stopping = True
                 waiting, self.queue = list(self.queue), deque()
-            for job in [j for g in self.groups for j in g.jobs] + waiting:
+            running = [j for g in self.groups for j in g.jobs]
+            for job in running + [j for j in admitted if j not in running] + waiting:
                 job.emit("error", (503, "the server is shutting down", None))
             self.groups = []
 
@@ -174,26 +181,46 @@ class Engine:
         by_key: dict[str, list[Job]] = {}
         jobs = self._defer_shared_buffers(jobs)
         for job in jobs:
-            # a sampling request draws from its own seeded generator: it runs alone
-            key = batch_key(job.config) if job.config.temperature == 0 else f"{job.id}:{batch_key(job.config)}"
+            key = batch_key(job.config)
+            if not self._batches_with_others(job.config):
+                key = f"{job.id}:{key}"
             by_key.setdefault(key, []).append(job)
         for key, group_jobs in by_key.items():
             try:
-                decoder = self._decoder([j.prompt for j in group_jobs], group_jobs[0].config)
+                self._start_group(key, group_jobs)
             except (ValueError, TypeError) as err:   # the sampler or cache refuses these settings
                 for job in group_jobs:
                     job.emit("error", (400, str(err), param_of(str(err))))
-                continue
-            for job in group_jobs:
-                job.emit("started", None)
-            running = next((g for g in self.groups if g.key == key and g.decoder.joinable), None)
-            if running is not None and decoder.joinable:
+            except Exception as err:                 # a failing batch fails its own requests only
                 for job in group_jobs:
-                    job.forwards_at_join = running.decoder.forwards
-                running.decoder.join(decoder)
-                running.jobs += group_jobs
-            else:
-                self.groups.append(_Group(key, decoder, group_jobs))
+                    job.emit("error", (500, f"starting the batch failed: {type(err).__name__}: {err}", None))
+
+    def _batches_with_others(self, config: GenerationConfig) -> bool:
+        """Whether a request can share its batch with others of its settings and decode as it would
+        alone: greedy, with a sampler that keeps what it needs per row (`Sampler.row_state`; the
+        others draw over the whole batch or keep batch-wide state). A sampling request draws from
+        its own seeded generator. Settings that fail to resolve run alone, to fail alone."""
+        if config.temperature != 0:
+            return False
+        try:
+            return resolve_request(self.model, config).sampler.row_state is not None
+        except Exception:
+            return False
+
+    def _start_group(self, key: str, jobs: list[Job]) -> None:
+        """A batch of `jobs`, joined to a running batch of the same settings when both can."""
+        decoder = self._decoder([j.prompt for j in jobs], jobs[0].config)
+        running = next((g for g in self.groups if g.key == key and g.decoder.joinable), None)
+        if running is not None and decoder.joinable:
+            running.decoder.join(decoder)
+            for job in jobs:
+                job.forwards_at_join = running.decoder.forwards
+                job.emit("started", None)
+            running.jobs += jobs
+        else:
+            for job in jobs:
+                job.emit("started", None)
+            self.groups.append(_Group(key, decoder, jobs))
 
     def shares_kv_buffers(self) -> bool:
         """Whether batches of one layout share their K/V buffers: with CUDA graphs on, a graph
@@ -223,6 +250,9 @@ class Engine:
         return [j for j in jobs if id(j) not in waiting]
 
     def _decoder(self, prompts: list[list[int]], config: GenerationConfig) -> Decoder:
+        # a sampler or policy given as an instance keeps state per batch: each batch gets its own copy
+        config = config.replace(**{name: copy.deepcopy(getattr(config, name)) for name in ("sampler", "cache")
+                                   if not isinstance(getattr(config, name), (str, type(None)))})
         request = resolve_request(self.model, config)
         state = build_state(self.model, prompts, request.config, request.block_length)
         state.tokenizer = self.tokenizer
@@ -269,6 +299,8 @@ class Engine:
             if job.stream_canvas:
                 job.emit("canvas", self.tokenizer.decode(generated[r], skip_special_tokens=False))
             done = finished[r] or stopped
+            if not done:       # text a stop string may still cut is sent once it cannot
+                text = text[:len(text) - _stop_prefix_length(text, job.stop)]
             grown = text[len(job.sent):] if text.startswith(job.sent) else ""
             if grown and (done or not (rewrites or grown.endswith("\ufffd"))):   # hold back a split character
                 job.sent += grown
@@ -303,6 +335,12 @@ class Engine:
 def _stores_kv(config: GenerationConfig) -> bool:
     """Whether the request's cache policy keeps K/V between steps."""
     return with_instances(config).cache.needs_storage
+
+
+def _stop_prefix_length(text: str, stops: tuple[str, ...]) -> int:
+    """The length of the longest end of `text` that begins one of the stop strings."""
+    return max((n for stop in stops for n in range(min(len(stop) - 1, len(text)), 0, -1)
+                if text.endswith(stop[:n])), default=0)
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

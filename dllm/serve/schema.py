@@ -49,7 +49,7 @@ class _Request(BaseModel):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2 ** 63)
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False
@@ -133,7 +133,7 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
             if param in ("dllm.sampler", "dllm.cache"):
                 with_instances(config)
             config.for_length(config.gen_length)
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError, OSError) as err:   # OSError: a file argument (a Learn2PD filter)
             raise RequestError(str(err), param) from None
     return config
 
