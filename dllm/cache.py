@@ -513,10 +513,13 @@ def _changed_before_block(state: DecodeState, rows, changed: torch.Tensor) -> to
 
 class BlockCache(StoringPolicy):
     """Block diffusion's exact cache, for a block-causal model (LLaDA2): one full forward at a row's
-    first step (the prompt's prefill), then every step recomputes only the active attention block,
-    and the first step of a block also the block just finished, whose K/V hold its final tokens
-    from then on. Under block-causal attention a finished block's K/V never change and later
-    blocks are never seen, so the tokens are those of recomputing everything (`none`)."""
+    first step (the prompt's prefill), then every step recomputes the attention blocks from the
+    first one holding a column changed since the row's last forward (at a block's first step, the
+    block just finished, whose K/V hold its final tokens from then on) or the active block's start,
+    to the end of the one holding the active block's end. Under block-causal attention the K/V of
+    an attention block depend only on it and the blocks before it, and later blocks are never
+    seen, so the tokens are those of recomputing everything (`none`), also for a sampler that
+    rewrites earlier blocks (RCR) or blocks that do not follow the attention blocks (AdaBlock)."""
 
     name = "block"
     needs_block_causal = True
@@ -531,16 +534,17 @@ class BlockCache(StoringPolicy):
             raise ValueError(f"cache 'block' is exact only under block-causal attention (LLaDA2); "
                              f"{model.config.family} attends to every column: use 'dual' or 'prefix'")
         super().setup(state, model)
+        self.attention_block = model.config.attention_block
 
     def _full(self, state, rows):
         return self.refreshes[rows] == 0
 
     def _columns(self, state, rows, changed, scored):
-        cols = state.columns()[None, :]
-        first = state.block_first_column(rows)
-        opening = state.step_in_block[rows] == 0
-        start = torch.where(opening, first - state.block_length, first).clamp(min=0)
-        return (cols >= start[:, None]) & (cols < state.block_end[rows, None])
+        A, cols = self.attention_block, state.columns()
+        first_changed = torch.where(changed, cols[None, :], state.length).amin(1)              # (B',)
+        start = torch.minimum(state.block_start[rows], first_changed) // A * A
+        end = (state.block_end[rows] + A - 1) // A * A
+        return (cols[None, :] >= start[:, None]) & (cols[None, :] < end[:, None])
 
 
 # Per family: (refresh, warm-up full forwards per block). dKV-Cache's LLaDA loop refreshes every 8

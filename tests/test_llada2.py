@@ -151,6 +151,20 @@ def test_block_causal_caches_are_exact(eos_heavy):
         assert cached.forwards == full.forwards
 
 
+@pytest.mark.parametrize("sampler,kwargs", [("rcr", {}),
+                                             ("adablock", dict(delimiter_ids=[5], tau_d=0.3))])
+def test_the_block_cache_is_exact_for_rewrites_of_earlier_blocks_and_unaligned_blocks(sampler, kwargs):
+    """RCR rewrites columns of earlier blocks; AdaBlock's blocks cross the attention blocks when the
+    prompt does not fill whole ones. `block` recomputes every attention block a change reaches."""
+    model = dllm.build_model(dllm.ModelConfig.from_name("llada2-tiny"), seed=0, init_std=1.0)
+    request = dict(gen_length=64, block_length=32, sampler=sampler, sampler_kwargs=kwargs)
+    ragged = [[1, 2, 3], list(range(4, 40))] if sampler == "adablock" else [[1] * 32, list(range(4, 68))]
+    for prompts in ([[1] * 32], ragged):     # rcr's fixed schedule needs prompts of whole attention blocks
+        full = dllm.generate(model, None, prompts, cache="none", **request)
+        cached = dllm.generate(model, None, prompts, cache="block", **request)
+        assert torch.equal(cached.sequences, full.sequences) and cached.nfe == full.nfe, prompts
+
+
 def test_block_cache_prefills_once(eos_heavy, llada_dir):
     """`block` runs one full forward per row (the prefill), `dual` one per block."""
     model, _ = eos_heavy
