@@ -129,6 +129,8 @@ def _as_rows(prompts, attention_mask) -> list[list[int]]:
                 attention_mask = attention_mask[None]
         if prompts.dim() != 2:
             raise ValueError(f"input_ids must be 1-D or 2-D, got shape {tuple(prompts.shape)}")
+        if prompts.dtype == torch.bool or prompts.is_floating_point() or prompts.is_complex():
+            raise ValueError(f"input_ids must hold integer token ids, got dtype {prompts.dtype}")
         if attention_mask is None:
             return [row.tolist() for row in prompts]
         if attention_mask.shape != prompts.shape:
@@ -269,7 +271,8 @@ def _block_causal_request(model, cfg: GenerationConfig, sampler: Sampler) -> Req
     length = block if cfg.block_length is None else cfg.block_length
     if length != block:
         raise ValueError(f"block_length {cfg.block_length} differs from the {block}-column attention blocks of "
-                         f"{model.config.family}; use block_length={block}")
+                         f"{model.config.family}; use block_length={block} or leave it out (it is then {block}, "
+                         f"whatever gen_length)")
     return Request(cfg.replace(sampler=sampler, block_length=block), sampler, cfg.cache, block)
 
 

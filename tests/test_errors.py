@@ -80,6 +80,19 @@ def test_llada_schedule_errors(tiny, kwargs, match):
         dllm.generate(tiny, None, [[1, 2]], **kwargs)
 
 
+@pytest.mark.parametrize("ids", [torch.tensor([[1.7, 2.9]]), torch.tensor([[True, False]])])
+def test_input_ids_of_another_dtype_than_integers(tiny, ids):
+    with pytest.raises(ValueError, match=rf"input_ids must hold integer token ids, got dtype {ids.dtype}"):
+        dllm.generate(tiny, None, ids, gen_length=4)
+
+
+def test_a_block_length_other_than_the_attention_blocks_says_how_to_leave_it_out():
+    model = dllm.build_model(dllm.ModelConfig.from_name("llada2-tiny"), seed=0)
+    with pytest.raises(ValueError, match=r"use block_length=32 or leave it out"):
+        dllm.generate(model, None, [[1, 2, 3]], gen_length=5, block_length=5)
+    assert dllm.generate(model, None, [[1, 2, 3]], gen_length=5).generated.shape == (1, 5)
+
+
 def test_mask_token_inside_prompt(tiny):
     mask = tiny.config.mask_token_id
     with pytest.raises(ValueError, match=rf"prompt 1 contains the mask token id {mask} at position 2"):
