@@ -88,7 +88,7 @@ def test_completion_with_the_extension_object(client, shipped):
     extension = {"sampler": "threshold", "sampler_args": {"tau": 0.7}, "block_length": 16}
     reply = client.completions.create(model="llada-pb-tiny", prompt=prompt, max_tokens=48,
                                       extra_body={"dllm": extension})
-    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    ids = tok(prompt)["input_ids"]                 # as dllm.generate(..., chat=False) encodes it
     want = dllm.generate(model, tok, [ids], DEFAULTS.replace(gen_length=48, sampler="threshold",
                                                               sampler_kwargs={"tau": 0.7}, block_length=16))
     assert reply.choices[0].text == want.texts[0]
@@ -155,16 +155,20 @@ def test_stop_strings_cut_the_answer(client, shipped):
     ({"best_of": 3}, "best_of"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"dllm": {"sampler": "nope"}}, "dllm.sampler"),
-    ({"dllm": {"sampler": "threshold", "sampler_args": {"tau": 7}}}, "dllm.sampler"),
+    ({"dllm": {"sampler": "threshold", "sampler_args": {"tau": 7}}}, "dllm.sampler_args"),
     ({"dllm": {"cache": "nope"}}, "dllm.cache"),
     ({"dllm": {"block_length": 5}}, "dllm.block_length"),
     ({"dllm": {"colour": 1}}, "dllm.colour"),
     ({"messages": []}, "messages"),
     ({"seed": 2 ** 64}, "seed"),
     ({"seed": -1}, "seed"),
-    ({"dllm": {"sampler": "learn2pd", "sampler_args": {"filter": "/nonexistent/filter.safetensors"}}}, "dllm.sampler"),
-    ({"dllm": {"sampler": "dus", "sampler_args": {"base_skip": 10 ** 12}}}, "dllm.sampler"),
-    ({"dllm": {"cache": "dual", "cache_args": {"refresh": 10 ** 20}}}, "dllm.cache"),
+    ({"dllm": {"sampler": "learn2pd", "sampler_args": {"filter": "/nonexistent/filter.safetensors"}}},
+     "dllm.sampler_args"),
+    ({"dllm": {"sampler": "dus", "sampler_args": {"base_skip": 10 ** 12}}}, "dllm.sampler_args"),
+    ({"dllm": {"cache": "dual", "cache_args": {"refresh": 10 ** 20}}}, "dllm.cache_args"),
+    ({"stop": 5}, "stop"),
+    ({"stop": [1]}, "stop"),
+    ({"max_completion_tokens": 100000}, "max_completion_tokens"),
 ])
 def test_bad_requests_get_a_400_naming_the_field(server, body, param):
     request = {"messages": copy_messages(QUESTIONS[0]), **body}
@@ -305,7 +309,7 @@ def test_batches_of_a_policy_given_as_an_instance_keep_their_own(shipped):
             answers = [f.result() for f in [first, *later]]
         assert [r.status_code for r in answers] == [200, 200, 200], [r.text for r in answers]
         for prompt, r in zip(("hi", "hello there, friend", "ok"), answers):
-            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            ids = tok(prompt)["input_ids"]                 # as dllm.generate(..., chat=False) encodes it
             want = dllm.generate(model, tok, [ids], defaults.replace(cache="dual")).texts[0]
             assert r.json()["choices"][0]["text"] == want, prompt
     finally:

@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..config import DEFAULT_GEN_LENGTH, GenerationConfig
-from ..decode import checkpoint_gen_length, prompt_problem
+from ..decode import checkpoint_gen_length, encode_prompts, prompt_problem
 from .engine import Engine, EngineStopped, Job, QueueFull
 from .metrics import ServerMetrics
 from .schema import ChatRequest, CompletionRequest, RequestError, request_config
@@ -43,12 +43,13 @@ class Server:
         if body.model is not None and body.model != self.model_name:
             raise RequestError(f"model {body.model!r} is not served here; this server serves {self.model_name!r}",
                                "model")
-        config = request_config(body, self.defaults, max_tokens)
+        field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+        config = request_config(body, self.defaults, max_tokens, field)
         gen = config.gen_length or checkpoint_gen_length(self.engine.model) or DEFAULT_GEN_LENGTH
         limit = self.engine.model.config.max_seq_len
         if len(prompt) + gen > limit:
-            raise RequestError(f"the prompt's {len(prompt)} tokens + max_tokens {gen} exceed the model's "
-                               f"{limit}-token context", "max_tokens")
+            raise RequestError(f"the prompt's {len(prompt)} tokens + {field} {gen} exceed the model's "
+                               f"{limit}-token context", field)
         canvas = bool(body.dllm and body.dllm.stream_canvas)
         return Job(prompt, config.replace(gen_length=gen), emit, stop=body.stops(), stream_canvas=canvas,
                    timeout=self.timeout)
@@ -65,7 +66,7 @@ class Server:
     def completion_prompt(self, body: CompletionRequest) -> list[int]:
         if isinstance(body.prompt, str):
             try:
-                ids = self.tokenizer(body.prompt, add_special_tokens=False)["input_ids"]
+                ids = encode_prompts(self.tokenizer, [body.prompt], chat=False)[0]   # as dllm.generate encodes it
             except Exception as err:   # text the tokenizer cannot encode (e.g. a lone surrogate)
                 raise RequestError(f"the tokenizer cannot encode this prompt: {err}", "prompt") from None
             return self._checked(ids, "prompt")
@@ -93,7 +94,8 @@ def create_app(server: Server, engine_thread: bool = True) -> FastAPI:
         if first["type"] == "json_invalid":
             reason = first.get("ctx", {}).get("error", first["msg"])
             return error_response(400, f"the request body is not valid JSON: {reason}", None)
-        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
+        # a union's member names its type ("stop.str"); the field is the path without them
+        param = ".".join(str(p) for p in first["loc"] if p != "body" and not _is_type_tag(p)) or None
         message = first["msg"].removeprefix("Value error, ")   # a validator's own message, as it wrote it
         return error_response(400, f"{param}: {message}" if param else message, param)
 
@@ -200,6 +202,10 @@ async def _next_event(events: asyncio.Queue, request: Request):
 
 class _Disconnected(Exception):
     """The client closed the connection before its answer was complete."""
+
+
+def _is_type_tag(part) -> bool:
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
 
 
 def _failed(server: Server, payload) -> JSONResponse:

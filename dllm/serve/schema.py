@@ -110,17 +110,20 @@ def check_neutral(body: _Request) -> None:
             raise RequestError(f"{name} is not supported by dllm's samplers; leave it out or set it to {neutral}", name)
 
 
-def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int | None) -> GenerationConfig:
+def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int | None,
+                   length_field: str = "max_tokens") -> GenerationConfig:
     """The request's `GenerationConfig`: the server's defaults, then the request's fields, each
     checked on its own so that an error names the field it comes from."""
     check_neutral(body)
     options = body.dllm or DllmOptions()
     stages = [
-        ("max_tokens", dict(gen_length=max_tokens) if max_tokens is not None else {}),
+        (length_field, dict(gen_length=max_tokens) if max_tokens is not None else {}),
         ("temperature", dict(temperature=body.temperature) if body.temperature is not None else {}),
         ("seed", dict(seed=body.seed) if body.seed is not None else {}),
-        ("dllm.sampler", _sampler_fields(options, defaults)),
-        ("dllm.cache", _cache_fields(options, defaults)),
+        ("dllm.sampler", dict(sampler=options.sampler, sampler_kwargs={}) if options.sampler else {}),
+        ("dllm.sampler_args", _sampler_fields(options, defaults) if options.sampler_args else {}),
+        ("dllm.cache", dict(cache=options.cache, cache_kwargs={}) if options.cache else {}),
+        ("dllm.cache_args", _cache_fields(options, defaults) if options.cache_args else {}),
         ("dllm.block_length", dict(block_length=options.block_length) if options.block_length else {}),
         ("dllm.steps", dict(steps=options.steps, tokens_per_step=None) if options.steps else {}),
     ]
@@ -130,7 +133,7 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
             continue
         try:
             config = config.replace(**changes)
-            if param in ("dllm.sampler", "dllm.cache"):
+            if param.startswith(("dllm.sampler", "dllm.cache")):
                 with_instances(config)
             config.for_length(config.gen_length)
         except (ValueError, TypeError, OSError) as err:   # OSError: a file argument (a Learn2PD filter)
