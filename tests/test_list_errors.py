@@ -31,7 +31,7 @@ def test_counts_per_run_and_task_and_the_table(errors, tmp_path, capsys):
     counts = errors.count_errors(rows, {"waiting_line/copy"})
     assert counts == {("r1", "waiting_line/copy"): {"right": 2, "run-on": 1, "misspelt": 1, "unparsable": 1}}
     path = tmp_path / "results.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps({"index": i, **r}) + "\n" for i, r in enumerate(rows)))   # bench rows
     assert errors.main([str(path), "--tasks", "waiting_line/copy"]) == 0
     assert "| r1 | waiting_line/copy | 5 | 2 | 1 | 1 | 1 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no rows of waiting_line/reverse"):
@@ -47,7 +47,7 @@ def test_counts_by_answer_length(errors, tmp_path, capsys):
     assert counts == {("r1", "waiting_line/copy", 2): {"right": 1, "run-on": 1},
                       ("r1", "waiting_line/copy", 3): {"right": 2, "misspelt": 1}}
     path = tmp_path / "results.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps({"index": i, **r}) + "\n" for i, r in enumerate(rows)))   # bench rows
     assert errors.main([str(path), "--tasks", "waiting_line/copy", "--by-length"]) == 0
     out = capsys.readouterr().out
     assert "| run | task | answer length | samples |" in out
@@ -84,7 +84,7 @@ def test_counts_by_held_out_words_made_of_rare_pieces(errors, tmp_path, capsys):
                       ("r1", "waiting_line/shuffle", "no"): {"samples": 1, "wrong": 0},
                       ("r1", "waiting_line/copy", "yes"): {"samples": 1, "wrong": 0}}
     path = tmp_path / "results.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps({"index": i, **r}) + "\n" for i, r in enumerate(rows)))   # bench rows
     args = [str(path), "--tasks", "waiting_line/shuffle", "--rare-pieces", "dllm/assets/llada-pb-tiny"]
     assert errors.main(args) == 0
     assert "| r1 | waiting_line/shuffle | yes | 1 | 1 |" in capsys.readouterr().out
