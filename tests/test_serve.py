@@ -260,12 +260,31 @@ def test_a_client_that_hangs_up_before_its_whole_answer_is_dropped(server):
         time.sleep(0.05)
 
 
-def test_a_stop_string_that_straddles_two_pieces_never_reaches_the_stream(client):
+def test_a_stop_string_that_straddles_two_pieces_never_reaches_the_stream(client, shipped):
+    _, tok = shipped
+    ids = offline(shipped, copy_messages(QUESTIONS[0])).generated[0].tolist()
     for stop in ['"An', 'Lee"', "y"]:
         kwargs = dict(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[0]), stop=[stop])
-        whole = client.chat.completions.create(**kwargs).choices[0].message.content
+        reply = client.chat.completions.create(**kwargs)
+        whole = reply.choices[0].message.content
         chunks = client.chat.completions.create(stream=True, **kwargs)
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole, stop
+        n = reply.usage.completion_tokens                  # the tokens of the text before the stop string
+        assert tok.decode(ids[:n], skip_special_tokens=True).startswith(whole)
+        assert len(tok.decode(ids[:n - 1], skip_special_tokens=True)) < len(whole) or not whole
+
+
+def test_a_request_past_its_timeout_in_the_queue_is_answered_there(shipped):
+    from dllm.serve.engine import Engine, Job
+
+    model, tok = shipped
+    events = []
+    engine = Engine(model, tok)
+    engine.submit(Job([5, 6], DEFAULTS, lambda kind, payload: events.append((kind, payload)), timeout=1e-6))
+    time.sleep(0.01)
+    turns = iter([True, False])
+    engine.run(keep_running=lambda: next(turns))
+    assert [kind for kind, _ in events] == ["error"] and events[0][1][0] == 408
 
 
 def test_samplers_that_draw_over_their_batch_run_alone_with_their_seed(client, shipped):
@@ -340,9 +359,8 @@ def test_a_request_past_its_timeout_gets_408_and_failures_are_counted(shipped):
         r = httpx.post(running.url + "/v1/chat/completions", json={"messages": copy_messages(QUESTIONS[0])}, timeout=60)
         assert r.status_code == 408 and "timeout" in r.json()["error"]["message"]
         body = {"messages": copy_messages(QUESTIONS[0]), "stream": True}
-        with httpx.stream("POST", running.url + "/v1/chat/completions", json=body, timeout=60) as r:
-            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
-        assert events[-1]["error"]["code"] == 408
+        r = httpx.post(running.url + "/v1/chat/completions", json=body, timeout=60)   # timed out while queued
+        assert r.status_code == 408 and "timeout" in r.json()["error"]["message"]
         assert metric(running, 'dllm_requests_total{outcome="failed"}') == 2
         for bad in ({"messages": copy_messages(QUESTIONS[0]), "max_tokens": 0}, {"prompt": [[1], [2]]}):
             path = "/v1/chat/completions" if "messages" in bad else "/v1/completions"

@@ -56,7 +56,6 @@ class Job:
     created: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     sent: str = ""               # text sent so far
-    forwards_at_join: int = 0    # the group's forward count when the row joined
 
 
 _ids = itertools.count(1)
@@ -168,7 +167,12 @@ class Engine:
             self.groups = []
 
     def _take_admissible(self) -> list[Job]:
-        """Pop the queued requests that fit in the rows left (cancelled ones are dropped)."""
+        """Pop the queued requests that fit in the rows left (cancelled ones are dropped, and those
+        past their timeout answered 408 wherever they stand in the queue)."""
+        now = time.monotonic()
+        for job in [j for j in self.queue if j.timeout is not None and now - j.created > j.timeout]:
+            self.queue.remove(job)
+            _time_out(job)
         room = self.max_batch_rows - self.running_rows
         taken = []
         while self.queue and len(taken) < room:
@@ -214,7 +218,6 @@ class Engine:
         if running is not None and decoder.joinable:
             running.decoder.join(decoder)
             for job in jobs:
-                job.forwards_at_join = running.decoder.forwards
                 job.emit("started", None)
             running.jobs += jobs
         else:
@@ -264,8 +267,7 @@ class Engine:
         now = time.monotonic()
         for r, job in enumerate(group.jobs):
             if job.timeout is not None and now - job.created > job.timeout and not job.cancelled:
-                job.cancelled = True
-                job.emit("error", (408, f"the request took longer than its timeout of {job.timeout:g} s", None))
+                _time_out(job)
             if job.cancelled:
                 decoder.state.finished[r] = True
         try:
@@ -329,7 +331,25 @@ class Engine:
         cut = _first_stop(text, job.stop)
         if cut is not None:
             text, stopped = text[:cut], True
+            n = self._tokens_holding(ids[:n], cut)
         return text, n, stopped
+
+    def _tokens_holding(self, ids: list[int], length: int) -> int:
+        """The fewest leading tokens of `ids` whose text holds its first `length` characters (the
+        answer's tokens when a stop string cuts it)."""
+        lo, hi = 0, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(self.tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= length:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+def _time_out(job: Job) -> None:
+    job.cancelled = True
+    job.emit("error", (408, f"the request took longer than its timeout of {job.timeout:g} s", None))
 
 
 def _stores_kv(config: GenerationConfig) -> bool:
