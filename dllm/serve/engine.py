@@ -182,13 +182,15 @@ class Engine:
         return taken
 
     def _admit(self, jobs: list[Job]) -> None:
+        same: dict[str, list[Job]] = {}
+        for job in self._defer_shared_buffers(jobs):
+            same.setdefault(batch_key(job.config), []).append(job)
         by_key: dict[str, list[Job]] = {}
-        jobs = self._defer_shared_buffers(jobs)
-        for job in jobs:
-            key = batch_key(job.config)
-            if not self._batches_with_others(job.config):
-                key = f"{job.id}:{key}"
-            by_key.setdefault(key, []).append(job)
+        for key, group_jobs in same.items():
+            if self._batches_with_others(group_jobs[0].config):
+                by_key[key] = group_jobs
+            else:
+                by_key.update((f"{job.id}:{key}", [job]) for job in group_jobs)
         for key, group_jobs in by_key.items():
             try:
                 self._start_group(key, group_jobs)
@@ -217,13 +219,11 @@ class Engine:
         running = next((g for g in self.groups if g.key == key and g.decoder.joinable), None)
         if running is not None and decoder.joinable:
             running.decoder.join(decoder)
-            for job in jobs:
-                job.emit("started", None)
             running.jobs += jobs
         else:
-            for job in jobs:
-                job.emit("started", None)
             self.groups.append(_Group(key, decoder, jobs))
+        for job in jobs:
+            job.emit("started", None)
 
     def shares_kv_buffers(self) -> bool:
         """Whether batches of one layout share their K/V buffers: with CUDA graphs on, a graph
