@@ -354,3 +354,6 @@ def test_resume_redoes_a_sample_whose_data_changed_and_returns_the_selection(lla
     again = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     assert len(_file_rows(out)) == 4                     # sample 0 decoded again, the others reused
     assert again[0]["prompt_id"] != first[0]["prompt_id"] and again[1:] == first[1:]
+    from dllm.eval import report
+    (summary,) = report.summarize(runner.ResultsFile(out).rows())
+    assert [t.n for t in summary.tasks] == [3]                # the redone sample counts once

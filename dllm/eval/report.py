@@ -66,10 +66,12 @@ def _mean(xs):
 
 
 def summarize(rows: Iterable[dict]) -> list[RunSummary]:
-    """One summary per run, in the order runs first appear."""
+    """One summary per run, in the order runs first appear; a sample stored twice (decoded again
+    after its data changed) counts once, with its last row."""
     runs: dict[str, RunSummary] = {}
     by_task: dict[tuple[str, str], list[dict]] = {}
-    for r in rows:
+    last = {(r["run_id"], r["task"], r.get("index", i)): r for i, r in enumerate(rows)}
+    for r in last.values():
         rid = r["run_id"]
         if rid not in runs:
             runs[rid] = RunSummary(rid, r.get("model", "?"), r.get("sampler", "?"), r.get("sampler_args", {}),
