@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..config import GenerationConfig
-from ..decode import Decoder, answer_length, build_state, resolve_request, special_ids, with_instances
+from ..decode import (Decoder, answer_length, build_state, resolve_request, resolve_sampler, special_ids,
+                      with_instances)
+from ..samplers import sampler_class
 from .schema import param_of
 
 
@@ -209,7 +211,9 @@ class Engine:
         if config.temperature != 0:
             return False
         try:
-            return resolve_request(self.model, config).sampler.row_state is not None
+            sampler = (sampler_class(config.sampler) if isinstance(config.sampler, str)    # row_state is a class
+                       else resolve_sampler(self.model, config))                            # attribute: no build
+            return sampler.row_state is not None
         except Exception:
             return False
 

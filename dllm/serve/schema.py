@@ -14,8 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..cache import available_policies
 from ..config import GenerationConfig
 from ..decode import with_instances
+from ..samplers import available as available_samplers
 
 
 class RequestError(ValueError):
@@ -120,10 +122,9 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
         (length_field, dict(gen_length=max_tokens) if max_tokens is not None else {}),
         ("temperature", dict(temperature=body.temperature) if body.temperature is not None else {}),
         ("seed", dict(seed=body.seed) if body.seed is not None else {}),
-        ("dllm.sampler", dict(sampler=options.sampler, sampler_kwargs={}) if options.sampler else {}),
-        ("dllm.sampler_args", _sampler_fields(options, defaults) if options.sampler_args else {}),
-        ("dllm.cache", dict(cache=options.cache, cache_kwargs={}) if options.cache else {}),
-        ("dllm.cache_args", _cache_fields(options, defaults) if options.cache_args else {}),
+        (_param("dllm.sampler", options.sampler, options.sampler_args, available_samplers()),
+         _sampler_fields(options, defaults)),
+        (_param("dllm.cache", options.cache, options.cache_args, available_policies()), _cache_fields(options, defaults)),
         ("dllm.block_length", dict(block_length=options.block_length) if options.block_length else {}),
         ("dllm.steps", dict(steps=options.steps, tokens_per_step=None) if options.steps else {}),
     ]
@@ -139,6 +140,12 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
         except (ValueError, TypeError, OSError) as err:   # OSError: a file argument (a Learn2PD filter)
             raise RequestError(str(err), param) from None
     return config
+
+
+def _param(field: str, name: str | None, args: dict | None, names: list[str]) -> str:
+    """The request field a refusal of the sampler or cache names: its arguments once its name (or the
+    server's default) is a registered one."""
+    return f"{field}_args" if args and (name is None or name in names) else field
 
 
 def _sampler_fields(options: DllmOptions, defaults: GenerationConfig) -> dict:
