@@ -259,7 +259,19 @@ def test_the_default_grid_covers_every_sampler_and_cache(capsys):
     finally:
         sys.argv = argv
     assert exit_info.value.code == 0
-    assert capsys.readouterr().out.splitlines()[-1] == f"{len(g.points)} configuration(s)"
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"{len(g.points)} configuration(s), ") and last.endswith(" distinct run(s)")
+
+
+def test_dry_run_marks_configurations_that_decode_the_same_run(capsys):
+    from dllm.cli import main as cli_main
+
+    code = cli_main(["sweep", "--out-dir", "unused", "--tasks", "waiting_line/copy", "--limit", "1",
+                     "--sampler", "threshold", "--sampler", "threshold tau=0.9,0.7", "--dry-run"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out == ["threshold", "threshold(tau=0.9)  (the same run as threshold)", "threshold(tau=0.7)",
+                   "3 configuration(s), 2 distinct run(s)"]
 
 
 # -- Pareto front ---------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from dllm.distributed import is_main_process
-from dllm.sweep import CONFIG_ERRORS, error_text, grid_from_args, run_sweep
+from dllm.sweep import CONFIG_ERRORS, error_text, grid_from_args, run_sweep, same_run_as
 
 from .options import add_benchmark_options, add_runtime_options, add_sampling_options
 
@@ -56,9 +56,7 @@ def run(args) -> int:
     try:
         grid = grid_from_args(args)
         if args.dry_run:
-            for p in grid.points:
-                print(p.label)
-            print(f"{len(grid.points)} configuration(s)")
+            print_configurations(grid)
             return 0
         result = run_sweep(grid, args.out_dir, progress=not args.no_progress, plots=not args.no_plots,
                            report_only=args.report_only, compare=args.compare)
@@ -70,3 +68,12 @@ def run(args) -> int:
     print(result.report)
     print(f"written to {result.out_dir}", file=sys.stderr)
     return 0
+
+
+def print_configurations(grid) -> None:
+    """`--dry-run`: each configuration's label, marking those that decode the same run as an
+    earlier one (the sweep runs it once), then the counts."""
+    first = same_run_as(grid)
+    for i, p in enumerate(grid.points):
+        print(p.label if first[i] == i else f"{p.label}  (the same run as {grid.points[first[i]].label})")
+    print(f"{len(grid.points)} configuration(s), {len(set(first))} distinct run(s)")

@@ -56,7 +56,7 @@ from .grid import (AXES, CACHE_KEYS, SAMPLER_KEYS, Grid, SweepPoint, SweepSettin
 from .pareto import best_per_level, pareto_front
 from .plots import PLOT_TASKS, PLOT_TPF, PLOT_TPS, write_plots
 from .report import REPORT_FILE, markdown_report, write_report
-from .run import CONFIG_ERRORS, SweepResult, error_text, run_sweep
+from .run import CONFIG_ERRORS, SweepResult, error_text, run_sweep, same_run_as
 from .summaries import (ROWS_FILE, SUMMARIES_FILE, SUMMARY_VERSION, expected_run_id, failed_summary, read_summaries,
                         summarize_point, summary_id, task_names, write_summary)
 
@@ -65,6 +65,6 @@ __all__ = [
     "SAMPLER_KEYS", "SUMMARIES_FILE", "SUMMARY_VERSION", "Grid", "SweepPoint", "SweepResult", "SweepSettings",
     "best_per_level", "error_text", "expected_run_id", "failed_summary", "grid_from_args",
     "load_grid_file", "markdown_report", "pareto_front", "parse_grid", "parse_spec", "point_label",
-    "read_summaries", "run_sweep", "summarize_point", "summary_id", "task_names", "write_plots", "write_report",
+    "read_summaries", "run_sweep", "same_run_as", "summarize_point", "summary_id", "task_names", "write_plots", "write_report",
     "write_summary",
 ]

@@ -197,14 +197,29 @@ def _distinct_runs(run_ids: list[str]) -> list[int]:
     return todo
 
 
+def _grid_dataset(grid: Grid):
+    """The tasks' samples every configuration of the grid decodes."""
+    dataset = runner.load_dataset(grid.points[0].bench_config(grid.settings))
+    if not any(dataset.samples[t] for t in dataset.tasks):
+        raise ValueError("the task selection has no samples")
+    return dataset
+
+
+def same_run_as(grid: Grid) -> list[int]:
+    """Per configuration, the index of the first configuration that decodes the same bench run
+    (its own index when it is the first): a sweep runs each distinct run once. Loads the tasks'
+    samples, not the models."""
+    dataset = _grid_dataset(grid)
+    run_ids = [expected_run_id(p, grid.settings, dataset) for p in grid.points]
+    return [run_ids.index(rid) for rid in run_ids]
+
+
 def _plan(grid: Grid, out_dir: Path, dist) -> _Plan:
     """Load the tasks' samples, compute every point's run id and summary id, and take the snapshot."""
     settings, points = grid.settings, grid.points
     template = points[0].bench_config(settings)
-    dataset = runner.load_dataset(template)
+    dataset = _grid_dataset(grid)
     expected = {(t, s.index) for t in dataset.tasks for s in dataset.samples[t]}
-    if not expected:
-        raise ValueError("the task selection has no samples")
     backends = runner.text_backends(template, dataset)
     grammar = backends.describe()["grammar"] if backends.grammar is not None else None
     run_ids = [expected_run_id(p, settings, dataset, grammar) for p in points]
