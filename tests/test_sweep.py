@@ -385,6 +385,10 @@ def test_small_grid_rows_summaries_plots_report_and_skipped_failures(model_dir, 
     assert "| PB@80 | PB@0 |" in report and "## Best configuration per accuracy level" in report
     assert "- average >= 0: **low_confidence k=4 gen=8**: 4.00 tokens/forward" in report
     assert "## Failed configurations" in report and "- low_confidence k=3 gen=8: tokens_per_step 3" in report
+    # An average over fewer tasks than the run's says so (a Text Writing task without a grammar checker).
+    partly = {**by_label["low_confidence k=4 gen=8"], "tasks_scored": 1}
+    row = [line for line in sweep.markdown_report([partly], [80]).splitlines() if line.startswith("| low_conf")]
+    assert row[0].split("|")[2].strip() == f"{partly['average']:.1f} (1 of 2 tasks scored)"
 
     # Run again: nothing is generated, no summary is duplicated, failures are retried and reported again.
     before = (out / sweep.ROWS_FILE).read_bytes()

@@ -20,6 +20,14 @@ def _num(v, spec=".1f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def _average_cell(summary: dict) -> str:
+    """The average over the scored tasks, saying how many of the tasks it covers when some went
+    unscored (Text Writing without a grammar checker)."""
+    scored, total = summary.get("tasks_scored", len(summary["tasks"])), len(summary["tasks"])
+    cell = _num(summary["average"])
+    return cell if scored == total else f"{cell} ({scored} of {total} tasks scored)"
+
+
 def markdown_report(summaries: list[dict], levels: Sequence[float], plots: Sequence[str] = (),
                     compare: Sequence[leaderboard.Curve] = ()) -> str:
     """The sweep report: one row per configuration, PB@X per method, the best configuration per
@@ -54,7 +62,7 @@ def markdown_report(summaries: list[dict], levels: Sequence[float], plots: Seque
     lines.append("|" + "---|" * len(head))
     for s in ok:
         mark = " *" if id(s) in front else ""
-        cells = [f"{s['label']}{mark}", _num(s["average"]), f"{s['tokens_per_forward']:.2f}",
+        cells = [f"{s['label']}{mark}", _average_cell(s), f"{s['tokens_per_forward']:.2f}",
                  _num(s["tokens_per_second"]), f"{s['nfe']:.1f}",
                  *[_num(s["accuracy"].get(t)) if t in s["accuracy"] else "" for t in tasks]]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
