@@ -133,3 +133,16 @@ def test_a_curve_of_dllm_runs_takes_its_schedule_from_the_runs_not_the_methods_n
     assert curve.method == "confidence-topk+dual" and curve.adaptive is False
     (row,) = report.leaderboard(summaries, (80, 70, 60))
     assert [curve.pb(x) for x in (80, 70, 60)] == [row["PB80"], row["PB70"], row["PB60"]] == [2.0, 2.0, 2.0]
+
+
+def test_a_curve_refuses_runs_over_different_task_sets(results, capsys):
+    rows = (_rows("d", "threshold", "none", {"waiting_line/copy": 1.0}, 2.0, "adaptive")
+            + _rows("e", "threshold", "none", {"waiting_line/copy": 1.0, "puzzle/sudoku_n4_12": 0.0}, 3.0, "adaptive"))
+    with pytest.raises(ValueError, match=r"leaderboard curve llada15/confidence-threshold differ: .*tasks "
+                                         r"waiting_line/copy vs .*tasks puzzle/sudoku_n4_12, waiting_line/copy"):
+        leaderboard.curves_from_runs(report.summarize(rows))
+    with open(results, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    out = results.parent / "curves"
+    assert main(["bench", "--report", "--out", str(results), "--format", "leaderboard", "--out-dir", str(out)]) == 2
+    assert "report them from separate results files" in capsys.readouterr().err and not out.exists()

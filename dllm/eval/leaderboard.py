@@ -88,18 +88,31 @@ class Curve:
 
 
 def curves_from_runs(summaries: list[RunSummary]) -> list[Curve]:
-    """The curves of dllm runs: one per (model, method), a run's scored tasks and its `avg` row each."""
+    """The curves of dllm runs: one per (model, method), a run's scored tasks and its `avg` row each.
+    The runs of one curve must share their model, data and tasks (the PB@X table's methods), so
+    that its `avg` rows are averages of the same thing; otherwise a ValueError names both."""
     curves: dict[tuple[str, str], Curve] = {}
+    methods: dict[tuple[str, str], tuple] = {}
     for s in summaries:
         scored = s.scored
         if not scored:
             continue
         key = (model_id(s.model), method_id(s.sampler, s.cache))
+        first = methods.setdefault(key, s.method)
+        if first != s.method:
+            raise ValueError(f"the runs of leaderboard curve {key[0]}/{key[1]} differ: {_describe(first)} vs "
+                             f"{_describe(s.method)}; a curve holds runs of one model over one task set and data: "
+                             f"report them from separate results files")
         curve = curves.setdefault(key, Curve(*key, adaptive=False))
         curve.adaptive = curve.adaptive or s.schedule != "fixed"      # as the runs' own PB@X table decides
         rows = [(task_id(t.task), t.tokens_per_forward, t.score) for t in scored]
         curve.rows += rows + [(AVG, sum(r[1] for r in rows) / len(rows), sum(r[2] for r in rows) / len(rows))]
     return list(curves.values())
+
+
+def _describe(method: tuple) -> str:
+    model, _, _, data_mode, tasks = method
+    return f"model {model}, {data_mode} data, tasks {', '.join(tasks)}"
 
 
 def write_curves(curves: list[Curve], out_dir: str | os.PathLike) -> list[Path]:
