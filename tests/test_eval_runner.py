@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import dllm
 from dllm.eval import data, runner
 
 # Fields that legitimately differ between two runs of the same configuration.
@@ -357,3 +358,34 @@ def test_resume_redoes_a_sample_whose_data_changed_and_returns_the_selection(lla
     from dllm.eval import report
     (summary,) = report.summarize(runner.ResultsFile(out).rows())
     assert [t.n for t in summary.tasks] == [3]                # the redone sample counts once
+
+
+def test_a_prediction_is_the_whole_generation_region_without_special_tokens(llada, bench_data, monkeypatch):
+    """As the benchmark's own model code scores it: an end token committed inside the answer is
+    left out and the text after it kept (the answer `texts` of dllm.generate stops there)."""
+    import dataclasses
+
+    import torch
+
+    model, tok = llada
+    real_generate = dllm.generate
+    answers = {}
+
+    def end_token_inside_the_answer(model_, tokenizer, prompts, request):
+        out = real_generate(model_, tokenizer, prompts, request)
+        rows = []
+        for label in answers["labels"][:len(prompts)]:
+            ids = tokenizer(label, add_special_tokens=False)["input_ids"]
+            row = ids[:3] + [tokenizer.eos_token_id] + ids[3:]
+            rows.append(row + [tokenizer.eos_token_id] * (out.generated.shape[1] - len(row)))
+        answers["labels"] = answers["labels"][len(prompts):]
+        return dataclasses.replace(out, generated=torch.tensor(rows))
+
+    cfg = runner.config_from_dict(dict(data_dir=str(bench_data), limit=2, batch_size=2, tasks=["waiting_line/copy"],
+                                       gen_length=64))
+    samples = runner.load_dataset(cfg).samples["waiting_line/copy"]
+    answers["labels"] = [s.answer for s in samples]
+    monkeypatch.setattr(dllm, "generate", end_token_inside_the_answer)
+    rows = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert [r["prediction"] for r in rows] == [s.answer for s in samples]
+    assert [r["score"] for r in rows] == [1.0, 1.0]

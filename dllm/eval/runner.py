@@ -41,7 +41,11 @@ from .data import Dataset, Sample, discover, load_generated, load_official
 from .names import DEFAULT_SOURCE, check_source
 from .tasks import GROUPS, TASKS, encode_messages, prompt_id, select_tasks
 
-ROW_VERSION = 1
+ROW_VERSION = 2
+# What a row's prediction is: the whole generation region decoded with the special tokens left out
+# (as the benchmark's own model code scores it), text after an end token included. Rows of version 1
+# scored the answer cut at its first end token; the identity names this, so they are not resumed.
+PREDICTION = "region"
 # Request fields that joined the run identity later: named in it only when not at their default,
 # so the run ids of earlier results files stay valid.
 _LATER_IDENTITY_FIELDS = ("cfg_scale", "chat", "score_dtype")
@@ -226,7 +230,7 @@ def run_identity(cfg: BenchConfig, model_name: str, sampler_name: str, sampler_a
                 "cache_args": cache_args, "gen_length": g.gen_length, "block_length": g.block_length,
                 "steps": g.steps, "tokens_per_step": g.tokens_per_step, "temperature": g.temperature,
                 "seed": g.seed, "max_forwards": g.max_forwards, "dtype": cfg.dtype, "data_mode": dataset.mode,
-                "data_source": dataset.source}
+                "data_source": dataset.source, "prediction": PREDICTION}
     default = GenerationConfig()
     for name in _LATER_IDENTITY_FIELDS:
         if getattr(g, name) != getattr(default, name):
@@ -298,16 +302,17 @@ def _rows_of_batch(run: _Run, batch: list[Sample]) -> list[dict]:
     request = run.generation.for_length(batch[0].task.max_tokens)
     prompts = [encode_messages(run.tokenizer, s.messages()) for s in batch]
     out = dllm.generate(run.model, run.tokenizer, prompts, request)
+    predictions = run.tokenizer.batch_decode(out.generated.tolist(), skip_special_tokens=True)
     gen, block, steps = request.gen_length, request.resolved_block_length, request.resolved_steps
     rows = []
     for i, s in enumerate(batch):
-        result = metrics.compute(s.task.metric, out.texts[i], s.answer, backends=run.backends)
+        result = metrics.compute(s.task.metric, predictions[i], s.answer, backends=run.backends)
         nfe = out.nfe[i]
         rows.append({
             **run.common, "timestamp": provenance.timestamp(),
             "task": s.task.id, "index": s.index, "prompt_id": prompt_id(s.messages()),
             "max_tokens": s.task.max_tokens, "gen_length_used": gen, "block_length_used": block,
-            "steps_used": steps, "prediction": out.texts[i], "answer": s.answer,
+            "steps_used": steps, "prediction": predictions[i], "answer": s.answer,
             "score": result.get("headline"), "metrics": result, "nfe": nfe,
             "tokens_per_forward": out.tokens_per_forward[i],
             "tokens_per_forward_effective": out.answer_lengths[i] / max(nfe, 1),
