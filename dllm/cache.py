@@ -540,10 +540,12 @@ class BlockCache(StoringPolicy):
         return self.refreshes[rows] == 0
 
     def _columns(self, state, rows, changed, scored):
-        A, cols = self.attention_block, state.columns()
+        # Attention blocks count from each row's first real token (rotary positions), so the
+        # bounds are rounded in positions: column = position + the row's left padding.
+        A, cols, pad = self.attention_block, state.columns(), state.pad_len[rows]
         first_changed = torch.where(changed, cols[None, :], state.length).amin(1)              # (B',)
-        start = torch.minimum(state.block_start[rows], first_changed) // A * A
-        end = (state.block_end[rows] + A - 1) // A * A
+        start = (torch.minimum(state.block_start[rows], first_changed) - pad).clamp(min=0) // A * A + pad
+        end = (state.block_end[rows] - pad + A - 1) // A * A + pad
         return (cols[None, :] >= start[:, None]) & (cols[None, :] < end[:, None])
 
 

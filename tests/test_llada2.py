@@ -165,6 +165,19 @@ def test_the_block_cache_is_exact_for_rewrites_of_earlier_blocks_and_unaligned_b
         assert torch.equal(cached.sequences, full.sequences) and cached.nfe == full.nfe, prompts
 
 
+def test_the_block_cache_counts_attention_blocks_from_each_rows_first_token():
+    """A row left-padded by other than a multiple of the attention block: its blocks start at its
+    own first token, so `block` recomputes from there and decodes as `none` does, alone or not."""
+    model = dllm.build_model(dllm.ModelConfig.from_name("llada2-tiny"), seed=0, init_std=1.0)
+    request = dict(gen_length=64, sampler="llada2", sampler_kwargs={"threshold": 0.5})
+    prompts = [list(range(40, 48)), list(range(50, 83))]          # row 0: 25 columns of padding
+    full = dllm.generate(model, None, prompts, cache="none", **request)
+    cached = dllm.generate(model, None, prompts, cache="block", **request)
+    alone = dllm.generate(model, None, prompts[:1], cache="block", **request)
+    assert torch.equal(cached.sequences, full.sequences) and cached.nfe == full.nfe
+    assert torch.equal(alone.generated[0], cached.generated[0])
+
+
 def test_block_cache_prefills_once(eos_heavy, llada_dir):
     """`block` runs one full forward per row (the prefill), `dual` one per block."""
     model, _ = eos_heavy
