@@ -6,7 +6,8 @@ rounds of `batch_size` rows. A round draws k uniformly from 1..L (L the target l
 round masks m_i = round(k + i * L / batch_size), wrapped into 1..L, target positions picked by a
 random permutation; the round's loss is the mean over its rows of (L / m_i) times the summed
 cross-entropy of the masked tokens. The estimate is minus the mean of the rounds' losses: a lower
-bound of log p(target | prefix), summed over the target's tokens, exact when L = 1. With
+bound of log p(target | prefix), summed over the target's tokens, exact when L = 1 (an empty
+prefix scores the target alone). With
 `cfg_scale` > 0 the logits are u + (cfg_scale + 1)(c - u), u those of a copy whose prefix is all
 masks.
 
@@ -14,6 +15,8 @@ masks.
 the single most confident masked position with its argmax; True when the result is the target.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -30,22 +33,29 @@ def _logits(model, x: torch.Tensor, prefix_length: int, cfg_scale: float) -> tor
     return un + (cfg_scale + 1) * (cond - un)
 
 
-def _check(prefix, target, mc_num: int, batch_size: int) -> None:
+def check_settings(mc_num, batch_size, cfg_scale, names=("batch_size", "cfg_scale")) -> None:
+    """The estimator's settings: mc_num a positive multiple of batch_size >= 1, cfg_scale a finite
+    number >= 0; otherwise a ValueError naming the value (batch_size and cfg_scale by `names`)."""
+    if isinstance(mc_num, bool) or isinstance(batch_size, bool) or not isinstance(mc_num, int) \
+            or not isinstance(batch_size, int) or batch_size < 1 or mc_num < batch_size or mc_num % batch_size:
+        raise ValueError(f"mc_num must be a positive multiple of {names[0]} >= 1, got mc_num={mc_num!r}, "
+                         f"{names[0]}={batch_size!r}")
+    if isinstance(cfg_scale, bool) or not isinstance(cfg_scale, (int, float)) or not math.isfinite(cfg_scale) \
+            or cfg_scale < 0:
+        raise ValueError(f"{names[1]} must be a finite number >= 0 (0: no guidance), got {cfg_scale!r}")
+
+
+def _check(target, mc_num: int, batch_size: int, cfg_scale) -> None:
     if not target:
         raise ValueError("the target (continuation) has no tokens; its log-likelihood is not defined")
-    if not prefix:
-        raise ValueError("the prefix (context) has no tokens")
-    if not isinstance(mc_num, int) or not isinstance(batch_size, int) or batch_size < 1 or mc_num < batch_size \
-            or mc_num % batch_size:
-        raise ValueError(f"mc_num must be a positive multiple of batch_size >= 1, got mc_num={mc_num!r}, "
-                         f"batch_size={batch_size!r}")
+    check_settings(mc_num, batch_size, cfg_scale)
 
 
 @torch.no_grad()
 def mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int = 128, batch_size: int = 32,
                      cfg_scale: float = 0.0, generator: torch.Generator | None = None) -> float:
     """LLaDA's Monte-Carlo estimate of log p(target | prefix) (module docstring)."""
-    _check(prefix, target, mc_num, batch_size)
+    _check(target, mc_num, batch_size, cfg_scale)
     device = model.device
     seq = torch.tensor(prefix + target, dtype=torch.long, device=device).repeat(batch_size, 1)   # (b, P + L)
     P, L = len(prefix), len(target)
@@ -69,7 +79,7 @@ def mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int
 @torch.no_grad()
 def greedy_matches(model, prefix: list[int], target: list[int], *, cfg_scale: float = 0.0) -> bool:
     """Whether one-token-per-step confidence decoding of the masked target gives the target."""
-    _check(prefix, target, 1, 1)
+    _check(target, 1, 1, cfg_scale)
     P, L = len(prefix), len(target)
     mask = model.config.mask_token_id
     x = torch.tensor([prefix + [mask] * L], dtype=torch.long, device=model.device)

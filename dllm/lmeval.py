@@ -13,7 +13,7 @@ model when absent), sampler, sampler_kwargs and cache_kwargs (`key=value` pairs 
 values read as in `--sampler-arg`), cache, gen_length (default: each request's `max_gen_toks`),
 block_length, steps, tokens_per_step, temperature, seed, chat (False: contexts are used as given;
 lm_eval's `--apply_chat_template` goes through the tokenizer's template), dtype, mc_num (128),
-mc_batch_size (32), cfg (0), is_check_greedy (False). Under `accelerate launch` each process takes
+mc_batch_size (32), cfg (0), is_check_greedy (False), checked before the model loads. Under `accelerate launch` each process takes
 its share of the requests, as lm_eval expects (rank, world size, gather, barrier); lm_eval's
 default CUDA device falls back to the CPU on a machine without CUDA.
 
@@ -29,8 +29,9 @@ from lm_eval.api.registry import register_model
 
 import dllm
 from dllm.cli.options import parse_kv
+from dllm.decode import with_instances
 from dllm.distributed import Distributed
-from dllm.likelihood import greedy_matches, mc_loglikelihood
+from dllm.likelihood import check_settings, greedy_matches, mc_loglikelihood
 
 
 def _pairs(text, what: str) -> dict:
@@ -42,6 +43,14 @@ def _pairs(text, what: str) -> dict:
         return parse_kv(items, what)
     except SystemExit as err:
         raise ValueError(str(err).removeprefix("error: ")) from None
+
+
+def _batch_size(value) -> int:
+    """lm_eval's --batch_size (an integer, or its text): requests decoded together."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise ValueError(f"batch_size must be an integer >= 1 (dllm has no 'auto'), got {value!r}")
+    return int(text)
 
 
 @register_model("dllm")
@@ -62,17 +71,16 @@ class DLLMEvalModel(LM):
         # lm_eval names a CUDA device by default, also on machines without one: there, the CPU.
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             device = "auto"
-        on = self.dist.device or device
-        self.model, self.tokenizer = dllm.load(pretrained, dtype=dtype, device=on)
         self.config = dllm.GenerationConfig(
             gen_length=gen_length, block_length=block_length, steps=steps, tokens_per_step=tokens_per_step,
             sampler=sampler, sampler_kwargs=_pairs(sampler_kwargs, "sampler_kwargs"), cache=cache,
             cache_kwargs=_pairs(cache_kwargs, "cache_kwargs"), temperature=temperature, seed=seed, chat=chat)
-        self.batch_size = int(batch_size)
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
-        self.mc_num, self.mc_batch_size, self.cfg = int(mc_num), int(mc_batch_size), float(cfg)
-        self.is_check_greedy, self.seed = bool(is_check_greedy), int(seed)
+        with_instances(self.config)                 # unknown names and bad arguments fail before the load
+        self.batch_size = _batch_size(batch_size)
+        check_settings(mc_num, mc_batch_size, cfg, names=("mc_batch_size", "cfg"))
+        self.mc_num, self.mc_batch_size, self.cfg = mc_num, mc_batch_size, float(cfg)
+        self.is_check_greedy, self.seed = bool(is_check_greedy), seed
+        self.model, self.tokenizer = dllm.load(pretrained, dtype=dtype, device=self.dist.device or device)
 
     # -- requests ----------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -98,6 +106,9 @@ class DLLMEvalModel(LM):
         out = []
         for request in requests:
             prefix, target = self.encode_pair(*request.args)
+            if not target:              # log p(nothing) = 0, and greedy decoding of nothing matches
+                out.append((0.0, True))
+                continue
             generator = torch.Generator().manual_seed(self.seed)
             ll = mc_loglikelihood(self.model, prefix, target, mc_num=self.mc_num, batch_size=self.mc_batch_size,
                                   cfg_scale=self.cfg, generator=generator)
@@ -110,14 +121,22 @@ class DLLMEvalModel(LM):
                                   "output_type loglikelihood_rolling (perplexity) are not supported")
 
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """The context's and the continuation's token ids, the context's trailing spaces moved to the
-        continuation, the continuation's ids taken from the joint encoding (as LLaDA's evaluation)."""
+        """The context's token ids (encoded alone) and the continuation's, the context's trailing
+        spaces moved to the continuation and the continuation's ids taken from the joint encoding
+        after the context's length (as LLaDA's evaluation and lm_eval's HF models do). An empty
+        context is lm_eval's prefix token (the BOS, else the end token) and the continuation is
+        encoded alone (its first token is the prefix when it is that token)."""
+        if context == "":
+            prefix = self.tokenizer.bos_token_id
+            prefix = self.tokenizer.eos_token_id if prefix is None else prefix
+            target = self.tokenizer(continuation, add_special_tokens=False)["input_ids"]
+            return (target[:1], target[1:]) if target[:1] == [prefix] else ([prefix], target)
         spaces = len(context) - len(context.rstrip())
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole = self.tokenizer(context + continuation)["input_ids"]
         prefix = self.tokenizer(context)["input_ids"]
-        return whole[:len(prefix)], whole[len(prefix):]
+        return prefix, whole[len(prefix):]
 
     # -- chat templates and data parallel ----------------------------------------------------------
     @property

@@ -73,7 +73,7 @@ def _direct_answers(model, tok):
 def _direct_loglikelihood(model, tok, context, continuation):
     whole = tok(context + continuation)["input_ids"]
     prefix = tok(context)["input_ids"]
-    return mc_loglikelihood(model, whole[:len(prefix)], whole[len(prefix):], mc_num=4, batch_size=2,
+    return mc_loglikelihood(model, prefix, whole[len(prefix):], mc_num=4, batch_size=2,
                             generator=torch.Generator().manual_seed(3))
 
 
@@ -140,3 +140,52 @@ def test_estimator_counts_and_greedy_check(shipped, monkeypatch):
     assert greedy_matches(model, prefix, decoded.generated[0].tolist())
     with pytest.raises(ValueError, match="mc_num must be a positive multiple of batch_size >= 1, got mc_num=6, batch_size=4"):
         mc_loglikelihood(model, prefix, target, mc_num=6, batch_size=4)
+    for bad in (-1, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match=rf"cfg_scale must be a finite number >= 0 \(0: no guidance\), got {bad!r}"):
+            mc_loglikelihood(model, prefix, target, mc_num=2, batch_size=1, cfg_scale=bad)
+    # An empty prefix scores the target unconditionally.
+    x = torch.tensor([[model.config.mask_token_id]])
+    alone = F.log_softmax(model(x).float()[0, -1], dim=-1)[60].item()
+    assert mc_loglikelihood(model, [], [60], mc_num=2, batch_size=1) == pytest.approx(alone, rel=1e-5)
+
+
+def _request(context, continuation):
+    from lm_eval.api.instance import Instance
+    return Instance(request_type="loglikelihood", doc={}, arguments=(context, continuation), idx=0)
+
+
+def test_pairs_condition_on_the_context_encoded_alone(shipped):
+    """As LLaDA's evaluation and lm_eval's HF models: the prefix is the context's own encoding and
+    the continuation the joint encoding after it; an empty context is lm_eval's prefix token; an
+    empty continuation scores 0 and matches greedily."""
+    from dllm.lmeval import DLLMEvalModel
+
+    lm = DLLMEvalModel(dtype="float32", device="cpu", mc_num=2, mc_batch_size=2, seed=3)
+    tok = lm.tokenizer
+    for context, continuation, kept in (("Sudo", "ku", "Sudo"), ("The list has", " two names", "The list has"),
+                                        ("Q: ", "yes", "Q:")):          # trailing spaces go to the continuation
+        prefix, target = lm.encode_pair(context, continuation)
+        assert prefix == tok(kept)["input_ids"]
+        assert target == tok(context + continuation)["input_ids"][len(prefix):]
+    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    assert lm.encode_pair("", "Sudoku") == ([start], tok("Sudoku", add_special_tokens=False)["input_ids"])
+    (empty_target, empty_context) = lm.loglikelihood([_request("Q:", ""), _request("", "Sudoku")])
+    assert empty_target == (0.0, True)
+    ids = tok("Sudoku", add_special_tokens=False)["input_ids"]
+    assert empty_context[0] == mc_loglikelihood(lm.model, [start], ids, mc_num=2, batch_size=2,
+                                                generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("args,message", [
+    ({"batch_size": "auto"}, "batch_size must be an integer >= 1 (dllm has no 'auto'), got 'auto'"),
+    ({"mc_num": 100}, "mc_num must be a positive multiple of mc_batch_size >= 1, got mc_num=100, mc_batch_size=32"),
+    ({"mc_num": 4.7, "mc_batch_size": 2}, "got mc_num=4.7"),
+    ({"cfg": float("nan")}, "cfg must be a finite number >= 0"),
+    ({"sampler": "bogus"}, "unknown sampler 'bogus'"),
+])
+def test_model_arguments_are_checked_before_the_model_loads(args, message):
+    from dllm.lmeval import DLLMEvalModel
+
+    with pytest.raises(ValueError) as err:
+        DLLMEvalModel(pretrained="/no/such/checkpoint", device="cpu", **args)
+    assert message in str(err.value)
