@@ -54,6 +54,23 @@ def test_summaries_average_within_then_across_tasks_and_skip_unavailable():
     assert "n/a" in report.format_run(s)
 
 
+def test_a_points_tokens_per_forward_covers_the_tasks_its_average_does():
+    """An unscored task (Text Writing without a grammar checker) leaves both averages, so the
+    table's PB@X equals the leaderboard files' (whose avg rows average the scored tasks)."""
+    from dllm.eval import leaderboard
+
+    rows = (_rows("a", "threshold", {"waiting_line/copy": [1, 1], "words_to_sentence/easy": [None]}, 2.0)
+            + _rows("b", "threshold", {"waiting_line/copy": [1, 0], "words_to_sentence/easy": [None]}, 3.0))
+    for r in rows:
+        if r["task"] == "words_to_sentence/easy":    # an unscored task decoded at another rate
+            r["tokens_per_forward"] = 6.0
+    summaries = report.summarize(rows)
+    assert [(s.tokens_per_forward, s.average) for s in summaries] == [(2.0, 100.0), (3.0, 50.0)]
+    (row,) = report.leaderboard(summaries, (80,))
+    (curve,) = leaderboard.curves_from_runs(summaries)
+    assert row["PB80"] == curve.pb(80) == pytest.approx(2.4)
+
+
 def test_leaderboard_groups_runs_into_methods():
     rows = (_rows("a", "threshold", {"t": [1] * 9 + [0]}, 2.0) + _rows("b", "threshold", {"t": [1] * 7 + [0] * 3}, 4.0)
             + _rows("c", "low_confidence", {"t": [1] * 9 + [0]}, 1.0, "fixed")

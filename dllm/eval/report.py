@@ -1,9 +1,9 @@
 """Tables and the leaderboard score from result rows.
 
 A *run* (rows sharing `run_id`) gives one point: its headline score averaged within each task and
-then across tasks, against tokens per forward averaged the same way. Tasks whose headline is
-unavailable (Text Writing without a grammar checker) are left out of the averages, and the
-average is then labelled with the number of tasks it covers.
+then across tasks, against tokens per forward averaged the same way over the same tasks. Tasks
+whose headline is unavailable (Text Writing without a grammar checker) are left out of both
+averages, and the average is then labelled with the number of tasks it covers.
 
 PB@X (the ParallelBench leaderboard score) is computed per method, i.e. per (model, sampler,
 cache, data, task set), over the points of its runs:
@@ -53,7 +53,10 @@ class RunSummary:
 
     @property
     def tokens_per_forward(self) -> float:
-        return sum(t.tokens_per_forward for t in self.tasks) / len(self.tasks) if self.tasks else 0.0
+        """Averaged over the tasks `average` covers (every task when none is scored), so that a
+        point's two coordinates cover the same tasks."""
+        tasks = self.scored or self.tasks
+        return sum(t.tokens_per_forward for t in tasks) / len(tasks) if tasks else 0.0
 
     @property
     def method(self) -> tuple:
