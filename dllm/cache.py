@@ -499,7 +499,8 @@ class DualCache(PrefixCache):
 
     def _columns(self, state, rows, changed, scored):
         if self.shift or state.aligned_blocks:
-            block = self._from_block_start(state, rows) & (state.columns()[None, :] < state.block_end[rows, None])
+            end = state.block_end_column(rows)
+            block = self._from_block_start(state, rows) & (state.columns()[None, :] < end[:, None])
         else:
             block = state.in_block(rows)
         return block | _changed_before_block(state, rows, changed)
@@ -540,12 +541,10 @@ class BlockCache(StoringPolicy):
         return self.refreshes[rows] == 0
 
     def _columns(self, state, rows, changed, scored):
-        # Attention blocks count from each row's first real token (rotary positions), so the
-        # bounds are rounded in positions: column = position + the row's left padding.
-        A, cols, pad = self.attention_block, state.columns(), state.pad_len[rows]
+        cols = state.columns()
         first_changed = torch.where(changed, cols[None, :], state.length).amin(1)              # (B',)
-        start = (torch.minimum(state.block_start[rows], first_changed) - pad).clamp(min=0) // A * A + pad
-        end = (state.block_end[rows] - pad + A - 1) // A * A + pad
+        start, end = state.to_attention_blocks(torch.minimum(state.block_start[rows], first_changed),
+                                               state.block_end[rows], self.attention_block, rows)
         return (cols[None, :] >= start[:, None]) & (cols[None, :] < end[:, None])
 
 

@@ -195,15 +195,32 @@ class DecodeState:
         return self.derived("writable", (rows, self.row_end),
                             lambda: self.in_generation()[None, :] & self.in_reach(rows))
 
+    def to_attention_blocks(self, first: torch.Tensor, end: torch.Tensor, size: int,
+                            rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B',) columns `first` and `end` of rows `rows` rounded out to attention blocks of `size`
+        columns, counted from each row's first real token: the start of the block holding `first`
+        and the end of the one holding column `end - 1`."""
+        pad = self.pad_len[self._rows(rows)]
+        return (first - pad).clamp(min=0) // size * size + pad, (end - pad + size - 1) // size * size + pad
+
     def block_first_column(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(B',) the first column attending as part of each row's active block: its start, or with
         `aligned_blocks` the start of its attention block (the first block also holds the prompt's
-        tail, whose keys then change with the block)."""
+        tail, whose keys then change with the block, and a sampler may move a block's bounds)."""
         rows = self._rows(rows)
         start = self.block_start[rows]
         if not self.aligned_blocks:
             return start
-        return torch.minimum(start, self.block_end[rows] - self.block_length).clamp(min=0)
+        return self.to_attention_blocks(start, self.block_end[rows], self.block_length, rows)[0]
+
+    def block_end_column(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B',) the end of the columns attending as part of each row's active block: its end, or
+        with `aligned_blocks` the end of the attention block holding its last column."""
+        rows = self._rows(rows)
+        end = self.block_end[rows]
+        if not self.aligned_blocks:
+            return end
+        return self.to_attention_blocks(self.block_start[rows], end, self.block_length, rows)[1]
 
     def masked_in_block(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         rows = self._rows(rows)

@@ -155,14 +155,17 @@ def test_block_causal_caches_are_exact(eos_heavy):
                                              ("adablock", dict(delimiter_ids=[5], tau_d=0.3))])
 def test_the_block_cache_is_exact_for_rewrites_of_earlier_blocks_and_unaligned_blocks(sampler, kwargs):
     """RCR rewrites columns of earlier blocks; AdaBlock's blocks cross the attention blocks when the
-    prompt does not fill whole ones. `block` recomputes every attention block a change reaches."""
+    prompt does not fill whole ones. `block` recomputes every attention block a change reaches;
+    `dual` and `prefix` the attention blocks of the active block, enough for AdaBlock."""
     model = dllm.build_model(dllm.ModelConfig.from_name("llada2-tiny"), seed=0, init_std=1.0)
     request = dict(gen_length=64, block_length=32, sampler=sampler, sampler_kwargs=kwargs)
     ragged = [[1, 2, 3], list(range(4, 40))] if sampler == "adablock" else [[1] * 32, list(range(4, 68))]
+    caches = ["block", "dual", "prefix"] if sampler == "adablock" else ["block"]
     for prompts in ([[1] * 32], ragged):     # rcr's fixed schedule needs prompts of whole attention blocks
         full = dllm.generate(model, None, prompts, cache="none", **request)
-        cached = dllm.generate(model, None, prompts, cache="block", **request)
-        assert torch.equal(cached.sequences, full.sequences) and cached.nfe == full.nfe, prompts
+        for cache in caches:
+            cached = dllm.generate(model, None, prompts, cache=cache, **request)
+            assert torch.equal(cached.sequences, full.sequences) and cached.nfe == full.nfe, (prompts, cache)
 
 
 def test_the_block_cache_counts_attention_blocks_from_each_rows_first_token():
