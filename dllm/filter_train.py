@@ -218,6 +218,16 @@ def _figures(filt, X, y, threshold: float) -> dict | None:
             "accepted_rate": accepted / pred.numel()}
 
 
+def check_fit_settings(epochs, lr, seed) -> None:
+    """The fit's settings: epochs an integer >= 1, lr a number in (0, 1), seed an integer."""
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not 0 < lr < 1:
+        raise ValueError(f"lr must be a number in (0, 1), got {lr!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+
+
 def train_filter(records: LabelRecords, epochs: int = 40000, lr: float = 0.003, seed: int = 0, *,
                  progress: bool = True) -> tuple[Learn2PDFilter, dict]:
     """Fit a Learn2PDFilter to `records` (module docstring, step 2).
@@ -226,12 +236,7 @@ def train_filter(records: LabelRecords, epochs: int = 40000, lr: float = 0.003, 
     figures at sigmoid > 0.9 (accuracy, false-positive / false-negative rates, loss).
     Deterministic in `seed` (shuffle and initialisation use their own generator).
     """
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not 0 < lr < 1:
-        raise ValueError(f"lr must be a number in (0, 1), got {lr!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
+    check_fit_settings(epochs, lr, seed)
     n = len(records)
     if n == 0:
         raise ValueError("no label records to train on")
@@ -316,6 +321,7 @@ def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, sample
         raise ValueError(f"accept_thres must be a number in [0, 1], got {accept_thres!r}")
     if isinstance(block_length, bool) or not isinstance(block_length, int) or block_length < 1:
         raise ValueError(f"block_length must be an integer >= 1, got {block_length!r}")
+    check_fit_settings(epochs, lr, seed)        # before the labels, the long part
     tasks = tuple(tasks)
     prompts, lengths = task_prompts(tokenizer, tasks, samples_per_task, shard, names,
                                     checkpoint_gen_length(model))

@@ -552,3 +552,15 @@ def test_filter_prompts_take_their_people_and_the_checkpoints_length():
     assert lists_lengths == [32] * 3 and held_lengths == [64] * 3
     record = generators.make_records("waiting_line/copy", split="train", num_samples=3, shard=3, names="open")[0]
     assert json.loads(record["answer"])[0] in tok.decode(held[0]) and held[0] != lists[0]
+
+
+def test_fit_settings_are_checked_before_the_labels(llada, tmp_path, monkeypatch):
+    model, tok = llada
+    monkeypatch.setattr(filter_train, "collect_labels", lambda *a, **k: pytest.fail("labels were collected"))
+    for kw, msg in [(dict(lr=2.0), "lr must be a number in (0, 1), got 2.0"),
+                    (dict(epochs=0), "epochs must be an integer >= 1, got 0"),
+                    (dict(seed=1.5), "seed must be an integer, got 1.5")]:
+        with pytest.raises(ValueError) as err:
+            filter_train.train_filter_for_model(model, tok, tmp_path / "f.safetensors", samples_per_task=1,
+                                                progress=False, **kw)
+        assert msg in str(err.value)

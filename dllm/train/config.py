@@ -91,6 +91,11 @@ def step_precision(precision: str) -> str:
     return "bf16" if cpu_has_bf16_units() else "fp32"
 
 
+def _finite(value) -> bool:
+    """Whether `value` is a real, finite number (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _then_values(name: str, value, kind: type) -> tuple:
     """A then_ field as a tuple of `kind`, one value per later phase, from a tuple or list, one value,
     or command-line text (numbers comma-separated, task weights semicolon-separated). then_steps 0
@@ -202,6 +207,12 @@ class TrainConfig:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"train option {k} must be a positive integer, got {v!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"train option warmup must be an integer >= 0 (steps of linear warm-up), "
+                             f"got {self.warmup!r}")
+        t = self.threads
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
+            raise ValueError(f"train option threads must be a positive integer (or unset: torch's default), got {t!r}")
         w = self.copy_warmup_steps
         if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < self.steps:
             raise ValueError(f"copy_warmup_steps must be an integer in [0, steps={self.steps}), got {w!r}")
@@ -260,6 +271,10 @@ class TrainConfig:
             raise ValueError(f"need 0 < lr < 1 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must be in (0, 1), got {self.eps}")
+        if not _finite(self.grad_clip) or self.grad_clip <= 0:
+            raise ValueError(f"grad_clip must be a finite number > 0 (the largest gradient norm), got {self.grad_clip!r}")
+        if not _finite(self.weight_decay) or self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
         if self.init not in INITS:
             raise ValueError(f"init {self.init!r} is not one of {', '.join(INITS)}")
         for k in ("embed_std", "qk_std", "vo_std"):
