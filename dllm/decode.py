@@ -256,8 +256,19 @@ def resolve_request(model, cfg: GenerationConfig) -> Request:
     if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):
         warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region at once; "
                       f"block_length {cfg.block_length} is ignored", stacklevel=3)
+    _warn_unused_schedule(cfg, sampler)
     block_length = cfg.resolved_block_length if sampler.uses_blocks else cfg.gen_length
     return Request(cfg.replace(sampler=sampler), sampler, cfg.cache, block_length)
+
+
+def _warn_unused_schedule(cfg: GenerationConfig, sampler: Sampler) -> None:
+    """A warning naming `steps` / `tokens_per_step` when the sampler decides its own steps."""
+    if sampler.uses_steps:
+        return
+    for name in ("steps", "tokens_per_step"):
+        if getattr(cfg, name) is not None:
+            warnings.warn(f"sampler {sampler.name!r} decides its own number of steps; {name} {getattr(cfg, name)} "
+                          f"is ignored", stacklevel=4)
 
 
 def _block_causal_request(model, cfg: GenerationConfig, sampler: Sampler) -> Request:
@@ -273,6 +284,7 @@ def _block_causal_request(model, cfg: GenerationConfig, sampler: Sampler) -> Req
         raise ValueError(f"block_length {cfg.block_length} differs from the {block}-column attention blocks of "
                          f"{model.config.family}; use block_length={block} or leave it out (it is then {block}, "
                          f"whatever gen_length)")
+    _warn_unused_schedule(cfg, sampler)
     return Request(cfg.replace(sampler=sampler, block_length=block), sampler, cfg.cache, block)
 
 

@@ -77,6 +77,7 @@ class AdaBlock(Sampler):
     """AdaBlock-dLLM: each block ends after a confident delimiter in a look-ahead window; threshold rule inside."""
 
     name = "adablock"
+    uses_steps = False
     uses_blocks = True
     score_fields = frozenset({"prob"})
 

@@ -28,6 +28,9 @@ class Sampler:
                        False means the whole generation region is one block.
       fixed_schedule:  True for a reference schedule with a fixed number of steps that may commit
                        nothing in a step (LLaDA's and Dream's own samplers); the step count bounds it.
+      uses_steps:      the request's `steps` / `tokens_per_step` set its schedule; False for a
+                       sampler that decides its own number of steps (a request giving them is
+                       warned that they are ignored).
       needs_logits:    the loop passes the (B, Q, V) logits in `scores.logits`.
       gumbel_candidates: the loop draws the candidate token by Gumbel-max at the request temperature;
                        samplers that sample themselves (Dream's) set this False.
@@ -46,6 +49,7 @@ class Sampler:
     name: ClassVar[str] = "base"
     uses_blocks: ClassVar[bool] = True
     fixed_schedule: ClassVar[bool] = False
+    uses_steps: ClassVar[bool] = True
     needs_logits: ClassVar[bool] = False
     gumbel_candidates: ClassVar[bool] = True
     score_fields: ClassVar[frozenset] = frozenset({"prob"})

@@ -58,6 +58,7 @@ class Dilated(Sampler):
     """DUS: each step commits the next precomputed group of far-apart positions of the block."""
 
     name = "dus"
+    uses_steps = False
     uses_blocks = True
     fixed_schedule = True
     row_state = ()

@@ -42,6 +42,7 @@ class EntropyBound(Sampler):
     """EB-Sampler: commit the largest low-entropy set whose entropy sum minus its maximum is <= gamma bits."""
 
     name = "eb"
+    uses_steps = False
     row_state = ()
     uses_blocks = True
     score_fields = frozenset({"entropy"})   # plus the ordering's statistic, per instance

@@ -48,6 +48,7 @@ class Factor(Sampler):
     """Fast-dLLM factor rule: commit the longest confidence-sorted prefix with (r+1)(1-c_(r)) <= f."""
 
     name = "factor"
+    uses_steps = False
     row_state = ()
     uses_blocks = True
     score_fields = frozenset({"prob"})

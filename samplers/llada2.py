@@ -34,6 +34,7 @@ class LLaDA2Block(Sampler):
     """LLaDA2.0: per block step, every mask above the threshold and at least the schedule's count."""
 
     name = "llada2"
+    uses_steps = False
     uses_blocks = True
     score_fields = frozenset({"prob"})
 
@@ -87,6 +88,7 @@ class LLaDA21Edit(Sampler):
     model prefers another one above `editing_threshold`; a full block stays open while edits go on."""
 
     name = "llada21"
+    uses_steps = False
     rewrites_tokens = True
     uses_blocks = True
     score_fields = frozenset({"prob"})

@@ -47,6 +47,7 @@ class LocalLeap(Sampler):
     """LocalLeap: anchors at confidence >= kappa; within `radius` of an anchor the threshold relaxes to tau."""
 
     name = "localleap"
+    uses_steps = False
     row_state = ()
     uses_blocks = True
     score_fields = frozenset({"prob"})

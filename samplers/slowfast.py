@@ -39,6 +39,7 @@ class SlowFast(Sampler):
     """SlowFast: explore for a few steps to find a span, then fill the span fast, cycle by cycle."""
 
     name = "slowfast"
+    uses_steps = False
     uses_blocks = True
     row_state = _STATE
 

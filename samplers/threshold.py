@@ -43,6 +43,7 @@ class Threshold(Sampler):
     """Fast-dLLM: commit every masked block position with confidence >= tau, and always the top one."""
 
     name = "threshold"
+    uses_steps = False
     row_state = ()
     uses_blocks = True
     score_fields = frozenset({"prob"})

@@ -39,6 +39,7 @@ class WINO(Sampler):
     """WINO: commit every confident mask (wide in), re-mask written tokens a shadow block doubts (narrow out)."""
 
     name = "wino"
+    uses_steps = False
     uses_blocks = True
     rewrites_tokens = True
     remasks = True

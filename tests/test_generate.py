@@ -128,6 +128,20 @@ def test_dream_samplers_run_on_llada_and_llada_sampler_on_dream(llada, dream, sa
         dllm.generate(llada[0], None, PROMPTS, gen_length=8, block_length=4, steps=8, sampler=sampler)
 
 
+def test_a_schedule_the_sampler_does_not_use_is_warned_about(llada):
+    import warnings
+
+    model = llada[0]
+    for name, value in (("steps", 4), ("tokens_per_step", 2)):
+        with pytest.warns(UserWarning, match=rf"sampler 'threshold' decides its own number of steps; {name} {value} "
+                                             r"is ignored"):
+            dllm.generate(model, None, PROMPTS, gen_length=8, sampler="threshold", **{name: value})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dllm.generate(model, None, PROMPTS, gen_length=8, sampler="low_confidence", steps=4)
+        dllm.generate(model, None, PROMPTS, gen_length=8, sampler="klass", steps=4)
+
+
 @pytest.mark.parametrize("family,sampler", [("llada", "low_confidence"), ("llada", "random"),
                                             ("dream", "origin"), ("dream", "entropy")])
 def test_seeded_sampling_is_reproducible(request, family, sampler):
