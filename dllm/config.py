@@ -318,8 +318,13 @@ class GenerationConfig:
                 raise ValueError(f"GenerationConfig.{name} must be a positive integer, got {value!r}")
         if self.steps is not None and self.tokens_per_step is not None:
             raise ValueError(f"give steps ({self.steps}) or tokens_per_step ({self.tokens_per_step}), not both")
-        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0 or self.temperature == float("inf"):
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not self.temperature >= 0 or self.temperature == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.chat is not None and not isinstance(self.chat, bool):
+            raise ValueError(f"chat must be True, False or None (the model's default), got {self.chat!r}")
+        if not isinstance(self.trace, bool):
+            raise ValueError(f"trace must be True or False, got {self.trace!r}")
         if isinstance(self.cfg_scale, bool) or not isinstance(self.cfg_scale, (int, float)) \
                 or not 0 <= self.cfg_scale < float("inf"):
             raise ValueError(f"cfg_scale must be a finite number >= 0, got {self.cfg_scale!r}")

@@ -281,9 +281,10 @@ def _block_causal_request(model, cfg: GenerationConfig, sampler: Sampler) -> Req
                          f"(llada2, llada21, threshold, ...)")
     length = block if cfg.block_length is None else cfg.block_length
     if length != block:
+        use = (f"leave it out (it is then {block}, whatever gen_length)" if cfg.gen_length < block else
+               f"use block_length={block} or leave it out (it is then {block}, whatever gen_length)")
         raise ValueError(f"block_length {cfg.block_length} differs from the {block}-column attention blocks of "
-                         f"{model.config.family}; use block_length={block} or leave it out (it is then {block}, "
-                         f"whatever gen_length)")
+                         f"{model.config.family}; {use}")
     _warn_unused_schedule(cfg, sampler)
     return Request(cfg.replace(sampler=sampler, block_length=block), sampler, cfg.cache, block)
 
