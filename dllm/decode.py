@@ -188,7 +188,7 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
                        pad_len=pad_len.to(device), padded=lp > min(len(r) for r in rows), ids=ids,
                        temperature=float(cfg.temperature), generator=gen,
                        score_dtype=_score_dtype(cfg.score_dtype, model), steps=cfg.resolved_steps,
-                       family=mc.family, aligned_blocks=mc.attention_block is not None,
+                       family=mc.family, aligned_blocks=mc.attention_block is not None, vocab_size=mc.vocab_size,
                        source=getattr(model, "checkpoint_dir", None) or getattr(model, "name_or_path", None))
 
 

@@ -79,6 +79,7 @@ class DecodeState:
     family: str | None = None       # model family ("llada" | "dream"), for family-specific sampler defaults
     tokenizer: Any = None           # the request's tokenizer, if any (samplers that resolve strings to ids)
     source: str | None = None       # the local checkpoint folder the model came from (files shipped with it)
+    vocab_size: int | None = None   # the model's vocabulary (token ids a sampler argument may name)
     block_start: torch.Tensor = None   # (B,) active block, absolute columns [start, end)
     block_end: torch.Tensor = None
     step_in_block: torch.Tensor = None  # (B,) steps spent in the active block

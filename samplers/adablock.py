@@ -121,8 +121,13 @@ class AdaBlock(Sampler):
                                  f"(known: {', '.join(TAU_D_DEFAULTS)}); pass tau_d")
             tau_d = TAU_D_DEFAULTS[state.family]
         dev = state.x.device
+        ids = self.resolve_delimiter_ids(state.tokenizer)
+        outside = [i for i in ids if state.vocab_size is not None and i >= state.vocab_size]
+        if outside:
+            raise ValueError(f"sampler {self.name!r}: delimiter_ids {outside} are outside the model's vocabulary "
+                             f"[0, {state.vocab_size}); such a delimiter could never be decoded")
         state.extra["adablock"] = dict(
-            ids=torch.tensor(self.resolve_delimiter_ids(state.tokenizer), dtype=torch.long, device=dev),
+            ids=torch.tensor(ids, dtype=torch.long, device=dev),
             tau_d=float(tau_d),
             window=self.window if self.window is not None else int(0.25 * state.gen_length),
             base_block=self.base_block or state.block_length,

@@ -3,8 +3,8 @@ ParallelBench's `low_confidence_remdm` runs it, `llada_remdm_sample`).
 
 LLaDA's low-confidence schedule (samplers/llada.py: `steps` split evenly over the blocks, each
 step commits its count of the most confident masks of the block), with `remdm_steps` revision
-steps inserted into every block after its step min(max(int(7/8 block_length), 1), block_length -
-1) (at the block's end when it has fewer steps). A revision step first masks again the
+steps inserted into every block after its step max(min(int(7/8 block_length), block_length -
+1), 1) (at the block's end when it has fewer steps). A revision step first masks again the
 `remdm_number` written tokens of the block whose confidence when they were committed is lowest
 (ties to the lower position), then commits `remdm_number` of the block's masks by confidence, the
 re-masked ones among them. So a block takes its steps plus `remdm_steps` forwards and ends full.

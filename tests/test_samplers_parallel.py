@@ -351,6 +351,9 @@ def test_adablock_delimiters_resolve_through_the_tokenizer(llada):
     # With a tokenizer, token-id prompts work too.
     out = dllm.generate(model, tok, PROMPTS, gen_length=8, sampler="adablock")
     assert not (out.generated == model.config.mask_token_id).any()
+    V = model.config.vocab_size
+    with pytest.raises(ValueError, match=rf"delimiter_ids \[{V}\] are outside the model's vocabulary \[0, {V}\)"):
+        dllm.generate(model, tok, PROMPTS, gen_length=8, sampler="adablock", sampler_kwargs={"delimiter_ids": [5, V]})
 
 
 class ScriptedModel:
