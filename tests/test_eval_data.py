@@ -124,3 +124,40 @@ def test_write_official_layout_round_trips(tmp_path):
         ds = data.load_official(tmp_path / "out")
     assert [s.record for s in ds.samples["waiting_line/copy"]] == recs["waiting_line/copy"]
     assert ds.samples["waiting_line/copy"][0].task.template == TASKS["waiting_line/copy"].template
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda r: r["input"]["icl_examples"][0].pop("input"),
+     r"copy.jsonl:2: waiting_line/copy: an in-context example must be an object with an 'input' object"),
+    (lambda r: r.update(answer={"input": 3}), r"copy.jsonl:2: "),
+    (lambda r: r["input"].pop("context"), r"copy.jsonl:2: prompt template needs the input field 'context'"),
+])
+def test_a_bad_record_is_named_when_the_data_loads(tmp_path, change, message):
+    root = _write(tmp_path / "t")
+    path = root / "waiting_line" / "copy.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    change(records[1])
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ValueError, match=message):
+        data.load_official(root, ["waiting_line/copy"])
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"waiting_line/copy": "prompt metric"}, r"the entry for 'waiting_line/copy' must be a mapping"),
+    ({"waiting_line/copy": {"prompt": "{context}", "metric": ["list_match_score"]}},
+     r"the metric of 'waiting_line/copy' must be a string, got list"),
+    ({"waiting_line/copy": {"prompt": "Copy {0}: {context}", "metric": "list_match_score"}},
+     r"copy.jsonl:1: prompt template 'Copy \{0\}: \{context\}' is not a template of named fields"),
+])
+def test_a_bad_task_config_is_named(tmp_path, config, message):
+    root = _write(tmp_path / "t")
+    (root / "waiting_line" / "task_config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match=message):
+        data.load_official(root, ["waiting_line/copy"])
+
+
+def test_an_empty_task_file_is_refused(tmp_path):
+    root = _write(tmp_path / "t")
+    (root / "waiting_line" / "copy.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match=r"copy.jsonl holds no records"):
+        data.load_official(root, ["waiting_line/copy"])

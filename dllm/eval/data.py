@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from . import generators
-from .metrics import METRICS
+from .metrics import METRICS, compute
 from .tasks import TASKS, Task, get_task, messages
 
 _NESTED = ("dataset/parallel_bench/data/output/test", "data/output/test", "output/test", "test")
@@ -89,9 +89,16 @@ def _task_config(root: Path, task_id: str) -> dict:
         keys = ", ".join(map(str, configs)) if isinstance(configs, dict) else type(configs).__name__
         raise ValueError(f"{path} has no entry for task {task_id!r} (entries: {keys})")
     entry = configs[task_id] or {}
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}: the entry for {task_id!r} must be a mapping with 'prompt' and 'metric', got "
+                         f"{type(entry).__name__} {str(entry)[:60]!r}")
     missing = [k for k in ("prompt", "metric") if k not in entry]
     if missing:
         raise ValueError(f"{path}: the entry for {task_id!r} lacks {', '.join(missing)}")
+    for key in ("prompt", "metric"):
+        if not isinstance(entry[key], str):
+            raise ValueError(f"{path}: the {key} of {task_id!r} must be a string, got {type(entry[key]).__name__} "
+                             f"{str(entry[key])[:60]!r}")
     return entry
 
 
@@ -114,7 +121,11 @@ def official_task(root: str | Path, task_id: str) -> Task:
 
 def read_records(path: str | Path) -> list[dict]:
     """JSON records of a JSONL file (compact or spaced); a bad line is an error naming it."""
-    path = Path(path)
+    return [rec for _, rec in _numbered_records(Path(path))]
+
+
+def _numbered_records(path: Path) -> list[tuple[int, dict]]:
+    """(line number, record) of each record of a JSONL file."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing")
     out = []
@@ -128,8 +139,19 @@ def read_records(path: str | Path) -> list[dict]:
                 raise ValueError(f"{path}:{n} is not valid JSON: {err.msg}") from None
             if not isinstance(rec, dict) or "input" not in rec or "answer" not in rec:
                 raise ValueError(f"{path}:{n} is not a benchmark record (needs 'input' and 'answer')")
-            out.append(rec)
+            out.append((n, rec))
     return out
+
+
+def _check_record(task: Task, record: dict, where: str) -> None:
+    """A record whose prompt cannot be rendered or whose answer its metric cannot read is an error
+    naming `where` (file:line), found when the data loads rather than after decoding."""
+    try:
+        messages(task, record)
+        compute(task.metric, "", record["answer"])
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+        detail = f"{type(err).__name__}: {err}" if not isinstance(err, ValueError) else str(err)
+        raise ValueError(f"{where}: {detail}") from None
 
 
 def load_official(root: str | Path, tasks: list[str] | None = None, limit: int | None = None) -> Dataset:
@@ -143,12 +165,17 @@ def load_official(root: str | Path, tasks: list[str] | None = None, limit: int |
     ds = Dataset("official", str(root))
     for task_id in chosen:
         task = official_task(root, task_id)
-        records = read_records(root / f"{task_id}.jsonl")
-        if len(records) != task.num_samples:
-            warnings.warn(f"{task_id}: {len(records)} records where the benchmark has {task.num_samples}",
+        path = root / f"{task_id}.jsonl"
+        numbered = _numbered_records(path)
+        if not numbered:
+            raise ValueError(f"{path} holds no records")
+        if len(numbered) != task.num_samples:
+            warnings.warn(f"{task_id}: {len(numbered)} records where the benchmark has {task.num_samples}",
                           stacklevel=2)
-        records = records if limit is None else records[:limit]
-        ds.samples[task_id] = [Sample(task, i, r, "official") for i, r in enumerate(records)]
+        numbered = numbered if limit is None else numbered[:limit]
+        for n, record in numbered:
+            _check_record(task, record, f"{path}:{n}")
+        ds.samples[task_id] = [Sample(task, i, r, "official") for i, (_, r) in enumerate(numbered)]
     return ds
 
 

@@ -184,6 +184,8 @@ def render_text(template: str, fields: dict) -> str:
     except KeyError as err:
         raise ValueError(f"prompt template needs the input field {err.args[0]!r}; the record has "
                          f"{', '.join(sorted(fields)) or 'no fields'}") from None
+    except (IndexError, ValueError) as err:
+        raise ValueError(f"prompt template {template[:60]!r} is not a template of named fields ({err})") from None
     return text.replace("\\n", "\n")
 
 
@@ -195,6 +197,9 @@ def messages(task: Task | str, record: dict, template: str | None = None) -> lis
         raise ValueError(f"a {task.id} record must be an object with an 'input' object, got {str(record)[:80]!r}")
     turns = []
     for ex in record["input"].get("icl_examples") or []:
+        if not isinstance(ex, dict) or not isinstance(ex.get("input"), dict):
+            raise ValueError(f"{task.id}: an in-context example must be an object with an 'input' object, got "
+                             f"{str(ex)[:80]!r}")
         answer = ex.get("answer")
         shown = answer if isinstance(answer, str) else (answer or {}).get("example")
         if shown is None:
