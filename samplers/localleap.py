@@ -15,7 +15,8 @@ probability of the candidate):
 The block is stepped until it holds no mask.
 
 Published defaults (paper/demo): kappa 0.9, tau 0.75, radius 4, block_length 32, temperature 0
-(function defaults: kappa and tau off). dlmserve uses kappa 0.5 for LLaDA-1.5. The reference's
+(function defaults: kappa and tau off). dlmserve uses kappa 0.5, tau 0.75 for LLaDA-1.5: a tau above
+kappa tightens instead, every anchor lying within its own radius. The reference's
 optional EOS early stop is not part of this sampler. Confidences are in the request's
 `score_dtype` (the reference: float64).
 """
@@ -57,17 +58,14 @@ class LocalLeap(Sampler):
         check_number("kappa", kappa, low=0, high=1, sampler=n)
         check_number("tau", tau, low=0, high=1, allow_none=True, sampler=n)
         check_number("radius", radius, low=0, integer=True, sampler=n)
-        if tau is not None and tau > kappa:
-            raise ValueError(f"sampler {n!r}: tau (the relaxed threshold near anchors) must be <= kappa "
-                             f"{kappa!r}, got {tau!r}")
         self.kappa, self.tau, self.radius = float(kappa), (None if tau is None else float(tau)), radius
         self._args = dict(kappa=kappa, tau=tau, radius=radius)
 
     def step(self, state, rows, positions, valid, scores):
         conf = masked_confidence(scores, valid)                                  # (B', Q)
         anchor = valid & (conf >= self.kappa)
-        commit = top1(conf, valid) | anchor
+        threshold = torch.full_like(conf, self.kappa)
         if self.tau is not None:
             near = near_anchor(anchor, positions, valid, state.length, self.radius)
-            commit |= valid & near & (conf >= self.tau)
-        return Decision(commit=commit)
+            threshold = threshold.masked_fill(near, self.tau)
+        return Decision(commit=top1(conf, valid) | (valid & (conf >= threshold)))
