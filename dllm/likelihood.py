@@ -45,9 +45,13 @@ def check_settings(mc_num, batch_size, cfg_scale, names=("batch_size", "cfg_scal
         raise ValueError(f"{names[1]} must be a finite number >= 0 (0: no guidance), got {cfg_scale!r}")
 
 
-def _check(target, mc_num: int, batch_size: int, cfg_scale) -> None:
+def _check(model, prefix, target, mc_num: int, batch_size: int, cfg_scale) -> None:
     if not target:
         raise ValueError("the target (continuation) has no tokens; its log-likelihood is not defined")
+    longest = model.config.max_seq_len
+    if len(prefix) + len(target) > longest:
+        raise ValueError(f"prefix ({len(prefix)} tokens) + target ({len(target)}) exceeds the model's maximum sequence "
+                         f"length {longest}")
     check_settings(mc_num, batch_size, cfg_scale)
 
 
@@ -55,7 +59,7 @@ def _check(target, mc_num: int, batch_size: int, cfg_scale) -> None:
 def mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int = 128, batch_size: int = 32,
                      cfg_scale: float = 0.0, generator: torch.Generator | None = None) -> float:
     """LLaDA's Monte-Carlo estimate of log p(target | prefix) (module docstring)."""
-    _check(target, mc_num, batch_size, cfg_scale)
+    _check(model, prefix, target, mc_num, batch_size, cfg_scale)
     device = model.device
     seq = torch.tensor(prefix + target, dtype=torch.long, device=device).repeat(batch_size, 1)   # (b, P + L)
     P, L = len(prefix), len(target)
@@ -79,7 +83,7 @@ def mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int
 @torch.no_grad()
 def greedy_matches(model, prefix: list[int], target: list[int], *, cfg_scale: float = 0.0) -> bool:
     """Whether one-token-per-step confidence decoding of the masked target gives the target."""
-    _check(target, 1, 1, cfg_scale)
+    _check(model, prefix, target, 1, 1, cfg_scale)
     P, L = len(prefix), len(target)
     mask = model.config.mask_token_id
     x = torch.tensor([prefix + [mask] * L], dtype=torch.long, device=model.device)

@@ -81,6 +81,7 @@ class DLLMEvalModel(LM):
         self.mc_num, self.mc_batch_size, self.cfg = mc_num, mc_batch_size, float(cfg)
         self.is_check_greedy, self.seed = bool(is_check_greedy), seed
         self.model, self.tokenizer = dllm.load(pretrained, dtype=dtype, device=self.dist.device or device)
+        self._device = self.model.device            # lm_eval puts its per-rank request counts here
 
     # -- requests ----------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -109,6 +110,9 @@ class DLLMEvalModel(LM):
             if not target:              # log p(nothing) = 0, and greedy decoding of nothing matches
                 out.append((0.0, True))
                 continue
+            room = self.model.config.max_seq_len - len(target)
+            if len(prefix) > room > 0:      # as lm_eval's HF models: the context loses its oldest tokens
+                prefix = prefix[len(prefix) - room:]
             generator = torch.Generator().manual_seed(self.seed)
             ll = mc_loglikelihood(self.model, prefix, target, mc_num=self.mc_num, batch_size=self.mc_batch_size,
                                   cfg_scale=self.cfg, generator=generator)

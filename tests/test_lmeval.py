@@ -189,3 +189,20 @@ def test_model_arguments_are_checked_before_the_model_loads(args, message):
     with pytest.raises(ValueError) as err:
         DLLMEvalModel(pretrained="/no/such/checkpoint", device="cpu", **args)
     assert message in str(err.value)
+
+
+def test_a_context_longer_than_the_model_loses_its_oldest_tokens(shipped):
+    from dllm.lmeval import DLLMEvalModel
+
+    lm = DLLMEvalModel(dtype="float32", device="cpu", mc_num=2, mc_batch_size=2, seed=3)
+    assert lm.device == lm.model.device
+    longest = lm.model.config.max_seq_len
+    context = "a b " * longest
+    prefix, target = lm.encode_pair(context, " Sudoku")
+    assert len(prefix) + len(target) > longest
+    with pytest.raises(ValueError, match=rf"exceeds the model's maximum sequence length {longest}"):
+        mc_loglikelihood(lm.model, prefix, target, mc_num=2, batch_size=2)
+    (got,) = lm.loglikelihood([_request(context, " Sudoku")])
+    kept = prefix[len(prefix) + len(target) - longest:]
+    assert got[0] == mc_loglikelihood(lm.model, kept, target, mc_num=2, batch_size=2,
+                                      generator=torch.Generator().manual_seed(3))
