@@ -113,3 +113,19 @@ def test_write_data_of_a_train_shard_is_a_validation_set(tmp_path, capsys):
     assert "--train-shard 7" in capsys.readouterr().err
     assert main(["bench", "--write-data", str(tmp_path / "bad"), "--train-shard", "1000", "--tasks", tasks]) == 2
     assert "1000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--write-data", "w", "--data-dir", "d"], "--write-data writes the generated records and exits; --data-dir do(es) "
+                                               "not apply"),
+    (["--write-data", "w", "--out", "r.jsonl", "--format", "leaderboard"], "--out, --format leaderboard do(es) not"),
+    (["--report", "--out", "r.jsonl", "--tasks", "waiting_line/copy", "--limit", "2"],
+     "--report prints every run stored in --out; --tasks, --limit select(s) samples"),
+    (["--data-dir", "d", "--sort-key", "last_name", "--index-base", "1"],
+     "sort_key, index_base shape(s) the generated records; the official files under data_dir 'd' fix their own"),
+])
+def test_bench_options_its_mode_would_ignore_are_errors(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()

@@ -90,6 +90,23 @@ def check_report_options(args) -> None:
         raise FileNotFoundError(f"--compare {args.compare!r}: no such folder of leaderboard CSV files")
 
 
+def check_mode_options(args) -> None:
+    """Options that the chosen mode (--write-data, --report) would ignore are errors naming them."""
+    if args.write_data:
+        unused = [name for name, given in (("--data-dir", args.data_dir), ("--out", args.out),
+                                           ("--report", args.report), ("--compare", args.compare),
+                                           ("--format leaderboard", args.format != "text")) if given]
+        if unused:
+            raise ValueError(f"--write-data writes the generated records and exits; {', '.join(unused)} do(es) not "
+                             f"apply")
+    elif args.report:
+        unused = [name for name, given in (("--tasks", args.tasks), ("--limit", args.limit),
+                                           ("--data-dir", args.data_dir)) if given]
+        if unused:
+            raise ValueError(f"--report prints every run stored in --out; {', '.join(unused)} select(s) samples to "
+                             f"decode and do(es) not apply")
+
+
 def _write_data(args) -> int:
     cfg = bench_config(args)
     opts = runner.generator_options(cfg)
@@ -115,6 +132,7 @@ def bench_config(args) -> runner.BenchConfig:
 def run(args) -> int:
     levels = parse_levels(args.pb)
     try:
+        check_mode_options(args)
         if args.write_data:
             return _write_data(args)
         if args.train_shard is not None:

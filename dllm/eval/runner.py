@@ -107,9 +107,14 @@ class BenchConfig:
             raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         if self.sort_key not in ("full_name", "last_name"):
             raise ValueError(f"sort_key must be 'full_name' or 'last_name', got {self.sort_key!r}")
-        if self.index_base not in (0, 1):
+        if isinstance(self.index_base, bool) or self.index_base not in (0, 1):
             raise ValueError(f"index_base must be 0 or 1, got {self.index_base!r}")
         check_source(self.names)
+        shaped = [k for k, default in (("sort_key", "full_name"), ("index_base", 0), ("names", DEFAULT_SOURCE))
+                  if getattr(self, k) != default]
+        if self.data_dir is not None and shaped:
+            raise ValueError(f"{', '.join(shaped)} shape(s) the generated records; the official files under "
+                             f"data_dir {self.data_dir!r} fix their own")
 
     def request_for(self, max_tokens: int) -> GenerationConfig:
         """The generation request of a task decoded with `max_tokens` (its gen_length when the
