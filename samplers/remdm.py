@@ -17,7 +17,9 @@ reference also requires gen_length % steps == 0 (here the counts follow LLaDA's 
 then), and where a block holds fewer written tokens than `remdm_number` it masks columns that were
 never written (the prompt's, say); here only written tokens of the block are masked again.
 ParallelBench's paper reports one revision step of one token (`remdm_steps` 1, `remdm_number` 1)
-as the best setting; neither helped its results much. Temperature 0 is what the tests check.
+as the best setting; neither helped its results much. Temperature 0 is what the tests check; at a
+temperature above 0 positions are ranked by the candidate's un-tempered probability (as dllm's
+`low_confidence` and LLaDA's own code do), where the ParallelBench code ranks by the tempered one.
 """
 from __future__ import annotations
 
