@@ -28,8 +28,9 @@ from .objective import bind_rows, diffusion_loss, hole_rows, span_rows
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """The learning rate of optimizer step `step` (from 0): linear warm-up over `warmup` steps to the
     peak (`pair_lr` in the pair warm-up, `lr` otherwise), constant `pair_lr` through the pair
-    warm-up, then a cosine from `lr` to `min_lr` over the steps after it (steps before it, a copy
-    warm-up, run at `lr`)."""
+    warm-up, then a cosine from `lr` to `min_lr` over the steps after it (steps of a copy warm-up
+    before it run at `lr`). Without a pair warm-up the cosine starts after the linear warm-up, over
+    any copy warm-up steps too."""
     pair_end = cfg.copy_warmup_steps + cfg.pair_warmup_steps
     in_pairs = cfg.copy_warmup_steps <= step < pair_end
     if step < cfg.warmup:
