@@ -290,7 +290,8 @@ def test_sudoku_accepted_variants(prediction):
     "Row 1: 1342\nRow 2: 2431\nRow 3: 4123\nRow 4: 3214",      # five digits per line
     "Input:\n" + PUZZLE + "\nOutput:\n" + SOLUTION,            # echoes the puzzle: 8 rows
     "1342\n2431\n4123",                                        # three rows
-], ids=["one-line", "row-labels", "echo", "three-rows"])
+    "1342\u20282431\u20284123\u20283214",                       # one line: only \n breaks lines
+], ids=["one-line", "row-labels", "echo", "three-rows", "line-separator"])
 def test_sudoku_unparsable(prediction):
     assert parse_sudoku(prediction) is None
     assert scores(sudoku_score(prediction, SOLUTION)) == (0.0, 0.0)

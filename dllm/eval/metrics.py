@@ -113,7 +113,7 @@ def parse_sudoku(text: str) -> list[str] | None:
     _require_str(text, "text")
     text = text.strip().replace(" ", "").replace(",", "")
     rows = []
-    for line in text.splitlines():
+    for line in text.split("\n"):
         digits = "".join(_DIGITS.findall(line))
         if len(digits) == SUDOKU_SIZE:
             rows.append(digits)
@@ -124,7 +124,7 @@ def parse_sudoku_strict(text: str) -> list[str] | None:
     """Strict 4×4 Sudoku parse: exactly 4 non-empty lines, each exactly 4 ASCII digits after
     stripping the line; None otherwise."""
     _require_str(text, "text")
-    rows = [line.strip() for line in text.splitlines() if line.strip()]
+    rows = [line.strip() for line in text.split("\n") if line.strip()]
     if len(rows) != SUDOKU_SIZE or not all(_SUDOKU_ROW.fullmatch(row) for row in rows):
         return None
     return rows
@@ -255,7 +255,7 @@ def latin_square_score(prediction: str, answer) -> dict:
     first_row = _latin_first_row(answer)
     target, size = set(symbols), len(set(symbols))
 
-    lines = [line.strip() for line in prediction.splitlines() if line.strip()]
+    lines = [line.strip() for line in prediction.split("\n") if line.strip()]
 
     rows = [cells for cells in ([c.strip() for c in line.split(",")] for line in lines) if set(cells) == target]
     lenient = len(rows) >= size and _latin_valid(rows[:size], target, first_row)
