@@ -129,3 +129,11 @@ def test_bench_options_its_mode_would_ignore_are_errors(tmp_path, capsys, monkey
     assert main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_generate_without_a_length_decodes_the_checkpoints(capsys):
+    """The shipped model's generation_config.json names 64 tokens; the command decodes as many,
+    and a block length that fits them is not checked against the 128 of other models."""
+    rc = main(["generate", "hi", "--block-length", "32", "--dtype", "float32", "--no-chat"])
+    err = capsys.readouterr().err
+    assert rc == 0 and err.strip().splitlines()[-1].startswith("[64 forwards,"), err

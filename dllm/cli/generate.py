@@ -5,9 +5,9 @@ import argparse
 import sys
 
 import dllm
-from dllm.decode import with_instances
 
-from .options import add_model_option, add_request_options, add_runtime_options, generation_config
+from .options import (add_model_option, add_request_options, add_runtime_options, check_before_load,
+                      generation_config)
 
 MASK_GLYPH = "\u2591"  # light shade: a still-masked position in --show
 
@@ -51,7 +51,8 @@ def _summary(out) -> str:
 
 def run(args) -> int:
     try:
-        request = with_instances(generation_config(args).for_length())    # fails before the model load
+        request = generation_config(args)
+        check_before_load(request)
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device, attention=args.attention,
                                      cuda_graphs=args.cuda_graphs, compile=args.compile)
         on_step = _show(tokenizer, sys.stdout) if args.show else None

@@ -11,6 +11,7 @@ import ast
 
 from dllm.cache import available_policies
 from dllm.config import GenerationConfig
+from dllm.decode import with_instances
 
 
 class _Given(argparse.Action):
@@ -131,3 +132,9 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
     fields = {name: getattr(args, name) for name in _REQUEST_FIELDS if hasattr(args, name)}
     return GenerationConfig(**fields, sampler_kwargs=parse_kv(args.sampler_arg, "--sampler-arg"),
                             cache_kwargs=parse_kv(args.cache_arg, "--cache-arg"))
+
+
+def check_before_load(cfg: GenerationConfig) -> None:
+    """The request's names and arguments, and its lengths when `--gen-length` is given, checked
+    before the model loads (without it the length is the checkpoint's, known after the load)."""
+    with_instances(cfg if cfg.gen_length is None else cfg.for_length())

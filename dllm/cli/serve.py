@@ -4,9 +4,9 @@ from __future__ import annotations
 import sys
 
 import dllm
-from dllm.decode import with_instances
 
-from .options import add_model_option, add_request_options, add_runtime_options, generation_config
+from .options import (add_model_option, add_request_options, add_runtime_options, check_before_load,
+                      generation_config)
 
 
 def add_parser(sub) -> None:
@@ -33,7 +33,7 @@ def run(args) -> int:
     try:
         check_port(args.port)
         defaults = generation_config(args)
-        with_instances(defaults.for_length(defaults.gen_length))          # fails before the model load
+        check_before_load(defaults)
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device, attention=args.attention,
                                      cuda_graphs=args.cuda_graphs, compile=args.compile)
         name = args.served_model_name or args.model or model.name_or_path
