@@ -91,7 +91,7 @@ def test_input_ids_of_another_dtype_than_integers(tiny, ids):
 
 def test_a_block_length_other_than_the_attention_blocks_says_how_to_leave_it_out():
     model = dllm.build_model(dllm.ModelConfig.from_name("llada2-tiny"), seed=0)
-    with pytest.raises(ValueError, match=r"use block_length=32 or leave it out"):
+    with pytest.raises(ValueError, match=r"block_length 5 differs .*; leave it out \(it is then 32, whatever gen_length\)"):
         dllm.generate(model, None, [[1, 2, 3]], gen_length=5, block_length=5)
     assert dllm.generate(model, None, [[1, 2, 3]], gen_length=5).generated.shape == (1, 5)
 

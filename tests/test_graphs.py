@@ -123,6 +123,9 @@ def test_loading_weights_drops_graphs_and_odd_shaped_inputs_are_refused():
     with pytest.raises(ValueError, match=r"key_valid must have the canvas shape \(2, 9\) of x \(or \(2, 9, 9\), one key mask "
                                          r"per query\), got \(2, 10\)"):
         model(x, key_valid=torch.ones(2, 10, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"key_valid must be a bool tensor \(True: a key to attend to\), got "
+                                         r"torch.float32; an attention mask of 0/1 numbers converts with mask.bool\(\)"):
+        model(x, key_valid=torch.ones(2, 9))                       # sdpa would add it to the scores
 
 
 def test_kept_buffers_are_shared_per_key_and_the_oldest_go():

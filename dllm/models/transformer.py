@@ -203,8 +203,14 @@ def take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _check_key_valid(key_valid, B: int, L: int, cache, attention_block) -> None:
-    """key_valid is (B, L), or (B, L, L) in a forward without a cache of a bidirectional model."""
-    if key_valid is None or tuple(key_valid.shape) == (B, L):
+    """key_valid is a bool (B, L), or (B, L, L) in a forward without a cache of a bidirectional model."""
+    if key_valid is None:
+        return
+    if not isinstance(key_valid, torch.Tensor) or key_valid.dtype != torch.bool:
+        got = key_valid.dtype if isinstance(key_valid, torch.Tensor) else type(key_valid).__name__
+        raise ValueError(f"key_valid must be a bool tensor (True: a key to attend to), got {got}; an attention "
+                         f"mask of 0/1 numbers converts with mask.bool()")
+    if tuple(key_valid.shape) == (B, L):
         return
     if tuple(key_valid.shape) != (B, L, L):
         raise ValueError(f"key_valid must have the canvas shape {(B, L)} of x (or {(B, L, L)}, one key mask per "
