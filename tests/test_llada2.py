@@ -250,7 +250,9 @@ def test_triton_attention_names_the_per_query_mask(llada2_dir):
     (dict(head_dim=32), "'head_dim' = 32"),
     (dict(n_group=3), "not divisible by n_groups 3"),
     (dict(topk_group=1, num_experts_per_tok=8), "cannot hold experts_per_token 8"),
-    (dict(partial_rotary_factor=None, rotary_dim=None), "'partial_rotary_factor' = None"),
+    (dict(partial_rotary_factor=None), "'partial_rotary_factor' = None"),
+    (dict(num_attention_heads=0), "'num_attention_heads' = 0 must be a positive integer"),
+    (dict(hidden_size="64"), "'hidden_size' = '64' must be a positive integer"),
 ])
 def test_bad_configs_name_the_key(tmp_path, overrides, message):
     folder = write_llada2_checkpoint(tmp_path / "m")
@@ -332,3 +334,19 @@ def test_compiled_equals_eager(llada2_dir, sampler):
     model.set_compile(True)
     compiled = dllm.generate(model, None, PROMPTS2[:2], **request)
     assert torch.equal(compiled.sequences, eager.sequences) and compiled.forwards == eager.forwards
+
+
+def test_config_keys_read_as_the_published_model_reads_them():
+    """The rotary width is head_dim x partial_rotary_factor (rotary_dim is not read), and absent
+    keys take LLaDA2MoeConfig's defaults."""
+    from dllm.models.llada2 import config_from_hf
+    from tests.fixtures.checkpoints import llada2_config
+
+    tokens = {"<|mask|>": 304, "<|endoftext|>": 301}
+    assert config_from_hf(llada2_config(rotary_dim=4), tokens).rotary_dim == 8         # head_dim 16 x 0.5
+    d = llada2_config(num_experts=16)
+    for key in ("routed_scaling_factor", "n_group", "topk_group", "rms_norm_eps", "rope_theta"):
+        d.pop(key, None)
+    cfg = config_from_hf(d, tokens)
+    assert (cfg.moe.routed_scale, cfg.moe.n_groups, cfg.moe.topk_groups) == (2.5, 8, 4)
+    assert (cfg.norm_eps, cfg.rope_theta) == (1e-5, 10000.0)

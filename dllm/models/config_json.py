@@ -50,3 +50,15 @@ def token_id(value: Any) -> Any:
     if isinstance(value, list):
         return value[0] if value else None
     return value
+
+
+def check_sizes(d: dict, keys: tuple[str, ...], family: str) -> None:
+    """The size keys `keys` of `d`: present, and positive JSON integers; a ValueError names the
+    missing keys or the first bad value."""
+    missing = [k for k in keys if d.get(k) is None]
+    if missing:
+        raise ValueError(f"{family} config.json lacks required keys: {', '.join(missing)}")
+    for key in keys:
+        value = d[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{family} config key {key!r} = {value!r} must be a positive integer")

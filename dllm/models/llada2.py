@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, MoEConfig
-from .config_json import check_required, first_of, flag, number, token_id
+from .config_json import check_required, check_sizes, first_of, flag, number, token_id
 from .llada_moe import EOS_TOKEN, MASK_TOKEN, special_id
 from .transformer import DiffusionTransformer
 
@@ -39,24 +39,23 @@ _REQUIRED = {"hidden_act": "silu", "rope_scaling": None, "use_qkv_bias": False, 
 def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> ModelConfig:
     """ModelConfig from a LLaDA2 `config.json`; `tokens` maps the tokenizer's added tokens to ids."""
     check_required(d, _REQUIRED, "LLaDA2")
-    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
-                "moe_intermediate_size", "num_experts", "num_experts_per_tok")
-    missing = [k for k in required if d.get(k) is None]
-    if missing:
-        raise ValueError(f"LLaDA2 config.json lacks required keys: {', '.join(missing)}")
+    check_sizes(d, ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
+                    "moe_intermediate_size", "num_experts", "num_experts_per_tok"), "LLaDA2")
+    if d.get("head_dim") is not None:
+        check_sizes(d, ("head_dim",), "LLaDA2")
     n_heads = d["num_attention_heads"]
     head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
     if head_dim * n_heads != d["hidden_size"]:
         raise ValueError(f"LLaDA2 config key 'head_dim' = {head_dim} with {n_heads} heads is not hidden_size "
                          f"{d['hidden_size']} / num_attention_heads (supported)")
-    factor = d.get("partial_rotary_factor", 0.5)
-    if not d.get("rotary_dim") and (not isinstance(factor, (int, float)) or not 0 < factor <= 1):
-        raise ValueError(f"LLaDA2 config key 'partial_rotary_factor' = {factor!r} must lie in (0, 1] (or give rotary_dim)")
-    rotary = d.get("rotary_dim") or int(head_dim * factor)
+    factor = d.get("partial_rotary_factor", 0.5)      # the published model's rotary width; rotary_dim is unread
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise ValueError(f"LLaDA2 config key 'partial_rotary_factor' = {factor!r} must lie in (0, 1]")
+    rotary = int(head_dim * factor)
     k = d["num_experts_per_tok"]
     moe = MoEConfig(n_experts=d["num_experts"], experts_per_token=k, expert_hidden=d["moe_intermediate_size"],
-                    score="sigmoid", norm_topk=k > 1, n_groups=d.get("n_group") or 1,
-                    topk_groups=d.get("topk_group") or 1, routed_scale=number(d, "routed_scaling_factor", 1.0, "LLaDA2"),
+                    score="sigmoid", norm_topk=k > 1, n_groups=d.get("n_group") or 8,
+                    topk_groups=d.get("topk_group") or 4, routed_scale=number(d, "routed_scaling_factor", 2.5, "LLaDA2"),
                     expert_bias=True, router_fp32=True, sum_fp32=True,
                     shared_hidden=d["moe_intermediate_size"] * (d.get("num_shared_experts") or 0),
                     first_dense=d.get("first_k_dense_replace") or 0)
@@ -64,8 +63,8 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     return ModelConfig(
         family="llada2", vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
         n_heads=n_heads, n_kv_heads=d.get("num_key_value_heads") or n_heads, mlp_hidden=d["intermediate_size"],
-        norm_eps=number(d, "rms_norm_eps", 1e-6, "LLaDA2"), rope_theta=number(d, "rope_theta", 600000.0, "LLaDA2"),
-        max_seq_len=d.get("max_position_embeddings", 32768),
+        norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA2"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA2"),
+        max_seq_len=d.get("max_position_embeddings", 16384),
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens, "LLaDA2"), eos_token_id=eos,
         pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
         bos_token_id=d.get("bos_token_id"), tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA2"),

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import ModelConfig, MoEConfig
 from .dream import qwen2_names
-from .config_json import check_required, first_of, flag, number, token_id
+from .config_json import check_required, check_sizes, first_of, flag, number, token_id
 from .transformer import DiffusionTransformer
 
 PUBLISHED_VOCAB = 157184
@@ -59,11 +59,8 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     """ModelConfig from a LLaDA-MoE `config.json`; `tokens` maps the tokenizer's added tokens to
     their ids (for the mask id, which the published config lacks)."""
     check_required(d, _REQUIRED, "LLaDA-MoE")
-    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "num_experts",
-                "num_experts_per_tok", "expert_intermediate_size")
-    missing = [k for k in required if d.get(k) is None]
-    if missing:
-        raise ValueError(f"LLaDA-MoE config.json lacks required keys: {', '.join(missing)}")
+    check_sizes(d, ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "num_experts",
+                    "num_experts_per_tok", "expert_intermediate_size"), "LLaDA-MoE")
     _moe_layers(d)
     n_heads = d["num_attention_heads"]
     head_dim = d["hidden_size"] // n_heads
