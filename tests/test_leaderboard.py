@@ -135,14 +135,18 @@ def test_a_curve_of_dllm_runs_takes_its_schedule_from_the_runs_not_the_methods_n
     assert [curve.pb(x) for x in (80, 70, 60)] == [row["PB80"], row["PB70"], row["PB60"]] == [2.0, 2.0, 2.0]
 
 
-def test_a_curve_refuses_runs_over_different_task_sets(results, capsys):
+def test_a_curve_keeps_the_runs_over_the_most_tasks_and_names_the_rest(results, capsys):
+    """An interrupted run (fewer tasks) beside complete ones: its average is over other tasks, so
+    the curve leaves it out, with a warning naming it."""
     rows = (_rows("d", "threshold", "none", {"waiting_line/copy": 1.0}, 2.0, "adaptive")
             + _rows("e", "threshold", "none", {"waiting_line/copy": 1.0, "puzzle/sudoku_n4_12": 0.0}, 3.0, "adaptive"))
-    with pytest.raises(ValueError, match=r"leaderboard curve llada15/confidence-threshold differ: .*tasks "
-                                         r"waiting_line/copy vs .*tasks puzzle/sudoku_n4_12, waiting_line/copy"):
-        leaderboard.curves_from_runs(report.summarize(rows))
+    with pytest.warns(UserWarning, match=r"curve llada15/confidence-threshold holds the runs of .*tasks "
+                                         r"puzzle/sudoku_n4_12, waiting_line/copy; run\(s\) d over other tasks"):
+        (curve,) = leaderboard.curves_from_runs(report.summarize(rows))
+    assert curve.points == [(3.0, 50.0)]
     with open(results, "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     out = results.parent / "curves"
-    assert main(["bench", "--report", "--out", str(results), "--format", "leaderboard", "--out-dir", str(out)]) == 2
-    assert "report them from separate results files" in capsys.readouterr().err and not out.exists()
+    with pytest.warns(UserWarning, match="run\\(s\\) d over other tasks"):
+        assert main(["bench", "--report", "--out", str(results), "--format", "leaderboard", "--out-dir", str(out)]) == 0
+    assert (out / "llada15" / "confidence-threshold.csv").is_file()

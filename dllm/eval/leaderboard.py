@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,25 +90,32 @@ class Curve:
 
 def curves_from_runs(summaries: list[RunSummary]) -> list[Curve]:
     """The curves of dllm runs: one per (model, method), a run's scored tasks and its `avg` row each.
-    The runs of one curve must share their model, data and tasks (the PB@X table's methods), so
-    that its `avg` rows are averages of the same thing; otherwise a ValueError names both."""
-    curves: dict[tuple[str, str], Curve] = {}
-    methods: dict[tuple[str, str], tuple] = {}
+    The runs of one curve share their model, data and tasks (the PB@X table's methods), so that its
+    `avg` rows average the same thing: where a model and method's runs differ (an interrupted run
+    over fewer tasks, another task selection, two model folders of one name), the curve takes the
+    group over the most tasks (then the most runs) and a warning names the runs left out."""
+    groups: dict[tuple[str, str], dict[tuple, list[RunSummary]]] = {}
     for s in summaries:
-        scored = s.scored
-        if not scored:
-            continue
-        key = (model_id(s.model), method_id(s.sampler, s.cache))
-        first = methods.setdefault(key, s.method)
-        if first != s.method:
-            raise ValueError(f"the runs of leaderboard curve {key[0]}/{key[1]} differ: {_describe(first)} vs "
-                             f"{_describe(s.method)}; a curve holds runs of one model over one task set and data: "
-                             f"report them from separate results files")
-        curve = curves.setdefault(key, Curve(*key, adaptive=False))
-        curve.adaptive = curve.adaptive or s.schedule != "fixed"      # as the runs' own PB@X table decides
-        rows = [(task_id(t.task), t.tokens_per_forward, t.score) for t in scored]
+        if s.scored:
+            key = (model_id(s.model), method_id(s.sampler, s.cache))
+            groups.setdefault(key, {}).setdefault(s.method, []).append(s)
+    curves = []
+    for key, by_method in groups.items():
+        kept = max(by_method, key=lambda m: (len(m[4]), len(by_method[m])))
+        left = [s.run_id for m, runs in by_method.items() if m != kept for s in runs]
+        if left:
+            warnings.warn(f"leaderboard curve {key[0]}/{key[1]} holds the runs of {_describe(kept)}; run(s) "
+                          f"{', '.join(left)} over other tasks, data or model are left out", stacklevel=2)
+        curves.append(_curve(key, by_method[kept]))
+    return curves
+
+
+def _curve(key: tuple[str, str], runs: list[RunSummary]) -> Curve:
+    curve = Curve(*key, adaptive=any(s.schedule != "fixed" for s in runs))   # as the runs' own PB@X table decides
+    for s in runs:
+        rows = [(task_id(t.task), t.tokens_per_forward, t.score) for t in s.scored]
         curve.rows += rows + [(AVG, sum(r[1] for r in rows) / len(rows), sum(r[2] for r in rows) / len(rows))]
-    return list(curves.values())
+    return curve
 
 
 def _describe(method: tuple) -> str:
