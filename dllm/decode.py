@@ -256,19 +256,20 @@ def resolve_request(model, cfg: GenerationConfig) -> Request:
     if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):
         warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region at once; "
                       f"block_length {cfg.block_length} is ignored", stacklevel=3)
-    _warn_unused_schedule(cfg, sampler)
+    _warn_unused_schedule(cfg, sampler, stacklevel=3)
     block_length = cfg.resolved_block_length if sampler.uses_blocks else cfg.gen_length
     return Request(cfg.replace(sampler=sampler), sampler, cfg.cache, block_length)
 
 
-def _warn_unused_schedule(cfg: GenerationConfig, sampler: Sampler) -> None:
-    """A warning naming `steps` / `tokens_per_step` when the sampler decides its own steps."""
+def _warn_unused_schedule(cfg: GenerationConfig, sampler: Sampler, stacklevel: int) -> None:
+    """A warning naming `steps` / `tokens_per_step` when the sampler decides its own steps, shown
+    at the line `stacklevel` frames up from the caller."""
     if sampler.uses_steps:
         return
     for name in ("steps", "tokens_per_step"):
         if getattr(cfg, name) is not None:
             warnings.warn(f"sampler {sampler.name!r} decides its own number of steps; {name} {getattr(cfg, name)} "
-                          f"is ignored", stacklevel=4)
+                          f"is ignored", stacklevel=stacklevel + 1)
 
 
 def _block_causal_request(model, cfg: GenerationConfig, sampler: Sampler) -> Request:
@@ -285,7 +286,7 @@ def _block_causal_request(model, cfg: GenerationConfig, sampler: Sampler) -> Req
                f"use block_length={block} or leave it out (it is then {block}, whatever gen_length)")
         raise ValueError(f"block_length {cfg.block_length} differs from the {block}-column attention blocks of "
                          f"{model.config.family}; {use}")
-    _warn_unused_schedule(cfg, sampler)
+    _warn_unused_schedule(cfg, sampler, stacklevel=4)
     return Request(cfg.replace(sampler=sampler, block_length=block), sampler, cfg.cache, block)
 
 

@@ -45,6 +45,11 @@ def _pairs(text, what: str) -> dict:
         raise ValueError(str(err).removeprefix("error: ")) from None
 
 
+def _whole(value):
+    """A float with no fraction (lm_eval reads 128.0 as a float) as that integer; else as given."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def _batch_size(value) -> int:
     """lm_eval's --batch_size (an integer, or its text): requests decoded together."""
     text = str(value).strip()
@@ -71,6 +76,8 @@ class DLLMEvalModel(LM):
         # lm_eval names a CUDA device by default, also on machines without one: there, the CPU.
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             device = "auto"
+        chat = bool(chat) if chat in (0, 1) else chat                  # lm_eval reads chat=1 as the number 1
+        mc_num, mc_batch_size = _whole(mc_num), _whole(mc_batch_size)
         self.config = dllm.GenerationConfig(
             gen_length=gen_length, block_length=block_length, steps=steps, tokens_per_step=tokens_per_step,
             sampler=sampler, sampler_kwargs=_pairs(sampler_kwargs, "sampler_kwargs"), cache=cache,
@@ -110,9 +117,7 @@ class DLLMEvalModel(LM):
             if not target:              # log p(nothing) = 0, and greedy decoding of nothing matches
                 out.append((0.0, True))
                 continue
-            room = self.model.config.max_seq_len - len(target)
-            if len(prefix) > room > 0:      # as lm_eval's HF models: the context loses its oldest tokens
-                prefix = prefix[len(prefix) - room:]
+            prefix, target = fit_window(prefix, target, self.model.config.max_seq_len)
             generator = torch.Generator().manual_seed(self.seed)
             ll = mc_loglikelihood(self.model, prefix, target, mc_num=self.mc_num, batch_size=self.mc_batch_size,
                                   cfg_scale=self.cfg, generator=generator)
@@ -130,14 +135,14 @@ class DLLMEvalModel(LM):
         after the context's length (as LLaDA's evaluation and lm_eval's HF models do). An empty
         context is lm_eval's prefix token (the BOS, else the end token) and the continuation is
         encoded alone (its first token is the prefix when it is that token)."""
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
         if context == "":
             prefix = self.tokenizer.bos_token_id
             prefix = self.tokenizer.eos_token_id if prefix is None else prefix
             target = self.tokenizer(continuation, add_special_tokens=False)["input_ids"]
             return (target[:1], target[1:]) if target[:1] == [prefix] else ([prefix], target)
-        spaces = len(context) - len(context.rstrip())
-        if spaces:
-            context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole = self.tokenizer(context + continuation)["input_ids"]
         prefix = self.tokenizer(context)["input_ids"]
         return prefix, whole[len(prefix):]
@@ -166,6 +171,14 @@ class DLLMEvalModel(LM):
 
     def barrier(self) -> None:
         self.dist.barrier()
+
+
+def fit_window(prefix: list[int], target: list[int], longest: int) -> tuple[list[int], list[int]]:
+    """The pair cut to `longest` tokens from the left, as lm_eval's HF models cut theirs: the
+    context loses its oldest tokens, and a continuation longer than the window its first ones."""
+    if len(target) >= longest:
+        return [], target[len(target) - longest:]
+    return prefix[max(0, len(prefix) + len(target) - longest):], target
 
 
 def cut_at_stops(text: str, stops) -> str:

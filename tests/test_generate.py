@@ -134,8 +134,13 @@ def test_a_schedule_the_sampler_does_not_use_is_warned_about(llada):
     model = llada[0]
     for name, value in (("steps", 4), ("tokens_per_step", 2)):
         with pytest.warns(UserWarning, match=rf"sampler 'threshold' decides its own number of steps; {name} {value} "
-                                             r"is ignored"):
+                                             r"is ignored") as caught:
             dllm.generate(model, None, PROMPTS, gen_length=8, sampler="threshold", **{name: value})
+        assert caught[0].filename == __file__                       # shown at the caller's line
+    block_causal = dllm.build_model(dllm.ModelConfig.from_name("llada2-tiny"), seed=0)
+    with pytest.warns(UserWarning, match="decides its own number of steps") as caught:
+        dllm.generate(block_causal, None, [[1] * 32], gen_length=32, sampler="llada2", steps=4)
+    assert caught[0].filename == __file__
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dllm.generate(model, None, PROMPTS, gen_length=8, sampler="low_confidence", steps=4)

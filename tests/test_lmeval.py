@@ -169,6 +169,7 @@ def test_pairs_condition_on_the_context_encoded_alone(shipped):
         assert target == tok(context + continuation)["input_ids"][len(prefix):]
     start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     assert lm.encode_pair("", "Sudoku") == ([start], tok("Sudoku", add_special_tokens=False)["input_ids"])
+    assert lm.encode_pair(" \n", "Sudoku") == ([start], tok(" \nSudoku", add_special_tokens=False)["input_ids"])
     (empty_target, empty_context) = lm.loglikelihood([_request("Q:", ""), _request("", "Sudoku")])
     assert empty_target == (0.0, True)
     ids = tok("Sudoku", add_special_tokens=False)["input_ids"]
@@ -182,6 +183,7 @@ def test_pairs_condition_on_the_context_encoded_alone(shipped):
     ({"mc_num": 4.7, "mc_batch_size": 2}, "got mc_num=4.7"),
     ({"cfg": float("nan")}, "cfg must be a finite number >= 0"),
     ({"sampler": "bogus"}, "unknown sampler 'bogus'"),
+    ({"mc_num": 128.5}, "got mc_num=128.5"),
 ])
 def test_model_arguments_are_checked_before_the_model_loads(args, message):
     from dllm.lmeval import DLLMEvalModel
@@ -206,3 +208,16 @@ def test_a_context_longer_than_the_model_loses_its_oldest_tokens(shipped):
     kept = prefix[len(prefix) + len(target) - longest:]
     assert got[0] == mc_loglikelihood(lm.model, kept, target, mc_num=2, batch_size=2,
                                       generator=torch.Generator().manual_seed(3))
+    # A continuation longer than the window keeps its last tokens, without a context.
+    from dllm.lmeval import fit_window
+    assert fit_window([1, 2], [3, 4, 5, 6], 3) == ([], [4, 5, 6]) and fit_window([1, 2], [3], 2) == ([2], [3])
+    (long_target,) = lm.loglikelihood([_request("Q:", " a b" * longest)])
+    assert long_target[0] < 0
+
+
+def test_numbers_lm_eval_reads_from_its_arguments_are_taken():
+    """lm_eval's argument parser turns chat=1 and mc_num=128.0 into numbers."""
+    from dllm.lmeval import DLLMEvalModel
+
+    lm = DLLMEvalModel.create_from_arg_string("chat=1,mc_num=64.0,mc_batch_size=32", {"device": "cpu"})
+    assert lm.config.chat is True and lm.mc_num == 64 and isinstance(lm.mc_num, int)

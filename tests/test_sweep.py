@@ -272,6 +272,12 @@ def test_dry_run_marks_configurations_that_decode_the_same_run(capsys):
     assert code == 0
     assert out == ["threshold", "threshold(tau=0.9)  (the same run as threshold)", "threshold(tau=0.7)",
                    "3 configuration(s), 2 distinct run(s)"]
+    # Without the data the configurations are still listed.
+    code = cli_main(["sweep", "--out-dir", "unused", "--data-dir", "no/such/data", "--sampler", "threshold",
+                     "--dry-run"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0 and out[0] == "threshold"
+    assert out[1].startswith("1 configuration(s) (distinct runs not counted: ") and "no/such/data" in out[1]
 
 
 # -- Pareto front ---------------------------------------------------------------------------------

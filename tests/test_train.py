@@ -974,13 +974,13 @@ def test_reweighted_keeps_the_order_and_names_unknown_patterns():
 
 
 @pytest.mark.parametrize("option,value,message", [
-    ("grad_clip", -1.0, "grad_clip must be a finite number > 0 (the largest gradient norm), got -1.0"),
-    ("grad_clip", 0, "grad_clip must be a finite number > 0"),
-    ("grad_clip", float("inf"), "grad_clip must be a finite number > 0"),
+    ("grad_clip", -1.0, "grad_clip must be a number > 0 (the largest gradient norm; inf: no clipping), got -1.0"),
+    ("grad_clip", 0, "grad_clip must be a number > 0"),
+    ("grad_clip", float("nan"), "grad_clip must be a number > 0"),
     ("weight_decay", -0.1, "weight_decay must be a finite number >= 0, got -0.1"),
     ("warmup", -5, "train option warmup must be an integer >= 0 (steps of linear warm-up), got -5"),
     ("warmup", 2.5, "train option warmup must be an integer >= 0"),
-    ("threads", -1, "train option threads must be a positive integer (or unset: torch's default), got -1"),
+    ("threads", -1, "train option threads must be an integer >= 0 (0 or unset: torch's default), got -1"),
 ])
 def test_optimizer_options_are_checked(option, value, message):
     with pytest.raises(ValueError) as err:

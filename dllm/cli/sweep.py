@@ -73,7 +73,13 @@ def run(args) -> int:
 def print_configurations(grid) -> None:
     """`--dry-run`: each configuration's label, marking those that decode the same run as an
     earlier one (the sweep runs it once), then the counts."""
-    first = same_run_as(grid)
+    try:
+        first = same_run_as(grid)
+    except (ValueError, OSError) as err:          # the data is needed only for the run ids
+        for p in grid.points:
+            print(p.label)
+        print(f"{len(grid.points)} configuration(s) (distinct runs not counted: {error_text(err)})")
+        return
     for i, p in enumerate(grid.points):
         print(p.label if first[i] == i else f"{p.label}  (the same run as {grid.points[first[i]].label})")
     print(f"{len(grid.points)} configuration(s), {len(set(first))} distinct run(s)")

@@ -211,8 +211,8 @@ class TrainConfig:
             raise ValueError(f"train option warmup must be an integer >= 0 (steps of linear warm-up), "
                              f"got {self.warmup!r}")
         t = self.threads
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
-            raise ValueError(f"train option threads must be a positive integer (or unset: torch's default), got {t!r}")
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
+            raise ValueError(f"train option threads must be an integer >= 0 (0 or unset: torch's default), got {t!r}")
         w = self.copy_warmup_steps
         if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < self.steps:
             raise ValueError(f"copy_warmup_steps must be an integer in [0, steps={self.steps}), got {w!r}")
@@ -271,8 +271,10 @@ class TrainConfig:
             raise ValueError(f"need 0 < lr < 1 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must be in (0, 1), got {self.eps}")
-        if not _finite(self.grad_clip) or self.grad_clip <= 0:
-            raise ValueError(f"grad_clip must be a finite number > 0 (the largest gradient norm), got {self.grad_clip!r}")
+        if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)) \
+                or not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be a number > 0 (the largest gradient norm; inf: no clipping), "
+                             f"got {self.grad_clip!r}")
         if not _finite(self.weight_decay) or self.weight_decay < 0:
             raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
         if self.init not in INITS:
