@@ -544,7 +544,8 @@ class Decoder:
         self.fused = _fuses_head_scoring(model, sampler, state, cfg, policy.wants_confidence)
         self.forwards = 0
         self.finite = state.finished.new_ones(())   # every score so far finite (0-dim bool)
-        self.cap = cfg.max_forwards or cfg.resolved_max_forwards + sampler.forward_allowance(state)
+        schedule = cfg if sampler.uses_steps else cfg.replace(steps=None, tokens_per_step=None)
+        self.cap = cfg.max_forwards or schedule.resolved_max_forwards + sampler.forward_allowance(state)
         self.starts = None      # (B,) the forward count at which each row joined; None: all at the first
         self.done = False
         _open_blocks(state, sampler, self.rows)

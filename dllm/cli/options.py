@@ -75,7 +75,8 @@ def add_sampling_options(p) -> None:
     g.add_argument("--temperature", action=_Given, type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--seed", action=_Given, type=int, default=0, help="seed of every random draw (default 0)")
     g.add_argument("--max-forwards", action=_Given, type=int, default=None,
-                   help="hard cap on forwards; remaining masks are then filled (default: max(steps, gen length), "
+                   help="hard cap on forwards; remaining masks are then filled (default: max(steps, gen length), steps "
+                        "counting for samplers that use them, "
                         "plus the forwards a sampler that re-masks or edits tokens may add)")
 
 
