@@ -13,8 +13,8 @@ model when absent), sampler, sampler_kwargs and cache_kwargs (`key=value` pairs 
 values read as in `--sampler-arg`), cache, gen_length (default: each request's `max_gen_toks`),
 block_length, steps, tokens_per_step, temperature, seed, chat (False: contexts are used as given;
 lm_eval's `--apply_chat_template` goes through the tokenizer's template), dtype, mc_num (128),
-mc_batch_size (32), cfg (0), is_check_greedy (False), checked before the model loads. Under `accelerate launch` each process takes
-its share of the requests, as lm_eval expects (rank, world size, gather, barrier); lm_eval's
+mc_batch_size (32), cfg (0), is_check_greedy (False), checked before the model loads. Under
+`accelerate launch` each process takes its share of the requests, as lm_eval expects (rank, world size, gather, barrier); lm_eval's
 default CUDA device falls back to the CPU on a machine without CUDA.
 
 The lm_eval releases without model plugins (0.4.13 and before) do not find `--model dllm` by
@@ -132,9 +132,9 @@ class DLLMEvalModel(LM):
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """The context's token ids (encoded alone) and the continuation's, the context's trailing
         spaces moved to the continuation and the continuation's ids taken from the joint encoding
-        after the context's length (as LLaDA's evaluation and lm_eval's HF models do). An empty
-        context is lm_eval's prefix token (the BOS, else the end token) and the continuation is
-        encoded alone (its first token is the prefix when it is that token)."""
+        after the context's length (as LLaDA's evaluation and lm_eval's HF models do). A context
+        empty once its spaces moved is lm_eval's prefix token (the BOS, else the end token) and the
+        continuation is encoded alone (its first token is the prefix when it is that token)."""
         spaces = len(context) - len(context.rstrip())
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
