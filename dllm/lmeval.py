@@ -14,8 +14,9 @@ values read as in `--sampler-arg`), cache, gen_length (default: each request's `
 block_length, steps, tokens_per_step, temperature, seed, chat (False: contexts are used as given;
 lm_eval's `--apply_chat_template` goes through the tokenizer's template), dtype, mc_num (128),
 mc_batch_size (32), cfg (0), is_check_greedy (False), checked before the model loads. Under
-`accelerate launch` each process takes its share of the requests, as lm_eval expects (rank, world size, gather, barrier); lm_eval's
-default CUDA device falls back to the CPU on a machine without CUDA.
+`accelerate launch` each process takes its share of the requests, as lm_eval expects (rank,
+world size, gather, barrier); lm_eval's default CUDA device falls back to the CPU on a machine
+without CUDA.
 
 The lm_eval releases without model plugins (0.4.13 and before) do not find `--model dllm` by
 themselves: `python -m dllm.lmeval ...` takes the same arguments as `lm_eval` with the model
