@@ -282,3 +282,19 @@ def test_a_generation_config_that_is_not_an_object_is_named(llada_dir, tmp_path)
     (folder / "generation_config.json").write_text("[]")
     with pytest.raises(ValueError, match=r"corrupt generation_config.json .*expected a JSON object, got \[\]"):
         dllm.load(folder)
+
+
+def test_auto_dtype_casts_a_float32_expert_bias_beside_bfloat16_weights(tmp_path):
+    """As Hugging Face's dtype "auto": the routing's expert_bias buffer runs in the weights' dtype."""
+    from tests.fixtures.checkpoints import write_llada2_checkpoint
+
+    folder = write_llada2_checkpoint(tmp_path / "ck")
+    sd = load_file(str(folder / "model.safetensors"))
+    sd = {k: v.float() if "expert_bias" in k else v.bfloat16() for k, v in sd.items()}
+    save_file(sd, str(folder / "model.safetensors"))
+    model, _ = dllm.load(folder)
+    assert {b.dtype for name, b in model.named_buffers() if "expert_bias" in name} == {torch.bfloat16}
+    want, _ = dllm.load(folder, dtype="bfloat16")
+    prompt = [list(range(5, 37))]
+    assert torch.equal(dllm.generate(model, None, prompt, gen_length=32).sequences,
+                       dllm.generate(want, None, prompt, gen_length=32).sequences)

@@ -305,20 +305,20 @@ def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "auto
 
 
 def one_parameter_dtype(tensors: dict[str, torch.Tensor], parameters: set[str]) -> None:
-    """Cast, in place, the floating parameters stored in another dtype than most of the
-    parameters' entries to that one (a checkpoint keeping e.g. its norms in float32 beside bfloat16
-    weights runs in one dtype); buffers keep theirs."""
+    """Cast, in place, the floating tensors stored in another dtype than most of the parameters'
+    entries to that one, as Hugging Face's dtype "auto" loads a model: a checkpoint keeping e.g.
+    its norms or LLaDA2's `expert_bias` buffer in float32 beside bfloat16 weights runs in bfloat16."""
     counts: dict[torch.dtype, int] = {}
     for name in parameters:
         t = tensors[name]
         if t.is_floating_point():
             counts[t.dtype] = counts.get(t.dtype, 0) + t.numel()
-    if len(counts) < 2:
+    if not counts:
         return
     common = max(counts, key=counts.get)
-    for name in parameters:
-        if tensors[name].is_floating_point() and tensors[name].dtype != common:
-            tensors[name] = tensors[name].to(common)
+    for name, t in tensors.items():
+        if t.is_floating_point() and t.dtype != common:
+            tensors[name] = t.to(common)
 
 
 def _generation_defaults(folder: Path) -> dict[str, Any]:
@@ -367,7 +367,8 @@ def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu"
     path_or_id: a folder in the Hugging Face layout, the name of a shipped model
         (`shipped_models()`; None = the default, "llada-pb-tiny"), or a hub id such as
         "GSAI-ML/LLaDA-8B-Instruct" (fetched with huggingface_hub when the hub is reachable).
-    dtype: "auto" (as stored), "float32", "float16", "bfloat16" or a torch.dtype.
+    dtype: "auto" (as stored; tensors stored in another dtype than most weights take theirs),
+           "float32", "float16", "bfloat16" or a torch.dtype.
     device: where the weights go ("cpu", "cuda", "cuda:1", ...; "auto": CUDA when available).
     attention: attention backend name (`dllm.attention.available_backends()`); "auto" = the backend measured
         fastest, sdpa on CPU and CUDA; "triton" = the Triton kernel (forward-only: use "sdpa" to train).
