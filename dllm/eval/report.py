@@ -128,6 +128,11 @@ def leaderboard(summaries: list[RunSummary], levels=(80, 70, 60)) -> list[dict]:
     return out
 
 
+def coverage_note(scored: int, total: int) -> str:
+    """The note ` (k of n tasks scored)` when an average covers fewer tasks than the run's, else ""."""
+    return "" if scored == total else f" ({scored} of {total} tasks scored)"
+
+
 def format_number(v, spec=".1f") -> str:
     """`v` formatted with `spec`, or "n/a" for None."""
     return "n/a" if v is None else format(v, spec)
@@ -143,7 +148,7 @@ def format_run(s: RunSummary) -> str:
                      f"{t.tokens_per_forward:>8.2f} "
                      f"{t.nfe:>7.1f} {t.seconds:>8.2f}")
     k, total = len(s.scored), len(s.tasks)
-    label = "average" if k == total else f"average ({k} of {total} tasks scored)"
+    label = "average" + coverage_note(k, total)
     lines.append(f"{label:<40} {sum(t.n for t in s.tasks):>4} {format_number(s.average):>7} {'':>7} "
                  f"{s.tokens_per_forward:>8.2f}")
     return "\n".join(lines)

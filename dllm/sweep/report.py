@@ -23,9 +23,8 @@ def _num(v, spec=".1f") -> str:
 def _average_cell(summary: dict) -> str:
     """The average over the scored tasks, saying how many of the tasks it covers when some went
     unscored (Text Writing without a grammar checker)."""
-    scored, total = summary.get("tasks_scored", len(summary["tasks"])), len(summary["tasks"])
-    cell = _num(summary["average"])
-    return cell if scored == total else f"{cell} ({scored} of {total} tasks scored)"
+    total = len(summary["tasks"])
+    return _num(summary["average"]) + bench_report.coverage_note(summary.get("tasks_scored", total), total)
 
 
 def markdown_report(summaries: list[dict], levels: Sequence[float], plots: Sequence[str] = (),
