@@ -19,7 +19,7 @@
   the reference argmax (temperature 0) and the max-abs error of the probability.
 * the LM head with greedy scoring (`dllm.kernels.head_scoring`) at 32 rows of the LLaDA-8B
   (4096 -> 126,464) and Dream-7B (3584 -> 152,064) heads: `unfused` (the head's product, then
-  `token_scores_ref` in float32, what the decode loop runs by default) against the chunked torch
+  `token_scores_ref` in float32, the unfused path's arithmetic) against the chunked torch
   statement (`torch`) and the Triton kernel (`triton`, and `triton[s=N]` at fixed vocabulary
   splits). Reported: GB/s of head weight read, the speedup over `unfused`, the share of tokens
   equal to `unfused`'s and the max-abs difference of the probability from it.

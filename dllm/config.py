@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import samplers
 from .cache import CachePolicy, policy_class
 
 
@@ -332,6 +333,10 @@ class GenerationConfig:
             raise ValueError(f"score_dtype must be 'logits', 'float32' or 'float64', got {self.score_dtype!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if isinstance(self.sampler, str):
+            samplers.sampler_class(self.sampler)  # an unknown name raises, naming the registered ones
+        elif self.sampler is not None and not isinstance(self.sampler, samplers.Sampler):
+            raise ValueError(f"sampler must be a registered name or a Sampler instance, got {type(self.sampler).__name__}")
         for name in ("sampler_kwargs", "cache_kwargs"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"{name} must be a dict, got {type(getattr(self, name)).__name__}")

@@ -31,6 +31,9 @@ def tiny_dream():
     (dict(score_dtype="float16"), r"score_dtype must be 'logits', 'float32' or 'float64', got 'float16'"),
     (dict(seed="7"), r"seed must be an integer or None, got '7'"),
     (dict(max_forwards=0), r"max_forwards must be a positive integer, got 0"),
+    (dict(sampler="low_conf"), r"unknown sampler 'low_conf'; valid options: .*low_confidence"),
+    (dict(sampler=5), r"sampler must be a registered name or a Sampler instance, got int"),
+    (dict(cache="nope"), r"unknown cache policy 'nope'"),
 ])
 def test_generation_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):

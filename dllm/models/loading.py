@@ -73,7 +73,8 @@ def default_model_path() -> Path:
 
 
 def detect_family(d: dict[str, Any]) -> str:
-    """'llada', 'llada-moe' or 'dream' from the keys of a config.json; anything else is a clear error."""
+    """'llada2' from a config.json's architectures or model_type, else 'llada', 'llada-moe' or
+    'dream' from its keys; anything else is a clear error."""
     if not isinstance(d, dict):
         raise ValueError(f"config.json must hold a JSON object, got {type(d).__name__}")
     model_type = str(d.get("model_type", ""))
