@@ -55,31 +55,45 @@ def chosen_impl(impl: str | None, variable: str, impls: tuple[str, ...], what: s
     return impl
 
 
+def on_device(device: torch.device | None):
+    """Context making the CUDA `device` current where another one is: Triton launches on the
+    current device and its current stream, whatever device the tensors are on (a model on cuda:1
+    while cuda:0 is current). Nothing elsewhere."""
+    if device is None or device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
 class _Launch:
     """The context of one kernel launch with listeners (`launching`)."""
 
-    def __init__(self, name: str, listeners: list):
-        self.name, self.listeners = name, listeners
+    def __init__(self, name: str, listeners: list, device_context):
+        self.name, self.listeners, self.device_context = name, listeners, device_context
 
     def __enter__(self):
+        self.device_context.__enter__()
         for listener in self.listeners:
             listener.enter_launch(self.name)
 
     def __exit__(self, *exc):
         for listener in self.listeners:
             listener.exit_launch(self.name)
-        return False
+        return self.device_context.__exit__(*exc)
 
 
 _LAUNCH_LISTENERS: list = []
 
 
-def launching(name: str):
-    """Context around one Triton kernel launch, named `name`. Listeners (`add_launch_listener`;
-    `dllm.overhead` counts a launch as one operation, as a GPU launches one kernel, and leaves
-    aside the torch operations the interpreter dispatches inside it) are told when it starts
-    and ends; without listeners it costs nothing."""
-    return _Launch(name, list(_LAUNCH_LISTENERS)) if _LAUNCH_LISTENERS else contextlib.nullcontext()
+def launching(name: str, device: torch.device | None = None):
+    """Context around one Triton kernel launch, named `name`, on the tensors' `device` (made
+    current for the launch, `on_device`). Listeners (`add_launch_listener`; `dllm.overhead` counts
+    a launch as one operation, as a GPU launches one kernel, and leaves aside the torch operations
+    the interpreter dispatches inside it) are told when it starts and ends; without listeners
+    and on the current device it costs nothing."""
+    device_context = on_device(device)
+    if not _LAUNCH_LISTENERS:
+        return device_context
+    return _Launch(name, list(_LAUNCH_LISTENERS), device_context)
 
 
 def add_launch_listener(listener) -> None:
@@ -93,5 +107,5 @@ def remove_launch_listener(listener) -> None:
 
 from .scoring import TokenScores, token_scores, token_scores_ref, token_scores_triton  # noqa: E402
 
-__all__ = ["HAS_TRITON", "INTERPRET", "TokenScores", "add_launch_listener", "launching", "remove_launch_listener",
-           "require_triton", "token_scores", "token_scores_ref", "token_scores_triton", "triton_runs_on"]
+__all__ = ["HAS_TRITON", "INTERPRET", "TokenScores", "add_launch_listener", "launching", "on_device",
+           "remove_launch_listener", "require_triton", "token_scores", "token_scores_ref", "token_scores_triton", "triton_runs_on"]

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import HAS_TRITON, INTERPRET, chosen_impl, launching, require_triton
+from . import HAS_TRITON, INTERPRET, chosen_impl, launching, on_device, require_triton
 
 if HAS_TRITON:
     import triton
@@ -121,6 +121,7 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+        n_valid = tl.zeros([], dtype=tl.int32)        # valid keys in this range (one batch row per program)
         start = pid_s * keys_per_split
         end = tl.minimum(start + keys_per_split, L)
         for n0 in range(start, end, BLOCK_N):
@@ -129,6 +130,7 @@ if HAS_TRITON:
             if HAS_MASK:
                 ok = tl.load(KEY_VALID + b * stride_mb + offs_n * stride_ml, mask=mask_n, other=0)
                 mask_n = mask_n & (ok != 0)
+            n_valid += tl.sum(mask_n.to(tl.int32), 0)
             k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :] * stride_kd,
                         mask=mask_n[:, None] & mask_d[None, :], other=0.0)
             if DOT_F32:
@@ -150,9 +152,10 @@ if HAS_TRITON:
                 acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)
             m_i = m_new
 
-        has_keys = l_i > 0.0
+        # Rows without keys: zeros. Decided by the mask, not by l_i, so that NaN scores stay NaN.
+        has_keys = n_valid > 0
         l_safe = tl.where(has_keys, l_i, 1.0)
-        o = tl.where(has_keys[:, None], acc / l_safe[:, None], 0.0)        # rows without keys: zeros
+        o = tl.where(has_keys, acc / l_safe[:, None], 0.0)
         if IS_SPLIT:
             # Partial outputs (S, B * H, P, HEAD_DIM) and their log2-sum-exp (S, B * H, P), fp32.
             row = ((pid_s * B + b) * H + h) * P + p
@@ -179,7 +182,7 @@ if HAS_TRITON:
         lse_max = tl.full([BLOCK_P], float("-inf"), dtype=tl.float32)
         for s in range(n_splits):
             lse = tl.load(PartLse + (s * BH + pid_bh).to(tl.int64) * P + offs_p, mask=mask_p, other=float("-inf"))
-            lse_max = tl.maximum(lse_max, lse)
+            lse_max = tl.maximum(lse_max, lse, propagate_nan=tl.PropagateNan.ALL)
         m_use = tl.where(lse_max == float("-inf"), 0.0, lse_max)
         acc = tl.zeros([BLOCK_P, D_PAD], dtype=tl.float32)
         den = tl.zeros([BLOCK_P], dtype=tl.float32)
@@ -190,7 +193,8 @@ if HAS_TRITON:
                         other=0.0)
             acc += w[:, None] * o
             den += w
-        out = tl.where(den[:, None] > 0.0, acc / tl.where(den > 0.0, den, 1.0)[:, None], 0.0)
+        none = lse_max == float("-inf")                                  # no range held a valid key
+        out = tl.where(none[:, None], 0.0, acc / tl.where(none, 1.0, den)[:, None])
         b = (pid_bh // H).to(tl.int64)
         h = pid_bh % H
         o_ptrs = Out + b * stride_ob + h * stride_oh + offs_p[:, None] * stride_op + offs_d[None, :] * stride_od
@@ -309,7 +313,8 @@ def time_launch(fn, device: torch.device) -> float:
     of warm-up, 20 ms of repeats); elsewhere (the interpreter) the fastest of three timed calls."""
     if device.type == "cuda":
         import triton.testing
-        return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
+        with on_device(device):   # do_bench times on the current device's stream
+            return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
@@ -435,7 +440,7 @@ def bidir_attn_fwd(q, k, v, key_valid, scale, *, out=None, config: AttnConfig | 
     dot_f32 = q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and INTERPRET)
 
     def launch(stages):
-        with launching("bidir_attn"):
+        with launching("bidir_attn", q.device):
             _bidir_attn_fwd_kernel[(m_tiles, B * H_kv, splits)](
                 q, k, v, mask, out, part_o, part_lse,
                 float(scale) * math.log2(math.e), B, P, L, H, H_kv, group, n_rows, keys_per_split,
@@ -453,7 +458,7 @@ def bidir_attn_fwd(q, k, v, key_valid, scale, *, out=None, config: AttnConfig | 
         launch(1)                                                  # less shared memory, same result
     if splits > 1:
         block_p = min(64, max(16, triton.next_power_of_2(P)))
-        with launching("bidir_attn_combine"):
+        with launching("bidir_attn_combine", q.device):
             _bidir_attn_combine_kernel[(triton.cdiv(P, block_p), B * H)](
                 part_o, part_lse, out, splits, B * H, P, H, *out.stride(),
                 HEAD_DIM=D, D_PAD=d_pad, BLOCK_P=block_p, num_warps=4,

@@ -147,6 +147,9 @@ def head_scores_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     hidden, weight = hidden.contiguous(), weight.contiguous()
     N, D = hidden.shape
     V = weight.shape[0]
+    if N == 0:
+        empty = hidden.new_empty(0, dtype=torch.float32)
+        return empty.long(), empty.to(score_dtype), empty
     block_n = min(64, max(16, triton.next_power_of_2(N)))
     block_v, block_d = 64, min(64, max(16, triton.next_power_of_2(D)))
     tiles = triton.cdiv(V, block_v)
@@ -160,7 +163,7 @@ def head_scores_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     part_s = torch.empty_like(part_m)
     part_i = torch.empty(N, splits, dtype=torch.int32, device=hidden.device)
     bias_arg = bias.float().contiguous() if bias is not None else part_m
-    with launching("head_scores"):
+    with launching("head_scores", hidden.device):
         _head_scores_kernel[(triton.cdiv(N, block_n), splits)](
             hidden, weight, bias_arg, part_m, part_s, part_i, N, V, D, per_split, hidden.stride(0), weight.stride(0),
             HAS_BIAS=bias is not None, DOT_F32=hidden.dtype == torch.float32, BLOCK_N=block_n, BLOCK_V=block_v,
@@ -174,6 +177,7 @@ def merge_partials(part_m: torch.Tensor, part_s: torch.Tensor, part_i: torch.Ten
     top = part_m.max(dim=1).values                                                      # (N,)
     safe = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     s = (part_s * torch.exp(part_m - safe[:, None]).nan_to_num(0.0)).sum(1)
+    top = torch.where(s.isnan(), s, top)    # the kernel's maxima skip NaN logits; their sums do not
     first = (part_m == top[:, None]).int().argmax(dim=1)                                # earliest range
     token = part_i.gather(1, first[:, None]).squeeze(1).long()
     return token, (1.0 / s).to(score_dtype), top

@@ -73,7 +73,7 @@ if HAS_TRITON:
     def _rope_write_kernel(Q, K, V, CQ, SQ, CK, SK, KB, VB, ROWS, POS, QO,
                            n_q, n_p, H, H_KV,
                            sq_b, sq_p, sq_h, sk_b, sk_p, sk_h, sv_b, sv_p, sv_h,
-                           scq_b, scq_p, sck_b, sck_p, sb_b, sb_h, sb_l, spos_b,
+                           scq_b, scq_p, sck_b, sck_p, sb_b, sb_h, sb_l, srow, spos_b,
                            HALF: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
                            BLOCK_HKV: tl.constexpr, FP32: tl.constexpr):
         # One program: every head of column p of row b, as (heads, half head dim) tiles.
@@ -94,7 +94,7 @@ if HAS_TRITON:
             m = (h < H_KV) & in_d
             o1, o2 = _load_rotated(K + b * sk_b + p * sk_p + h * sk_h + d, CK + b * sck_b + p * sck_p + d,
                                    SK + b * sck_b + p * sck_p + d, m, in_d, HALF, FP32)
-            row = tl.load(ROWS + b).to(tl.int64)
+            row = tl.load(ROWS + b * srow).to(tl.int64)
             col = tl.load(POS + b * spos_b + p).to(tl.int64)
             dst = row * sb_b + h * sb_h + col * sb_l + d
             tl.store(KB + dst, o1, mask=m)
@@ -148,12 +148,12 @@ def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: 
     grid = (B, max(Q, P))
     if B * max(Q, P) == 0:
         return out.transpose(1, 2)
-    with launching("rope_write"):
+    with launching("rope_write", q.device):
         _rope_write_kernel[grid](
             q, k, v, cos_q, sin_q, cos_k, sin_k, kb, vb, rows, positions, out, Q, P, H, H_kv,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), cos_q.stride(0), cos_q.stride(2), cos_k.stride(0),
-            cos_k.stride(2), kb.stride(0), kb.stride(1), kb.stride(2), positions.stride(0),
+            cos_k.stride(2), kb.stride(0), kb.stride(1), kb.stride(2), rows.stride(0), positions.stride(0),
             HALF=D // 2, BLOCK=triton.next_power_of_2(D // 2), BLOCK_H=triton.next_power_of_2(H),
             BLOCK_HKV=triton.next_power_of_2(H_kv), FP32=fp32, num_warps=4, enable_fp_fusion=False)
     return out.transpose(1, 2)

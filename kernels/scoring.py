@@ -323,13 +323,13 @@ def token_scores_fwd(logits: torch.Tensor, *, temperature: float = 0.0, seed: to
     part_f = torch.empty(6, R, splits, dtype=torch.float32, device=dev)
     part_i = torch.empty(3, R, splits, dtype=torch.int32, device=dev)
     seed_arg = seed if sample else part_i
-    with launching("token_scores"):
+    with launching("token_scores", dev):
         _token_scores_fwd_kernel[(triton.cdiv(R, br), splits)](
             logits, seed_arg, part_f, part_i, R, Q, V, per_split, splits, float(temperature), *logits.stride(),
             BLOCK_R=br, BLOCK_V=bv, SAMPLE=sample, num_warps=4,
         )
     mbr = min(64, triton.next_power_of_2(R))
-    with launching("token_scores_merge"):
+    with launching("token_scores_merge", dev):
         _token_scores_merge_kernel[(triton.cdiv(R, mbr),)](
             part_f, part_i, *out, R, splits,
             BLOCK_R=mbr, SPLITS=triton.next_power_of_2(splits), SAMPLE=sample, HAS_SECOND=V > 1, num_warps=4,

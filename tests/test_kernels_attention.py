@@ -82,6 +82,22 @@ def test_rows_without_valid_keys_are_zero(num_splits):
     _check(out, q, k, v, key_valid)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_nan_scores_give_nan_as_sdpa_does(num_splits):
+    """A NaN query or a NaN in a valid key makes NaN outputs (which the decode's finiteness check
+    catches), not the zeros of a row without keys."""
+    q, k, v, key_valid = _inputs(2, 4, 2, 5, 70, 16, torch.float32, seed=4)
+    key_valid[1, :20] = False
+    q[0, 0, 1, 0] = float("nan")                        # row 0: one NaN query
+    k[1, 1, 40, 3] = float("nan")                       # row 1: a NaN in a valid key of kv head 1
+    out = torch.full_like(q, 7.0)
+    bidir_attn_fwd(q, k, v, key_valid, 16 ** -0.5, out=out, config=AttnConfig(32, 16, 4, 2), num_splits=num_splits)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=key_valid[:, None, None, :])
+    assert torch.equal(out.isnan(), want.isnan()) and out.isnan().any()
+    torch.testing.assert_close(out.nan_to_num(0.0), want.nan_to_num(0.0), rtol=1e-4, atol=1e-5)
+
+
 def test_padding_entries_are_never_read():
     """A cache's padding slots may hold garbage (NaN, inf): the output must not depend on them."""
     q, k, v, key_valid = _inputs(2, 4, 2, 7, 40, 16, torch.float32, seed=3)

@@ -67,6 +67,26 @@ def test_kernel_matches_the_reference(N, d, V, splits):
     torch.testing.assert_close(top.cpu().double(), want_top, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.triton
+@triton_only
+@pytest.mark.parametrize("splits", [1, 3])
+def test_kernel_reports_a_nan_logit_in_top_as_the_reference_does(splits):
+    hidden, weight, bias = _case(3, 16, 200, seed=1)
+    weight[123, 0] = float("nan")                      # one NaN logit in every row
+    hidden, weight, bias = hidden.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE)
+    _, _, top = head_scores_triton(hidden, weight, bias, num_splits=splits)
+    assert head_scores_ref(hidden, weight, bias)[2].isnan().all()
+    assert top.isnan().all()                           # what the decode's finiteness check reads
+
+
+@pytest.mark.triton
+@triton_only
+def test_kernel_scores_no_rows():
+    hidden, weight, bias = _case(1, 16, 200, seed=2)
+    token, prob, top = head_scores_triton(hidden[:0].to(DEVICE), weight.to(DEVICE), bias.to(DEVICE))
+    assert token.shape == prob.shape == top.shape == (0,)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tl.dot needs CUDA (the interpreter's bf16 is not faithful)")
 @pytest.mark.parametrize("N,d,V", [(32, 256, 5003), (3, 128, 777)])

@@ -39,6 +39,38 @@ def test_a_kernel_launch_counts_as_one_operation():
     assert counter.counts["loop"].ops == 2
 
 
+def test_a_launch_makes_its_tensors_cuda_device_current(monkeypatch):
+    """Triton launches on the current CUDA device: a launch on cuda:1 while cuda:0 is current
+    switches to cuda:1 for the launch, and only then."""
+    from dllm.kernels import launching
+    entered = []
+
+    class Device:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            entered.append("exit")
+            return False
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    for device in (torch.device("cuda", 0), torch.device("cpu"), None):
+        with launching("same", device):
+            pass
+    assert entered == []
+    with launching("other", torch.device("cuda", 1)):
+        assert entered == [torch.device("cuda", 1)]
+    assert entered[-1] == "exit"
+    counter = DispatchCounter()
+    with counter, launching("listened", torch.device("cuda", 1)):   # with listeners too
+        assert entered[-1] == torch.device("cuda", 1)
+    assert entered[-1] == "exit"
+
+
 def test_the_counter_knows_what_makes_the_host_wait():
     x = torch.arange(6.0)
     mask, idx = x > 2, torch.tensor([0, 2])

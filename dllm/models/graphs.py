@@ -129,7 +129,10 @@ class ForwardGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.Stream(device)):
+        capture = torch.cuda.Stream(device)
+        # The outer context restores the current stream even when the capture fails (torch.cuda.graph
+        # ends the capture before it restores the stream, and a failed capture raises there).
+        with torch.cuda.stream(capture), torch.cuda.graph(graph, pool=self._pool, stream=capture):
             output = fn(**static, **fixed)
         self.captures += 1
         return _Graph(graph, static, output)

@@ -447,11 +447,14 @@ class DiffusionTransformer(nn.Module):
         inputs = dict(tokens=tokens, positions=positions, pos=pos, key_valid=key_valid, rows=rows, at=at)
         if graphs is None:
             return self._logits(**inputs, cache=cache, layout=layout, hidden_only=hidden_only)
+        # A replay reads every tensor the capture did at its address: the cache's buffers and index.
         buffers = None if cache is None else (tuple(cache.k[0].shape), tuple(cache.k[0].stride()), cache.k[0].dtype,
-                                              tuple(t.data_ptr() for t in cache.k + cache.v))
+                                              tuple(t.data_ptr() for t in cache.k + cache.v),
+                                              cache.head_index.data_ptr())
+        autocast = torch.is_autocast_enabled(x.device.type) and torch.get_autocast_dtype(x.device.type)
         key = (x.device, L, rows_given, layout, buffers,
                tuple(None if t is None else (tuple(t.shape), t.dtype) for t in inputs.values()),
-               torch.is_autocast_enabled(x.device.type), hidden_only,
+               autocast, hidden_only,
                torch.is_inference_mode_enabled())    # inference tensors cannot be written outside inference mode
         return graphs.run(self._logits, key, inputs, cache=cache, layout=layout, hidden_only=hidden_only)
 
