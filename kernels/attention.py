@@ -121,7 +121,7 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-        n_valid = tl.zeros([], dtype=tl.int32)        # valid keys in this range (one batch row per program)
+        n_valid = tl.zeros([BLOCK_M], dtype=tl.int32)  # valid keys in this range (one batch row per program)
         start = pid_s * keys_per_split
         end = tl.minimum(start + keys_per_split, L)
         for n0 in range(start, end, BLOCK_N):
@@ -155,7 +155,7 @@ if HAS_TRITON:
         # Rows without keys: zeros. Decided by the mask, not by l_i, so that NaN scores stay NaN.
         has_keys = n_valid > 0
         l_safe = tl.where(has_keys, l_i, 1.0)
-        o = tl.where(has_keys, acc / l_safe[:, None], 0.0)
+        o = tl.where(has_keys[:, None], acc / l_safe[:, None], 0.0)
         if IS_SPLIT:
             # Partial outputs (S, B * H, P, HEAD_DIM) and their log2-sum-exp (S, B * H, P), fp32.
             row = ((pid_s * B + b) * H + h) * P + p
