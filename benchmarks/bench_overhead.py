@@ -154,9 +154,18 @@ def profile_decode(model, prompts: list[list[int]], config: GenerationConfig, pa
     out = {"profiled_steps": steps, "profiled_wall_us": round(wall / steps * 1e6, 1),
            "profiled_forwards_us": round(inside / steps * 1e6, 1)}
     if clock.cuda:
-        busy = sum(e.self_device_time_total for e in events) / steps    # microseconds
-        out["device_busy_us"] = round(busy, 1)
+        out["device_busy_us"] = round(device_busy_us(events) / steps, 1)
     return out
+
+
+def device_busy_us(events) -> float:
+    """Microseconds the device spent in kernels: the sum over the kernels' own rows, as the
+    profiler's table totals it (an operator's self device time counts the kernels it launched,
+    which have rows of their own)."""
+    from torch.autograd import DeviceType
+
+    return sum(e.self_device_time_total for e in events
+               if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
 
 
 def row(preset: str, batch: int, sampler: str, cache: str, args, model) -> dict:
@@ -252,24 +261,21 @@ def main(argv=None) -> int:
     batches, grid = _ints(args.batch, "--batch"), _grid(args.grid)
     rope = rope_write_impl(None, device, dtype)
     print(f"rotary + K/V write of cached forwards: {rope} (DLLM_ROPE_WRITE)")
-    rows = []
+    common = {"torch": torch.__version__, "rope_write": rope, "device": str(device), "dtype": args.dtype,
+              "versions": provenance.versions(), "hardware": provenance.hardware()}
+    common["git_commit"], common["git_dirty"] = provenance.source_commit()
     try:
         for preset, model in _models(args, device, dtype):
             for batch in batches:
                 for sampler, cache in grid:
                     r = row(preset, batch, sampler, cache, args, model)
                     _print(r, args.sites)
-                    rows.append(r)
+                    if args.out:   # each row as it is made: a run stopped later keeps it
+                        with open(args.out, "a", encoding="utf-8") as fh:
+                            fh.write(json.dumps({**r, **common, "timestamp": provenance.timestamp()}) + "\n")
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.out:
-        common = {"torch": torch.__version__, "rope_write": rope, "device": str(device), "dtype": args.dtype,
-                  "versions": provenance.versions(),
-                  "hardware": provenance.hardware(), "timestamp": provenance.timestamp()}
-        with open(args.out, "a", encoding="utf-8") as fh:
-            for r in rows:
-                fh.write(json.dumps({**r, **common}) + "\n")
     return 0
 
 

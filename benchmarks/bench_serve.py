@@ -270,6 +270,12 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     from dllm.serve import build_app, serve
 
+    if levels:   # the server's stack and the client, checked before the model loads
+        try:
+            import fastapi, openai, uvicorn  # noqa: F401,E401
+        except ImportError as err:
+            print(f"error: {err.name} is not installed (pip install 'dllm[serve]' openai)", file=sys.stderr)
+            return 2
     model, tok = dllm.load(args.model, dtype=args.dtype, device=args.device)
     name = args.model or model.name_or_path
     defaults = dllm.GenerationConfig(gen_length=args.gen_length, block_length=args.block_length, sampler=args.sampler,

@@ -16,7 +16,9 @@ import torch.nn.functional as F
 
 import dllm
 from dllm.likelihood import greedy_matches, mc_loglikelihood
-from dllm.lmeval import cut_at_stops
+
+pytest.importorskip("lm_eval", reason="lm_eval is not installed (pip install 'dllm[lmeval]')")
+from dllm.lmeval import cut_at_stops  # noqa: E402
 
 GEN_DOCS = [{"question": "Copy the list: Ann Lee, Bo Chan", "answer": "Ann Lee, Bo Chan"},
             {"question": "Reverse: 1, 2, 3", "answer": "3, 2, 1"},

@@ -238,3 +238,23 @@ def test_bench_overhead_times_the_loop_outside_the_forwards(tmp_path, capsys):
     assert json.loads(shipped.read_text())["preset"] == "llada-pb-tiny"
     assert bench_overhead.main(["--checkpoint", str(tmp_path / "missing")]) == 2
     assert "no checkpoint folder" in capsys.readouterr().err
+
+
+def test_device_busy_time_counts_each_kernel_once():
+    """An operator's self device time includes the kernels it launched, which the profiler also
+    lists as rows of their own: the busy time sums the kernels' rows only."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import bench_overhead
+    finally:
+        sys.path.pop(0)
+    events = [SimpleNamespace(device_type=DeviceType.CPU, self_device_time_total=10.0),    # aten::mm
+              SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=10.0),   # its kernel
+              SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=4.0),    # a replayed one
+              SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=99.0, is_user_annotation=True)]
+    assert bench_overhead.device_busy_us(events) == 14.0

@@ -2,9 +2,12 @@
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
 # (default runs/gpu-checks). Run from the repository root; needs no network. Ten parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
-# for the rest, and finished rows are kept):
+# for the rest; rows are written as they are made, so a stopped step keeps its finished rows;
+# each step's exit status is printed and kept in machine.txt, 124 for a step stopped at its limit).
+# Python packages the machine lacks travel as wheels in .whl/ (carry it): `serve` needs the
+# server's stack and the OpenAI client, which benchmarks/gpu/fetch_wheels.sh downloads.
 #   bash benchmarks/gpu/speed_checks.sh generate   # GPU tests; bench_generate at the LLaDA-8B shape,
-#                                                   # bf16: every cache policy against none at batch
+#                                                   # bf16: dual and prefix against none at batch
 #                                                   # 1 and 8, with and without CUDA graphs, and
 #                                                   # compiled with graphs at batch 1
 #   bash benchmarks/gpu/speed_checks.sh peers      # bench_peers against Fast-dLLM's own loops; needs a
@@ -20,8 +23,9 @@
 #   bash benchmarks/gpu/speed_checks.sh short      # one call for a short lease: the kernel and graph
 #                                                   # tests, the fused head scoring, single forwards
 #                                                   # (full vs cached step) and bench_peers at the
-#                                                   # LLaDA-8B shape, dllm eager and graphed; needs
-#                                                   # $FASTDLLM and $PEER_PYTHON as `peers`
+#                                                   # LLaDA-8B shape, dllm eager and graphed (with
+#                                                   # $FASTDLLM and $PEER_PYTHON as `peers`; else
+#                                                   # that step is left out)
 #   bash benchmarks/gpu/speed_checks.sh serve      # bench_serve with the shipped model on the GPU,
 #                                                   # float32, concurrency 1, 8, 32, without a cache
 #                                                   # and with dual (the serving issue's GPU rows)
@@ -43,126 +47,151 @@
 #                                                   # wall time, the forwards' time and the device's busy
 #                                                   # time, with each decode's operator table
 set -u
+export PYTHONUNBUFFERED=1
 PART=${1:-generate}
 OUT=${OUT:-runs/gpu-checks}
 mkdir -p "$OUT"
-# The machine, the versions and the install's messages go to one file: a device call returns at most 8.
+# The machine, the versions, the install's messages and each step's status go to one file: a
+# device call returns at most 8.
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    if ls .whl/*.whl >/dev/null 2>&1; then
+        timeout 120 python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --disable-pip-version-check --target /tmp/site .whl/*.whl && echo "carried wheels: $(ls .whl | tr '\n' ' ')"
+    fi
     python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-    python -m pip install -q --no-deps --no-build-isolation -e .
+    timeout 120 python -m pip install -q --no-deps --no-build-isolation --no-index --disable-pip-version-check -e .
 } >"$OUT/machine.txt" 2>&1
+if [ -d /tmp/site ]; then export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}; fi
+
+# step NAME SECONDS LOG COMMAND...: run COMMAND with a time limit (SIGINT first, so Python ends
+# cleanly), its output in $OUT/LOG, and report its exit status.
+step() {
+    local name=$1 seconds=$2 log=$3
+    shift 3
+    timeout -s INT -k 15 "$seconds" "$@" >"$OUT/$log" 2>&1
+    local rc=$?
+    echo "step $name rc=$rc" | tee -a "$OUT/machine.txt"
+}
+
+have_peer() {
+    [ -n "${FASTDLLM:-}" ] && [ -n "${PEER_PYTHON:-}" ]
+}
 
 need_peer() {
-    if [ -z "${FASTDLLM:-}" ] || [ -z "${PEER_PYTHON:-}" ]; then
+    if ! have_peer; then
         echo "set FASTDLLM (a Fast-dLLM checkout) and PEER_PYTHON (the peer interpreter)" >&2
         exit 2
     fi
 }
 
+GPU_TESTS="tests/test_graphs.py tests/test_kernels_head_scoring.py"   # the files holding `gpu` tests
+
 case "$PART" in
 short)
-    need_peer
-    timeout 75 python -m pytest -q -m "gpu or not slow" tests/test_graphs.py tests/test_kernels_head_scoring.py \
-        >"$OUT/pytest-gpu.log" 2>&1
-    timeout 60 python benchmarks/bench_kernels.py --only head_scoring --positions 32,256 \
-        --out "$OUT/head-scoring.jsonl" >"$OUT/head-scoring.log" 2>&1
-    timeout 80 python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 \
-        >"$OUT/forward.log" 2>&1
-    timeout 320 python benchmarks/bench_peers.py --fastdllm "$FASTDLLM" --peer-python "$PEER_PYTHON" \
-        --preset llada-8b --dtype bfloat16 --device cuda --configs dual,threshold --variants eager,graphs \
-        --warmup-runs 1 --repeats 1 --workdir /tmp/bp --out "$OUT/peers.jsonl" >"$OUT/peers.log" 2>&1
+    step tests 75 pytest-gpu.log python -m pytest -q -m "gpu or not slow" $GPU_TESTS
+    step head-scoring 60 head-scoring.log python benchmarks/bench_kernels.py --only head_scoring --positions 32,256 \
+        --out "$OUT/head-scoring.jsonl"
+    step forward 80 forward.log python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10
+    if have_peer; then
+        step peers 320 peers.log python benchmarks/bench_peers.py --fastdllm "$FASTDLLM" --peer-python "$PEER_PYTHON" \
+            --preset llada-8b --dtype bfloat16 --device cuda --configs dual,threshold --variants eager,graphs \
+            --warmup-runs 1 --repeats 1 --workdir /tmp/bp --out "$OUT/peers.jsonl"
+    else
+        echo "step peers skipped: FASTDLLM and PEER_PYTHON are not set" | tee -a "$OUT/machine.txt"
+    fi
     ;;
 step)
     # where a cached step's time goes, the fused head after its fixes, and compiled single forwards
-    timeout 60 python -m pytest -q -m "gpu or not slow" tests/test_kernels_head_scoring.py >"$OUT/pytest-gpu.log" 2>&1
-    timeout 40 python benchmarks/bench_kernels.py --only head_scoring --positions 32,256 \
-        --out "$OUT/head-scoring.jsonl" >"$OUT/head-scoring.log" 2>&1
-    timeout 80 python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 --count --profile \
-        >"$OUT/forward.log" 2>&1
-    timeout 170 python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 --compile \
-        >"$OUT/forward-compile.log" 2>&1
+    step tests 60 pytest-gpu.log python -m pytest -q -m "gpu or not slow" tests/test_kernels_head_scoring.py
+    step head-scoring 40 head-scoring.log python benchmarks/bench_kernels.py --only head_scoring --positions 32,256 \
+        --out "$OUT/head-scoring.jsonl"
+    step forward 80 forward.log python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 \
+        --count --profile
+    step forward-compile 170 forward-compile.log python benchmarks/bench_forward.py --presets llada-8b --device cuda \
+        --calls 10 --compile
     # the whole decode against the sum of its forwards (CUDA events), graphed, and the loop's counts
-    timeout 150 python benchmarks/bench_overhead.py --presets llada-8b --device cuda --dtype bfloat16 \
-        --prompt-length 256 --gen-length 256 --block-length 32 --grid threshold+dual,threshold+none --time 2 \
-        --cuda-graphs --out "$OUT/overhead-8b.jsonl" >"$OUT/overhead-8b.log" 2>&1
+    step overhead 150 overhead-8b.log python benchmarks/bench_overhead.py --presets llada-8b --device cuda \
+        --dtype bfloat16 --prompt-length 256 --gen-length 256 --block-length 32 \
+        --grid threshold+dual,threshold+none --time 2 --cuda-graphs --out "$OUT/overhead-8b.jsonl"
     ;;
 moe)
     # LLaDA-MoE-7B-A1B and LLaDA2.0-mini shapes, bf16: single forwards with the MoE share (eager,
     # graphed, compiled), then the cache policies (exact on LLaDA2's block-causal attention)
-    timeout 60 python -m pytest -q -m "gpu or not slow" tests/test_llada_moe.py tests/test_llada2.py \
-        >"$OUT/pytest-moe.log" 2>&1
-    timeout 150 python benchmarks/bench_forward.py --presets llada-moe-7b,llada2-mini --device cuda --calls 10 --count \
-        >"$OUT/forward-moe.log" 2>&1
-    timeout 120 python benchmarks/bench_forward.py --presets llada-moe-7b,llada2-mini --device cuda --calls 10 \
-        --compile >"$OUT/forward-moe-compile.log" 2>&1
-    timeout 200 python benchmarks/bench_generate.py --caches --presets llada-moe-7b,llada2-mini --policies none,dual \
-        --no-headline --cuda-graphs --out "$OUT/caches-moe.jsonl" >"$OUT/caches-moe.log" 2>&1
+    step forward-moe 150 forward-moe.log python benchmarks/bench_forward.py --presets llada-moe-7b,llada2-mini \
+        --device cuda --calls 10 --count
+    step forward-moe-compile 120 forward-moe-compile.log python benchmarks/bench_forward.py \
+        --presets llada-moe-7b,llada2-mini --device cuda --calls 10 --compile
+    step caches-moe 200 caches-moe.log python benchmarks/bench_generate.py --caches --presets llada-moe-7b,llada2-mini \
+        --policies none,dual --repeats 1 --no-headline --cuda-graphs --out "$OUT/caches-moe.jsonl"
     ;;
 generate)
-    timeout 90 python -m pytest -q -m gpu tests >"$OUT/pytest-gpu.log" 2>&1
+    step tests 90 pytest-gpu.log python -m pytest -q -m gpu $GPU_TESTS
     for graphs in "" "--cuda-graphs"; do
-        timeout 150 python benchmarks/bench_generate.py --presets llada-8b --device cuda --dtype bfloat16 \
-            --batch 1,8 --caches --policies none,dual,prefix --repeats 1 $graphs \
-            --out "$OUT/generate${graphs:+-graphs}.jsonl" >"$OUT/generate${graphs:+-graphs}.log" 2>&1
+        step "generate${graphs:+-graphs}" 150 "generate${graphs:+-graphs}.log" python benchmarks/bench_generate.py \
+            --presets llada-8b --device cuda --dtype bfloat16 --batch 1,8 --caches --policies none,dual,prefix \
+            --repeats 1 --no-headline $graphs --out "$OUT/generate${graphs:+-graphs}.jsonl"
     done
-    timeout 150 python benchmarks/bench_generate.py --presets llada-8b --device cuda --dtype bfloat16 --batch 1 \
-        --caches --policies none,dual --repeats 1 --cuda-graphs --compile \
-        --out "$OUT/generate-graphs-compile.jsonl" >"$OUT/generate-graphs-compile.log" 2>&1
+    step generate-graphs-compile 150 generate-graphs-compile.log python benchmarks/bench_generate.py \
+        --presets llada-8b --device cuda --dtype bfloat16 --batch 1 --caches --policies none,dual --repeats 1 \
+        --no-headline --cuda-graphs --compile --out "$OUT/generate-graphs-compile.jsonl"
     ;;
 peers)
     need_peer
     # with LLADA set (an ML-GSAI/LLaDA checkout), LLaDA's own generate.py as well
-    timeout 500 python benchmarks/bench_peers.py --fastdllm "$FASTDLLM" --peer-python "$PEER_PYTHON" \
+    step peers 500 peers.log python benchmarks/bench_peers.py --fastdllm "$FASTDLLM" --peer-python "$PEER_PYTHON" \
         ${LLADA:+--llada "$LLADA"} --preset llada-8b --dtype bfloat16 --device cuda \
-        --configs dual,threshold${LLADA:+,llada} --warmup-runs 1 \
-        --repeats 1 --workdir /tmp/bp --out "$OUT/peers.jsonl" >"$OUT/peers.log" 2>&1
+        --configs dual,threshold${LLADA:+,llada} --warmup-runs 1 --repeats 1 --workdir /tmp/bp --out "$OUT/peers.jsonl"
     ;;
 rope)
-    timeout 90 python -m pytest -q -m "gpu or not slow" tests/test_kernels_rope_write.py >"$OUT/pytest-rope.log" 2>&1
+    step tests 90 pytest-rope.log python -m pytest -q -m "gpu or not slow" tests/test_kernels_rope_write.py
     for impl in torch triton; do
-        DLLM_ROPE_WRITE=$impl timeout 100 python benchmarks/bench_forward.py --presets llada-8b --device cuda \
-            --calls 10 --count >"$OUT/forward-rope-$impl.log" 2>&1
+        step "forward-rope-$impl" 100 "forward-rope-$impl.log" env DLLM_ROPE_WRITE=$impl \
+            python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 --count
     done
     for impl in torch triton; do   # whole decodes with CUDA graphs: dual against none
-        DLLM_ROPE_WRITE=$impl timeout 140 python benchmarks/bench_generate.py --presets llada-8b --device cuda \
-            --dtype bfloat16 --batch 1 --caches --policies none,dual --repeats 1 --no-headline --cuda-graphs \
-            --out "$OUT/generate-rope-$impl.jsonl" >"$OUT/generate-rope-$impl.log" 2>&1
+        step "generate-rope-$impl" 140 "generate-rope-$impl.log" env DLLM_ROPE_WRITE=$impl \
+            python benchmarks/bench_generate.py --presets llada-8b --device cuda --dtype bfloat16 --batch 1 --caches \
+            --policies none,dual --repeats 1 --no-headline --cuda-graphs --out "$OUT/generate-rope-$impl.jsonl"
     done
     ;;
 attention)
-    timeout 120 python -m pytest -q -m "gpu or not slow" tests/test_kernels_attention.py >"$OUT/pytest-attention.log" 2>&1
-    timeout 150 python benchmarks/bench_kernels.py --only attention --configs --out "$OUT/attention.jsonl" \
-        >"$OUT/attention.log" 2>&1
+    step tests 120 pytest-attention.log python -m pytest -q -m "gpu or not slow" tests/test_kernels_attention.py
+    step attention 150 attention.log python benchmarks/bench_kernels.py --only attention --configs \
+        --out "$OUT/attention.jsonl"
     for backend in sdpa triton; do   # whole decodes with CUDA graphs; the Triton one with tuned launches
-        DLLM_ATTENTION_LAUNCH=tuned timeout 140 python benchmarks/bench_generate.py --presets llada-8b \
-            --device cuda --dtype bfloat16 --batch 1 --caches --policies none,dual --repeats 1 --no-headline \
-            --cuda-graphs --attention $backend --out "$OUT/generate-attention-$backend.jsonl" \
-            >"$OUT/generate-attention-$backend.log" 2>&1
+        step "generate-attention-$backend" 140 "generate-attention-$backend.log" env DLLM_ATTENTION_LAUNCH=tuned \
+            python benchmarks/bench_generate.py --presets llada-8b --device cuda --dtype bfloat16 --batch 1 --caches \
+            --policies none,dual --repeats 1 --no-headline --cuda-graphs --attention $backend \
+            --out "$OUT/generate-attention-$backend.jsonl"
     done
     ;;
 loop)
-    timeout 100 python -m pytest -q -m "gpu or not slow" tests/test_kernels_attention.py >"$OUT/pytest-attention.log" 2>&1
-    timeout 160 python benchmarks/bench_overhead.py --presets llada-8b --device cuda --dtype bfloat16 \
-        --prompt-length 256 --gen-length 256 --block-length 32 --grid threshold+dual,threshold+none --time 2 \
-        --cuda-graphs --out "$OUT/overhead-8b.jsonl" >"$OUT/overhead-8b.log" 2>&1
-    timeout 120 python benchmarks/bench_kernels.py --only attention --out "$OUT/attention.jsonl" \
-        >"$OUT/attention.log" 2>&1
+    step tests 100 pytest-attention.log python -m pytest -q -m "gpu or not slow" tests/test_kernels_attention.py
+    step overhead 160 overhead-8b.log python benchmarks/bench_overhead.py --presets llada-8b --device cuda \
+        --dtype bfloat16 --prompt-length 256 --gen-length 256 --block-length 32 \
+        --grid threshold+dual,threshold+none --time 2 --cuda-graphs --out "$OUT/overhead-8b.jsonl"
+    step attention 120 attention.log python benchmarks/bench_kernels.py --only attention --out "$OUT/attention.jsonl"
     for impl in torch triton; do
-        DLLM_ROPE_WRITE=$impl timeout 70 python benchmarks/bench_forward.py --presets llada-8b --device cuda \
-            --calls 10 --count >"$OUT/forward-rope-$impl.log" 2>&1
+        step "forward-rope-$impl" 70 "forward-rope-$impl.log" env DLLM_ROPE_WRITE=$impl \
+            python benchmarks/bench_forward.py --presets llada-8b --device cuda --calls 10 --count
     done
     ;;
 gaps)
-    timeout 300 python benchmarks/bench_overhead.py --presets llada-8b --device cuda --dtype bfloat16 \
+    step gaps 300 gaps-8b.log python benchmarks/bench_overhead.py --presets llada-8b --device cuda --dtype bfloat16 \
         --prompt-length 256 --gen-length 256 --block-length 32 --grid threshold+dual,threshold+none --time 1 \
-        --cuda-graphs --profile "$OUT/profile" --out "$OUT/gaps-8b.jsonl" >"$OUT/gaps-8b.log" 2>&1
+        --cuda-graphs --profile "$OUT/profile" --out "$OUT/gaps-8b.jsonl"
     ;;
 serve)
-    timeout 270 python benchmarks/bench_serve.py --device cuda --requests 256 --concurrency 1,8,32 --gen-length 64 \
-        --out "$OUT/serve-none.jsonl" >"$OUT/serve-none.log" 2>&1
-    timeout 270 python benchmarks/bench_serve.py --device cuda --requests 256 --concurrency 1,8,32 --gen-length 64 \
-        --cache dual --block-length 32 --out "$OUT/serve-dual.jsonl" >"$OUT/serve-dual.log" 2>&1
+    if ! python -c "import fastapi, uvicorn, openai" 2>>"$OUT/machine.txt"; then
+        echo "serve needs fastapi, uvicorn and openai: run benchmarks/gpu/fetch_wheels.sh here and carry .whl" \
+            | tee -a "$OUT/machine.txt"
+        exit 3
+    fi
+    step serve-none 270 serve-none.log python benchmarks/bench_serve.py --device cuda --requests 256 \
+        --concurrency 1,8,32 --gen-length 64 --out "$OUT/serve-none.jsonl"
+    step serve-dual 270 serve-dual.log python benchmarks/bench_serve.py --device cuda --requests 256 \
+        --concurrency 1,8,32 --gen-length 64 --cache dual --block-length 32 --out "$OUT/serve-dual.jsonl"
     ;;
 *)
     echo "unknown part $PART: give moe, step, short, generate, peers, serve, rope, attention, loop or gaps" >&2
