@@ -146,6 +146,51 @@ def test_duplicate_configurations_are_run_once():
     assert len(g.points) == 1 and g.points[0].label == "threshold"
 
 
+def test_configurations_that_decode_alike_are_one(tmp_path):
+    """Arguments equal as numbers or equal to their defaults, one folder spelled two ways, and block
+    lengths for a sampler without blocks make one configuration each."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    g = sweep.parse_grid({
+        "models": [str(folder), str(folder) + "/", str(tmp_path / "." / "ckpt")],
+        "samplers": [{"name": "threshold", "args": {"tau": [1, 1.0]}}, "entropy"],
+        "caches": ["dual", {"name": "dual", "args": {"twins": False}}],
+        "block_lengths": [16, None]})
+    assert [p.label for p in g.points] == ["threshold(tau=1) +dual blk=16", "threshold(tau=1) +dual",
+                                           "entropy +dual"]
+    assert {p.model for p in g.points} == {str(folder)}
+
+
+def test_labels_name_models_by_the_path_parts_that_tell_them_apart(tmp_path):
+    g = sweep.parse_grid({"models": [None, "/runs/a/final", "/runs/b/final", "llada-pb-tiny"],
+                          "samplers": ["threshold"]})
+    assert [p.label for p in g.points] == ["default: threshold", "a/final: threshold", "b/final: threshold",
+                                           "llada-pb-tiny: threshold"]
+    assert sweep.model_names(["/x/final"]) == {"/x/final": "final"}
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"name": "threshold", "tokens_per_step": [1, 4]}, r"sampler 'threshold' sets its own schedule and ignores steps"),
+    ({"name": "eb", "steps": 8}, r"sampler 'eb' sets its own schedule"),
+    ({"name": "prophet", "args": {"base": "threshold"}, "steps": 8}, r"sampler 'prophet' sets its own schedule"),
+    ({"name": "entropy", "block_lengths": [8]}, r"sampler 'entropy' decodes the whole generation at once and "
+                                                r"ignores block_lengths"),
+])
+def test_schedule_keys_a_sampler_ignores_are_refused(entry, message):
+    with pytest.raises(ValueError, match=message):
+        sweep.parse_grid({"samplers": [entry]})
+    assert len(sweep.parse_grid({"samplers": [{"name": "prophet", "steps": [8, 16]}]}).points) == 2
+
+
+def test_a_command_line_samplers_own_lengths_stay_beside_the_length_axes():
+    from dllm.cli import build_parser
+
+    args = build_parser().parse_args(["sweep", "--out-dir", "x", "--sampler", "dus block_lengths=8",
+                                      "--sampler", "low_confidence gen_lengths=32", "--block-length", "16",
+                                      "--gen-length", "64"])
+    assert [p.label for p in sweep.grid_from_args(args).points] == ["dus blk=8 gen=64", "low_confidence blk=16 gen=32"]
+
+
 BAD_GRIDS = [
     ({"samplers": ["threshold"], "smaplers": []}, r"unknown key\(s\) 'smaplers'; allowed: .*samplers"),
     ({"samplers": ["thresh"]}, r"samplers\[0\]: unknown sampler 'thresh'; valid options: .*threshold"),
@@ -269,11 +314,14 @@ def test_dry_run_marks_configurations_that_decode_the_same_run(capsys):
     from dllm.cli import main as cli_main
 
     code = cli_main(["sweep", "--out-dir", "unused", "--tasks", "waiting_line/copy", "--limit", "1",
-                     "--sampler", "threshold", "--sampler", "threshold tau=0.9,0.7", "--dry-run"])
+                     "--model", "default", "--model", "llada-pb-tiny", "--sampler", "threshold tau=0.9,0.7",
+                     "--dry-run"])
     out = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert out == ["threshold", "threshold(tau=0.9)  (the same run as threshold)", "threshold(tau=0.7)",
-                   "3 configuration(s), 2 distinct run(s)"]
+    assert out == ["default: threshold(tau=0.9)", "default: threshold(tau=0.7)",
+                   "llada-pb-tiny: threshold(tau=0.9)  (the same run as default: threshold(tau=0.9))",
+                   "llada-pb-tiny: threshold(tau=0.7)  (the same run as default: threshold(tau=0.7))",
+                   "4 configuration(s), 2 distinct run(s)"]
     # Without the data the configurations are still listed.
     code = cli_main(["sweep", "--out-dir", "unused", "--data-dir", "no/such/data", "--sampler", "threshold",
                      "--dry-run"])
@@ -329,22 +377,26 @@ def _check_png(path):
 
 
 def test_small_grid_rows_summaries_plots_report_and_skipped_failures(model_dir, tmp_path, capsys):
-    grid = sweep.parse_grid({
+    spec = {
         "tasks": "waiting_line/copy,waiting_line/reverse", "limit": 2, "batch_size": 2, "dtype": "float32",
         "gen_lengths": [8], "models": [str(model_dir)], "levels": [80, 0],
         "samplers": [{"name": "low_confidence", "tokens_per_step": [2, 4, 3]},
                      {"name": "threshold", "args": {"tau": 0.9}},
                      {"name": "learn2pd", "block_lengths": [8]}],
         "caches": ["none"],
-        "grids": [{}, {"samplers": [{"name": "threshold", "args": {"tau": 0.9}}], "caches": ["dual"]}]})
+        "grids": [{}, {"samplers": [{"name": "threshold", "args": {"tau": 0.9}}], "caches": ["dual"]}]}
+    with pytest.raises(ValueError, match=r"configuration low_confidence k=3 gen=8: tokens_per_step 3 does not divide "
+                                         r"gen_length 8"):
+        sweep.parse_grid(spec)                               # a given length is checked before any load
+    spec["samplers"][0]["tokens_per_step"] = [2, 4]
+    grid = sweep.parse_grid(spec)
     labels = [p.label for p in grid.points]
-    assert labels == ["low_confidence k=2 gen=8", "low_confidence k=4 gen=8", "low_confidence k=3 gen=8",
+    assert labels == ["low_confidence k=2 gen=8", "low_confidence k=4 gen=8",
                       "threshold(tau=0.9) gen=8", "learn2pd blk=8 gen=8", "threshold(tau=0.9) +dual gen=8"]
     out = tmp_path / "sweep"
     result = sweep.run_sweep(grid, out)
     err = capsys.readouterr().err
-    assert "sweep:" in err and "/24" in err              # one bar over 6 configurations x 4 samples
-    assert "skipped low_confidence k=3 gen=8: tokens_per_step 3 does not divide gen_length 8" in err
+    assert "sweep:" in err and "/20" in err              # one bar over 5 configurations x 4 samples
     assert "skipped learn2pd blk=8 gen=8: sampler 'learn2pd' needs a trained filter" in err
 
     rows = _lines(out / sweep.ROWS_FILE)
@@ -392,7 +444,7 @@ def test_small_grid_rows_summaries_plots_report_and_skipped_failures(model_dir, 
     assert len(table) == 1 and "| 4.00 |" in table[0] and table[0].split("|")[1].strip().endswith("*")
     assert "| PB@80 | PB@0 |" in report and "## Best configuration per accuracy level" in report
     assert "- average >= 0: **low_confidence k=4 gen=8**: 4.00 tokens/forward" in report
-    assert "## Failed configurations" in report and "- low_confidence k=3 gen=8: tokens_per_step 3" in report
+    assert "## Failed configurations" in report and "- learn2pd blk=8 gen=8: sampler 'learn2pd' needs" in report
     # An average over fewer tasks than the run's says so (a Text Writing task without a grammar checker).
     partly = {**by_label["low_confidence k=4 gen=8"], "tasks_scored": 1}
     row = [line for line in sweep.markdown_report([partly], [80]).splitlines() if line.startswith("| low_conf")]

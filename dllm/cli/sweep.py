@@ -35,7 +35,8 @@ def add_arguments(p) -> None:
     axes.add_argument("--block-length", default=None,
                       help="block length axis, comma-separated ('default' = one block)")
     axes.add_argument("--gen-length", default=None,
-                      help="generation length axis, comma-separated ('default' = the task's max_tokens)")
+                      help="generation length axis, comma-separated ('default' = the checkpoint's length when "
+                           "it names one, else the task's max_tokens)")
     add_benchmark_options(p)
     add_runtime_options(p)
     add_sampling_options(p)

@@ -8,7 +8,8 @@ summary per configuration, Pareto plots, PB@X and a Markdown report.
     torchrun --nproc_per_node 2 -m dllm.cli sweep --grid grid.yaml --out-dir runs/sweep
 
 A *configuration* is one model, one sampler with its arguments, one cache policy with its
-arguments, a block length, a generation length (None: each task's `max_tokens`) and a step count
+arguments, a block length, a generation length (None: the checkpoint's generation length when it
+names one, else each task's `max_tokens`) and a step count
 or tokens per step; the grid is the cartesian product of the axes, and each sampler's argument
 lists multiply out. Every configuration is run over the same tasks and samples (generated test
 split by default, the official files with `data_dir`), through `dllm.eval.runner.run_bench`, so its
@@ -20,7 +21,7 @@ Grid file (YAML or TOML; the command line builds the same structure)::
     limit: 8                     # samples per task
     models: [null]               # null (TOML: "default") = the shipped default model
     block_lengths: [null]        # null = one block over the generation
-    gen_lengths: [null]          # null = each task's max_tokens
+    gen_lengths: [null]          # null = the checkpoint's length, else each task's max_tokens
     caches: [none, {name: dkv-decode, args: {refresh: [4, 8]}}]
     samplers:
       - {name: low_confidence, tokens_per_step: [1, 2, 4, 8]}
@@ -52,7 +53,7 @@ splits each configuration's batches over the processes; only the main process wr
 from __future__ import annotations
 
 from .grid import (AXES, CACHE_KEYS, SAMPLER_KEYS, Grid, SweepPoint, SweepSettings, grid_from_args, load_grid_file,
-                   parse_grid, parse_spec, point_label)
+                   model_names, parse_grid, parse_spec, point_label)
 from .pareto import best_per_level, pareto_front
 from .plots import PLOT_TASKS, PLOT_TPF, PLOT_TPS, write_plots
 from .report import REPORT_FILE, markdown_report, write_report
@@ -64,7 +65,7 @@ __all__ = [
     "AXES", "CACHE_KEYS", "CONFIG_ERRORS", "PLOT_TASKS", "PLOT_TPF", "PLOT_TPS", "REPORT_FILE", "ROWS_FILE",
     "SAMPLER_KEYS", "SUMMARIES_FILE", "SUMMARY_VERSION", "Grid", "SweepPoint", "SweepResult", "SweepSettings",
     "best_per_level", "error_text", "expected_run_id", "failed_summary", "grid_from_args",
-    "load_grid_file", "markdown_report", "pareto_front", "parse_grid", "parse_spec", "point_label",
+    "load_grid_file", "markdown_report", "model_names", "pareto_front", "parse_grid", "parse_spec", "point_label",
     "read_summaries", "run_sweep", "same_run_as", "summarize_point", "summary_id", "task_names", "write_plots", "write_report",
     "write_summary",
 ]

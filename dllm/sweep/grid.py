@@ -92,7 +92,8 @@ class SweepSettings:
 class SweepPoint:
     """One configuration of the grid (one bench run): a model and a decoding request whose
     sampler, cache, lengths and schedule come from the grid (its temperature, seed and forward
-    cap from the sweep's settings; gen_length None: each task's max_tokens)."""
+    cap from the sweep's settings; gen_length None: the checkpoint's generation length when it names
+    one, else each task's max_tokens)."""
 
     model: str | None
     generation: GenerationConfig
@@ -199,12 +200,6 @@ def _sampler_entries(entries, where: str) -> list[dict]:
     for at, e in _named_entries(entries, where, SAMPLER_KEYS, "sampler names", samplers.available(),
                                 samplers.sampler_class):
         name = e["name"]
-        combos = _arg_combos(e.get("args"), at)
-        for c in combos:
-            try:
-                samplers.get(name, **c)
-            except (ValueError, FileNotFoundError) as err:
-                raise ValueError(f"{at} with {_fmt_args(c) or 'defaults'}: {err}") from None
         if "tokens_per_step" in e and "steps" in e:
             raise ValueError(f"{at}: give tokens_per_step or steps, not both")
         kind = "tokens_per_step" if "tokens_per_step" in e else "steps"
@@ -218,8 +213,37 @@ def _sampler_entries(entries, where: str) -> list[dict]:
                 if not _alternatives(e[k]):
                     raise ValueError(f"{at}.{k}: an empty list is not allowed")
                 own[k] = [_length(v, f"{at}.{k}") for v in _alternatives(e[k])]
+        combos = []
+        for c in _arg_combos(e.get("args"), at):
+            try:
+                sampler = samplers.get(name, **c)
+            except (ValueError, FileNotFoundError) as err:
+                raise ValueError(f"{at} with {_fmt_args(c) or 'defaults'}: {err}") from None
+            _check_schedule_keys(sampler, e, f"{at} with {_fmt_args(c) or 'defaults'}")
+            combos.append(SamplerCombo(c, sampler.arguments(), sampler.uses_blocks))
         out.append({"name": name, "combos": combos, "schedule": schedule, **own})
     return out
+
+
+@dataclass(frozen=True)
+class SamplerCombo:
+    """One argument combination of a sampler entry: the arguments as given, as the sampler
+    resolves them (defaults filled in; what decides its tokens), and whether it decodes in blocks."""
+
+    given: dict
+    resolved: dict
+    uses_blocks: bool
+
+
+def _check_schedule_keys(sampler, entry: dict, where: str) -> None:
+    """A sampler that ignores the request's schedule or blocks refuses an entry that sets them:
+    every value would decode the same run."""
+    if not sampler.uses_steps and any(entry.get(k) is not None for k in ("steps", "tokens_per_step")):
+        raise ValueError(f"{where}: sampler {sampler.name!r} sets its own schedule and ignores steps / "
+                         f"tokens_per_step; leave them out")
+    if not sampler.uses_blocks and any(v is not None for v in _alternatives(entry.get("block_lengths"))):
+        raise ValueError(f"{where}: sampler {sampler.name!r} decodes the whole generation at once and ignores "
+                         f"block_lengths; leave them out")
 
 
 def _cache_entries(entries, where: str) -> list[tuple[str, dict]]:
@@ -249,7 +273,7 @@ def parse_grid(data: dict, source: str = "grid") -> Grid:
         raise ValueError(f"{source}.grids must be a non-empty list of mappings with keys {', '.join(AXES)}; "
                          f"got {subs!r}")
     points: list[SweepPoint] = []
-    seen: set[str] = set()
+    seen: list[tuple] = []
     for i, sub in enumerate(subs):
         where = source if len(subs) == 1 and not sub else f"{source}.grids[{i}]"
         _check_keys(sub, AXES, where)
@@ -266,29 +290,55 @@ def parse_grid(data: dict, source: str = "grid") -> Grid:
         caches = _cache_entries(axes["caches"], f"{where}.caches")
         for model in models:
             for s in _sampler_entries(axes["samplers"], f"{where}.samplers"):
-                for args in s["combos"]:
+                for combo in s["combos"]:
                     for kind, count in s["schedule"]:
                         for cache, cache_args in caches:
-                            for block in s.get("block_lengths", blocks):
+                            for block in s.get("block_lengths", blocks if combo.uses_blocks else [None]):
                                 for gen in s.get("gen_lengths", gens):
                                     request = GenerationConfig(
-                                        sampler=s["name"], sampler_kwargs=args, cache=cache,
+                                        sampler=s["name"], sampler_kwargs=combo.given, cache=cache,
                                         cache_kwargs=cache_args, gen_length=gen, block_length=block,
                                         **{kind: count})
-                                    p = SweepPoint(model=model, generation=request)
-                                    if p.key() not in seen:
-                                        seen.add(p.key())
-                                        points.append(p)
-    many_models = len({p.model for p in points}) > 1
+                                    # Equal as decoded: one model folder however spelled, arguments
+                                    # with their defaults filled in and compared as numbers (1 == 1.0).
+                                    same = (_model_identity(model), s["name"], combo.resolved, cache,
+                                            get_policy(cache, **cache_args).arguments(), gen, block, kind, count)
+                                    if same not in seen:
+                                        seen.append(same)
+                                        points.append(SweepPoint(model=model, generation=request))
+    names = model_names([p.model for p in points])
     for p in points:
-        p.label = point_label(p, with_model=many_models)
+        p.label = point_label(p, model_name=names[p.model] if len(names) > 1 else None)
     # Validates the combination of lengths and settings the bench runner checks on its own.
     for p in points:
         try:
             p.bench_config(settings)
+            if p.generation.gen_length is not None:
+                p.generation.for_length()
         except ValueError as err:
             raise ValueError(f"{source}: configuration {p.label}: {err}") from None
     return Grid(settings, points)
+
+
+def _model_identity(model: str | None) -> str | None:
+    """A model as the grid compares it: a local folder by its real path, anything else as given."""
+    return os.path.realpath(model) if model is not None and os.path.isdir(model) else model
+
+
+def model_names(models: Sequence[str | None]) -> dict[str | None, str]:
+    """A short distinct name per model for labels: the fewest trailing path parts that tell the
+    models apart ('default' for the shipped default model)."""
+    distinct = list(dict.fromkeys(models))
+    given = [m for m in distinct if m is not None]
+    depth = max((len(Path(m).parts) for m in given), default=1)
+    for k in range(1, depth + 1):
+        tails = [str(Path(*Path(m).parts[-k:])) for m in given]
+        if len(set(tails)) == len(tails) and "default" not in tails:
+            break
+    names = dict(zip(given, tails)) if given else {}
+    if None in distinct:
+        names[None] = "default"
+    return names
 
 
 def load_grid_file(path: str | os.PathLike) -> dict:
@@ -374,7 +424,8 @@ def _csv_lengths(text: str, what: str) -> list:
 def grid_from_args(args) -> Grid:
     """The grid of `dllm sweep`: the grid file (if any) with the command line's values on top. An
     axis given on the command line (--model, --sampler, --cache, --block-length, --gen-length)
-    replaces that axis everywhere in the file, sub-grids and per-sampler lengths included. A
+    replaces that axis everywhere in the file, sub-grids and the file's per-sampler lengths
+    included (a --sampler's own lengths stay). A
     setting (--seed, --limit, ...) replaces the file's when it is named in `args.given`, the
     options given on the command line."""
     data = load_grid_file(args.grid) if args.grid else {}
@@ -400,17 +451,19 @@ def grid_from_args(args) -> Grid:
         axes["block_lengths"] = _csv_lengths(args.block_length, "--block-length")
     if args.gen_length:
         axes["gen_lengths"] = _csv_lengths(args.gen_length, "--gen-length")
-    for k, v in axes.items():
-        data[k] = v
-        for sub in data.get("grids") or []:
-            if isinstance(sub, dict):
-                sub.pop(k, None)
+    # A length axis on the command line replaces the file's per-sampler lengths; a --sampler's own
+    # lengths (`--sampler 'dus block_lengths=8'`) stay, as they do under the file's axes.
     for k in ("block_lengths", "gen_lengths"):
         if k in axes:
             for holder in [data, *(s for s in data.get("grids") or [] if isinstance(s, dict))]:
                 for e in _alternatives(holder.get("samplers") or []):
                     if isinstance(e, dict):
                         e.pop(k, None)
+    for k, v in axes.items():
+        data[k] = v
+        for sub in data.get("grids") or []:
+            if isinstance(sub, dict):
+                sub.pop(k, None)
     return parse_grid(data, source)
 
 
@@ -429,8 +482,9 @@ def _fmt_args(args: dict) -> str:
     return ", ".join(f"{k}={_fmt_value(v)}" for k, v in args.items())
 
 
-def point_label(p: SweepPoint, with_model: bool = False) -> str:
-    """A short readable name: `threshold(tau=0.9) k=2 +dual(refresh=2) blk=32 gen=64`."""
+def point_label(p: SweepPoint, model_name: str | None = None) -> str:
+    """A short readable name: `threshold(tau=0.9) k=2 +dual(refresh=2) blk=32 gen=64`, after
+    `model_name: ` when one is given."""
     g = p.generation
     s = g.sampler + (f"({_fmt_args(g.sampler_kwargs)})" if g.sampler_kwargs else "")
     if g.tokens_per_step is not None:
@@ -443,6 +497,6 @@ def point_label(p: SweepPoint, with_model: bool = False) -> str:
         s += f" blk={g.block_length}"
     if g.gen_length is not None:
         s += f" gen={g.gen_length}"
-    if with_model:
-        s = f"{Path(p.model).name if p.model else 'default'}: {s}"
+    if model_name is not None:
+        s = f"{model_name}: {s}"
     return s
