@@ -120,7 +120,11 @@ def test_write_data_of_a_train_shard_is_a_validation_set(tmp_path, capsys):
                                                "not apply"),
     (["--write-data", "w", "--out", "r.jsonl", "--format", "leaderboard"], "--out, --format leaderboard do(es) not"),
     (["--report", "--out", "r.jsonl", "--tasks", "waiting_line/copy", "--limit", "2"],
-     "--report prints every run stored in --out; --tasks, --limit select(s) samples"),
+     "--report prints every run stored in --out; --limit, --tasks describe(s) a run to decode"),
+    (["--report", "--out", "r.jsonl", "--model", "m", "--sampler", "threshold", "--sampler-arg", "tau=0.8",
+      "--device", "cpu", "--names", "pseudo"], "--device, --model, --sampler, --sampler-arg, --names describe(s)"),
+    (["--write-data", "w", "--tasks", "puzzle/latin_square_n4", "--model", "m", "--sampler", "threshold",
+      "--grammar-server", "http://x"], "--grammar-server, --model, --sampler do(es) not apply"),
     (["--data-dir", "d", "--sort-key", "last_name", "--index-base", "1"],
      "sort_key, index_base shape(s) the generated records; the official files under data_dir 'd' fix their own"),
 ])

@@ -92,6 +92,15 @@ def test_markdown_table_has_a_column_per_run():
     assert lines[-2] == "| **average** | **75.0** | **100.0** |" and lines[-1] == "| tokens/forward | 2.00 | 3.00 |"
 
 
+def test_runs_whose_cache_arguments_differ_are_separate_methods():
+    plain = _rows("a", "threshold", {"t": [1] * 3 + [0] * 7}, 2.0)
+    guarded = [{**r, "cache": "dual", "cache_args": {"guard": 0.9}} for r in _rows("b", "threshold", {"t": [1] * 9 + [0]},
+                                                                                   1.5)]
+    plain = [{**r, "cache": "dual", "cache_args": {}} for r in plain]
+    board = report.leaderboard(report.summarize(plain + guarded), (80,))
+    assert sorted((b["cache"], b["runs"], b["PB80"]) for b in board) == [("dual", 1, None), ("dual(guard=0.9)", 1, 1.5)]
+
+
 def _summary(run_id, cache, scores, seconds, n=100, tpf=1.0):
     s = report.RunSummary(run_id, "m", "threshold", {}, cache, "generated", "adaptive")
     for task, score in scores.items():

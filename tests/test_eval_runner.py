@@ -143,6 +143,9 @@ def test_config_errors():
         runner.config_from_dict({"model": "m", "generated": True, "smapler": "x"})
     with pytest.raises(ValueError, match="unknown name source 'faker'; sources: lists, open"):
         runner.BenchConfig(model="m", names="faker")
+    official = runner.BenchConfig(model="m").replace(data_dir="data")     # the data source follows data_dir
+    assert official.data_dir == "data" and not official.generated
+    assert official.replace(data_dir=None).generated
 
 
 def test_open_names_draw_the_held_out_people_and_say_so_in_the_source():

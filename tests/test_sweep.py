@@ -458,6 +458,20 @@ def test_small_grid_rows_summaries_plots_report_and_skipped_failures(model_dir, 
     finished = [s for s in summaries if s["status"] == "ok"]
     assert [s for s in _lines(out / sweep.SUMMARIES_FILE) if s["status"] == "ok"] == finished    # untouched
     assert again.report.split("## Configurations")[1] == result.report.split("## Configurations")[1]
+    # The report names the configurations as this grid labels them, not as the stored summaries do.
+    for p in grid.points:
+        p.label = "renamed " + p.label
+    renamed = sweep.run_sweep(grid, out, progress=False, plots=False, report_only=True)
+    assert {s["label"] for s in renamed.summaries} == {"renamed " + label for label in labels}
+    assert "| renamed low_confidence k=4 gen=8 *" in renamed.report
+    # A configuration whose stored rows came from other prompts (edited data) is decoded again.
+    stored = _lines(out / sweep.ROWS_FILE)
+    first = stored[0]["run_id"]
+    (out / sweep.ROWS_FILE).write_text("".join(
+        json.dumps({**r, "prompt_id": "other"} if r["run_id"] == first else r) + "\n" for r in stored))
+    sweep.run_sweep(grid, out, progress=False, plots=False)
+    redone = _lines(out / sweep.ROWS_FILE)
+    assert len(redone) == len(stored) + 4 and {r["run_id"] for r in redone[len(stored):]} == {first}
 
 
 GRID_FOR_PROCESSES = """\
@@ -545,6 +559,16 @@ def test_two_processes_store_what_one_stores(grid_file, reference, tmp_path):
         assert (out / name).read_bytes()[:8] == PNG_SIGNATURE
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [sweep.ROWS_FILE, sweep.SUMMARIES_FILE, sweep.REPORT_FILE, sweep.PLOT_TPF, sweep.PLOT_TPS, sweep.PLOT_TASKS])
+
+
+def test_compare_with_tasks_the_leaderboard_lacks_fails_before_decoding(tmp_path):
+    figures = tmp_path / "figures" / "llada15"
+    figures.mkdir(parents=True)
+    (figures / "confidence-topk.csv").write_text("task,tps,accuracy\nwaitingline-copy,1.0,90.0\navg,1.0,90.0\n")
+    grid = sweep.parse_grid({"tasks": "waiting_line_n15/copy", "limit": 1, "samplers": ["threshold"]})
+    with pytest.raises(ValueError, match=r"--compare .*: task 'waiting_line_n15/copy' has no leaderboard id"):
+        sweep.run_sweep(grid, tmp_path / "o", progress=False, plots=False, compare=str(tmp_path / "figures"))
+    assert not (tmp_path / "o" / sweep.ROWS_FILE).exists()
 
 
 def test_report_only_needs_the_sweeps_summaries(tmp_path):

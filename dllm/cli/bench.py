@@ -9,7 +9,7 @@ from dllm.eval import data, generators, leaderboard, report, runner
 from dllm.eval.names import DEFAULT_SOURCE, NAME_SOURCES
 
 from .options import (add_benchmark_options, add_model_option, add_request_options, add_runtime_options,
-                      generation_config)
+                      generation_config, given)
 
 
 def add_parser(sub) -> None:
@@ -90,20 +90,37 @@ def check_report_options(args) -> None:
         raise FileNotFoundError(f"--compare {args.compare!r}: no such folder of leaderboard CSV files")
 
 
+def _decoding_options(args, keep: set[str]) -> list[str]:
+    """The options given on the command line that describe a run to decode (model, request,
+    runtime, samples), but those in `keep` (destinations)."""
+    flags = {"grammar_url": "--grammar-server"}
+    named = [flags.get(d, "--" + d.replace("_", "-")) for d in sorted(given(args) - keep)]
+    named += [flag for flag, value in (("--sampler-arg", args.sampler_arg), ("--cache-arg", args.cache_arg),
+                                       ("--no-progress", args.no_progress)) if value]
+    return named
+
+
+def _record_options(args) -> list[str]:
+    """The options given that shape the generated records."""
+    return [flag for flag, value in (("--generated", args.generated), ("--sort-key", args.sort_key != "full_name"),
+                                     ("--index-base", args.index_base != 0), ("--names", args.names != DEFAULT_SOURCE),
+                                     ("--train-shard", args.train_shard is not None)) if value]
+
+
 def check_mode_options(args) -> None:
     """Options that the chosen mode (--write-data, --report) would ignore are errors naming them."""
     if args.write_data:
-        unused = [name for name, given in (("--data-dir", args.data_dir), ("--out", args.out),
-                                           ("--report", args.report), ("--compare", args.compare),
-                                           ("--format leaderboard", args.format != "text")) if given]
+        unused = [name for name, given_ in (("--out", args.out), ("--report", args.report),
+                                            ("--compare", args.compare),
+                                            ("--format leaderboard", args.format != "text")) if given_]
+        unused += _decoding_options(args, keep={"tasks", "limit"})
         if unused:
             raise ValueError(f"--write-data writes the generated records and exits; {', '.join(unused)} do(es) not "
                              f"apply")
     elif args.report:
-        unused = [name for name, given in (("--tasks", args.tasks), ("--limit", args.limit),
-                                           ("--data-dir", args.data_dir)) if given]
+        unused = _decoding_options(args, keep=set()) + _record_options(args)
         if unused:
-            raise ValueError(f"--report prints every run stored in --out; {', '.join(unused)} select(s) samples to "
+            raise ValueError(f"--report prints every run stored in --out; {', '.join(unused)} describe(s) a run to "
                              f"decode and do(es) not apply")
 
 

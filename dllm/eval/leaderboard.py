@@ -97,7 +97,7 @@ def curves_from_runs(summaries: list[RunSummary]) -> list[Curve]:
     groups: dict[tuple[str, str], dict[tuple, list[RunSummary]]] = {}
     for s in summaries:
         if s.scored:
-            key = (model_id(s.model), method_id(s.sampler, s.cache))
+            key = (model_id(s.model), method_id(s.sampler, s.cache_label))
             groups.setdefault(key, {}).setdefault(s.method, []).append(s)
     curves = []
     for key, by_method in groups.items():

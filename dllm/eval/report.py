@@ -6,7 +6,8 @@ whose headline is unavailable (Text Writing without a grammar checker) are left 
 averages, and the average is then labelled with the number of tasks it covers.
 
 PB@X (the ParallelBench leaderboard score) is computed per method, i.e. per (model, sampler,
-cache, data, task set), over the points of its runs:
+cache with its arguments, data, task set), over the points of its runs (the sampler's arguments
+are what moves along a method's curve):
   * fixed schedules (top-k: tokens per forward known in advance): the largest tokens/forward
     whose average is >= X;
   * adaptive rules (measured tokens/forward): points sorted by tokens/forward (the higher score
@@ -41,6 +42,13 @@ class RunSummary:
     data_mode: str
     schedule: str
     tasks: list[TaskSummary] = field(default_factory=list)
+    cache_args: dict = field(default_factory=dict)
+
+    @property
+    def cache_label(self) -> str:
+        """The cache with the arguments the run gave it: `dual(guard=0.9)`; a plain `dual` without."""
+        args = ", ".join(f"{k}={v}" for k, v in sorted(self.cache_args.items()))
+        return f"{self.cache}({args})" if args else self.cache
 
     @property
     def scored(self) -> list[TaskSummary]:
@@ -60,7 +68,7 @@ class RunSummary:
 
     @property
     def method(self) -> tuple:
-        return (self.model, self.sampler, self.cache, self.data_mode, tuple(sorted(t.task for t in self.tasks)))
+        return (self.model, self.sampler, self.cache_label, self.data_mode, tuple(sorted(t.task for t in self.tasks)))
 
 
 def _mean(xs):
@@ -78,7 +86,8 @@ def summarize(rows: Iterable[dict]) -> list[RunSummary]:
         rid = r["run_id"]
         if rid not in runs:
             runs[rid] = RunSummary(rid, r.get("model", "?"), r.get("sampler", "?"), r.get("sampler_args", {}),
-                                   r.get("cache", "none"), r.get("data_mode", "?"), r.get("schedule", "adaptive"))
+                                   r.get("cache", "none"), r.get("data_mode", "?"), r.get("schedule", "adaptive"),
+                                   cache_args=r.get("cache_args") or {})
         by_task.setdefault((rid, r["task"]), []).append(r)
     for (rid, task), rs in by_task.items():
         scores = [r.get("score") for r in rs]
@@ -141,7 +150,7 @@ def format_number(v, spec=".1f") -> str:
 def format_run(s: RunSummary) -> str:
     """A per-task table of one run with its average."""
     args = ", ".join(f"{k}={v}" for k, v in s.sampler_args.items())
-    lines = [f"model {s.model}  sampler {s.sampler}({args})  cache {s.cache}  data {s.data_mode}  run {s.run_id}",
+    lines = [f"model {s.model}  sampler {s.sampler}({args})  cache {s.cache_label}  data {s.data_mode}  run {s.run_id}",
              f"{'task':<40} {'n':>4} {'score':>7} {'strict':>7} {'tok/fwd':>8} {'NFE':>7} {'sec':>8}"]
     for t in s.tasks:
         lines.append(f"{t.task:<40} {t.n:>4} {format_number(t.score):>7} {format_number(t.strict):>7} "

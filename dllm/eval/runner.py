@@ -137,6 +137,8 @@ class BenchConfig:
     def replace(self, **changes: Any) -> "BenchConfig":
         """A copy with `changes`; generation fields (gen_length, sampler, ...) apply to `generation`."""
         generation = {k: changes.pop(k) for k in list(changes) if k not in _BENCH_FIELDS}
+        if "data_dir" in changes and "generated" not in changes:
+            changes["generated"] = False        # the data source follows data_dir (set again when it is None)
         if generation:
             changes["generation"] = changes.get("generation", self.generation).replace(**generation)
         return config_from_dict({**{k: getattr(self, k) for k in _BENCH_FIELDS}, **changes})

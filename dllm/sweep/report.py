@@ -108,7 +108,8 @@ def _run_summary(row: dict):
     """A `dllm.eval.report.RunSummary` rebuilt from a summary row (for the leaderboard)."""
     return bench_report.RunSummary(row["run_id"], row["model"], row["sampler"], row["sampler_args"], row["cache"],
                                    row["data_mode"], row["schedule"],
-                                   [bench_report.TaskSummary(**t) for t in row["per_task"]])
+                                   [bench_report.TaskSummary(**t) for t in row["per_task"]],
+                                   cache_args=row.get("cache_args") or {})
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

@@ -17,7 +17,7 @@ import dllm
 from dllm.distributed import Distributed
 from dllm.eval import leaderboard, runner
 from dllm.models.loading import resolve_device
-from dllm.eval.tasks import encode_messages
+from dllm.eval.tasks import encode_messages, prompt_id
 
 from .grid import Grid, SweepPoint, SweepSettings
 from .report import write_report
@@ -140,12 +140,12 @@ class _Plan:
     settings: SweepSettings
     points: list[SweepPoint]
     dataset: Any
-    expected: set                  # (task, index) of every sample each configuration decodes
+    expected: set                  # (task, index, prompt id) of every sample each configuration decodes
     run_ids: list[str]             # per point: the bench run id
     sids: list[str]                # per point: the summary id
     rows_path: Path
     summaries_path: Path
-    done_pairs: dict[str, set]     # run id -> (task, index) already in rows.jsonl
+    done_pairs: dict[str, set]     # run id -> (task, index, prompt id) already in rows.jsonl
     stored: dict[str, dict]        # summary id -> the stored summary row
     todo: list[int]                # the first point of each distinct run id, in grid order
 
@@ -179,7 +179,7 @@ def _snapshot(out_dir: Path, dist) -> tuple[dict[str, set], dict[str, dict]]:
     dist.barrier()
     done_pairs: dict[str, set] = {}
     for r in results.rows():
-        done_pairs.setdefault(r["run_id"], set()).add((r["task"], r["index"]))
+        done_pairs.setdefault(r["run_id"], set()).add((r["task"], r["index"], r.get("prompt_id")))
     stored = {s["summary_id"]: s for s in read_summaries(out_dir / SUMMARIES_FILE)}
     dist.barrier()
     return done_pairs, stored
@@ -219,7 +219,8 @@ def _plan(grid: Grid, out_dir: Path, dist) -> _Plan:
     settings, points = grid.settings, grid.points
     template = points[0].bench_config(settings)
     dataset = _grid_dataset(grid)
-    expected = {(t, s.index) for t in dataset.tasks for s in dataset.samples[t]}
+    # a row counts for the sample decoded from the same prompt (as run_bench reuses rows)
+    expected = {(t, s.index, prompt_id(s.messages())) for t in dataset.tasks for s in dataset.samples[t]}
     backends = runner.text_backends(template, dataset)
     grammar = backends.describe()["grammar"] if backends.grammar is not None else None
     run_ids = [expected_run_id(p, settings, dataset, grammar) for p in points]
@@ -291,7 +292,7 @@ def _run_point(i: int, plan: _Plan, models: _Models, bar: _Progress, dist) -> No
     except CONFIG_ERRORS as err:
         fail(error_text(err))
         return
-    rows = [r for r in rows if (r["task"], r["index"]) in plan.expected]
+    rows = [r for r in rows if (r["task"], r["index"], r.get("prompt_id")) in plan.expected]
     if not rows:
         fail("the runner returned no rows")
         return
@@ -316,6 +317,12 @@ def run_sweep(grid: Grid, out_dir: str | os.PathLike, *, progress: bool = True, 
     if not report_only:
         resolve_device(grid.settings.device, auto=dist.device)   # a missing device fails once, not per configuration
     plan = _plan(grid, out_dir, dist)
+    if compare:   # the comparison needs each task's leaderboard id: known before anything is decoded
+        for task in plan.dataset.tasks:
+            try:
+                leaderboard.task_id(task)
+            except ValueError as err:
+                raise ValueError(f"--compare {compare!r}: {err}") from None
     initial = sum(plan.done_samples(i) for i in plan.todo)
     bar = _Progress(plan.rows_path, plan.per_config * len(plan.todo), initial,
                     enabled=progress and dist.is_main and not report_only)
@@ -331,7 +338,8 @@ def run_sweep(grid: Grid, out_dir: str | os.PathLike, *, progress: bool = True, 
     if not dist.is_main:
         return SweepResult([], "", out_dir)
     by_id = {s["summary_id"]: s for s in read_summaries(plan.summaries_path)}
-    mine = [by_id[plan.sids[i]] for i in plan.todo if plan.sids[i] in by_id]
+    # each with this grid's label (a summary keeps the label of the sweep that wrote it)
+    mine = [{**by_id[plan.sids[i]], "label": plan.points[i].label} for i in plan.todo if plan.sids[i] in by_id]
     if report_only and not mine:
         raise ValueError(f"--report-only: none of this grid's {len(plan.todo)} configuration(s) is among the "
                          f"{len(by_id)} summarized in {str(out_dir)!r}; give the grid that sweep ran")
