@@ -322,6 +322,10 @@ def test_dry_run_marks_configurations_that_decode_the_same_run(capsys):
                    "llada-pb-tiny: threshold(tau=0.9)  (the same run as default: threshold(tau=0.9))",
                    "llada-pb-tiny: threshold(tau=0.7)  (the same run as default: threshold(tau=0.7))",
                    "4 configuration(s), 2 distinct run(s)"]
+    assert cli_main(["sweep", "--out-dir", "unused", "--sampler", "threshold", "--dry-run", "--compare", "d",
+                     "--no-plots"]) == 2
+    assert "--dry-run lists the configurations and exits; --compare, --no-plots do(es) not apply" in \
+        capsys.readouterr().err
     # Without the data the configurations are still listed.
     code = cli_main(["sweep", "--out-dir", "unused", "--data-dir", "no/such/data", "--sampler", "threshold",
                      "--dry-run"])

@@ -57,6 +57,11 @@ def run(args) -> int:
     try:
         grid = grid_from_args(args)
         if args.dry_run:
+            unused = [flag for flag, value in (("--report-only", args.report_only), ("--compare", args.compare),
+                                               ("--no-plots", args.no_plots)) if value]
+            if unused:
+                raise ValueError(f"--dry-run lists the configurations and exits; {', '.join(unused)} do(es) not "
+                                 f"apply")
             print_configurations(grid)
             return 0
         result = run_sweep(grid, args.out_dir, progress=not args.no_progress, plots=not args.no_plots,
