@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import queue
 import sys
 import time
 from pathlib import Path
@@ -73,7 +74,10 @@ async def load(url: str, model_name: str, prompts: list, concurrency: int) -> tu
     async def worker():
         while todo:
             i, (_, msgs) = todo.pop(0)
-            results[i] = await one_request(client, model_name, msgs)
+            try:
+                results[i] = await one_request(client, model_name, msgs)
+            except openai.OpenAIError as err:   # a failed request is counted as not answered
+                print(f"request {i} failed: {type(err).__name__}: {err}", file=sys.stderr)
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -92,7 +96,13 @@ def load_in_a_process(url: str, model_name: str, prompts: list, concurrency: int
     out = ctx.Queue()
     proc = ctx.Process(target=_client_process, args=(url, model_name, prompts, concurrency, out))
     proc.start()
-    result = out.get()
+    while True:   # a client process that dies would otherwise leave the parent waiting for ever
+        try:
+            result = out.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"the client process ended (exit code {proc.exitcode}) without its results")
     proc.join()
     return result
 

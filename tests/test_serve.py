@@ -169,6 +169,16 @@ def test_stop_strings_cut_the_answer(client, shipped):
     ({"stop": 5}, "stop"),
     ({"stop": [1]}, "stop"),
     ({"max_completion_tokens": 100000}, "max_completion_tokens"),
+    ({"max_tokens": True}, "max_tokens"),                       # OpenAI's types, not their coercions
+    ({"max_tokens": 8.0}, "max_tokens"),
+    ({"seed": True}, "seed"),
+    ({"temperature": "0.5"}, "temperature"),
+    ({"dllm": {"block_length": True}}, "dllm.block_length"),
+    ({"stream_options": {"include_usage": True}}, None),       # without stream
+    ({"dllm": {"sampler": "learn2pd", "sampler_args": {"filter": "/etc/passwd"}}}, "dllm.sampler_args"),
+    ({"dllm": {"steps": 10 ** 6}}, "dllm.steps"),
+    ({"dllm": {"sampler": "remdm", "sampler_args": {"remdm_steps": 10 ** 6}}}, None),   # more forwards than the
+                                                                                          # server takes per token
 ])
 def test_bad_requests_get_a_400_naming_the_field(server, body, param):
     request = {"messages": copy_messages(QUESTIONS[0]), **body}
@@ -214,6 +224,50 @@ def test_prompts_with_the_mask_token_or_unknown_ids_are_refused_and_an_empty_one
     for prompt in ("", []):       # an empty prompt decodes from nothing, as dllm.generate does
         r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 0, r.text
+
+
+def test_lengths_are_checked_together_and_name_a_field_the_request_set():
+    from dllm.serve.schema import ChatRequest, RequestError, request_config
+
+    defaults = DEFAULTS.replace(gen_length=64, block_length=32, tokens_per_step=2)
+
+    def config(**fields):
+        body = ChatRequest(messages=copy_messages(QUESTIONS[0]), **fields)
+        return request_config(body, defaults, body.max_tokens)
+
+    assert config(max_tokens=16, dllm={"block_length": 8}).block_length == 8
+    got = config(max_tokens=33, dllm={"steps": 11, "block_length": 3})
+    assert (got.gen_length, got.steps, got.tokens_per_step, got.block_length) == (33, 11, None, 3)
+    with pytest.raises(RequestError, match="block_length 32 exceeds gen_length 16") as err:
+        config(max_tokens=16)
+    assert err.value.param == "max_tokens"                     # the server's block length was not the request's
+    with pytest.raises(RequestError, match="block_length 48 exceeds gen_length 40") as err:
+        config(max_tokens=40, dllm={"block_length": 48})
+    assert err.value.param == "dllm.block_length"
+
+
+def test_chat_messages_in_every_form_openai_takes(client, shipped):
+    plain = [{"role": "system", "content": "Be brief."}, *copy_messages(QUESTIONS[0])]
+    forms = [{"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+             {**copy_messages(QUESTIONS[0])[0], "name": "desk"}]
+    reply = client.chat.completions.create(model="llada-pb-tiny", messages=forms)
+    assert reply.choices[0].message.content == offline(shipped, plain).texts[0]
+    earlier = [*copy_messages(QUESTIONS[0]), {"role": "assistant", "content": None}, *copy_messages(QUESTIONS[1])]
+    assert client.chat.completions.create(model="llada-pb-tiny", messages=earlier).choices[0].message.content == \
+        offline(shipped, [*copy_messages(QUESTIONS[0]), {"role": "assistant", "content": ""},
+                          *copy_messages(QUESTIONS[1])]).texts[0]
+
+
+def test_every_error_has_the_openai_shape(client, server):
+    assert client.models.retrieve("llada-pb-tiny").id == "llada-pb-tiny"
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.models.retrieve("gpt-4")
+    for r in (httpx.post(server.url + "/v1/completions", content=b"\xff\xfe{", timeout=60,
+                         headers={"content-type": "application/json"}),
+              httpx.get(server.url + "/v1/chat/completions", timeout=60),
+              httpx.get(server.url + "/v1/nowhere", timeout=60)):
+        assert r.status_code in (400, 404, 405) and set(r.json()["error"]) == {"message", "type", "param", "code"}, \
+            r.text
 
 
 def test_openai_client_raises_bad_request(client):
@@ -296,18 +350,45 @@ def test_samplers_that_draw_over_their_batch_run_alone_with_their_seed(client, s
     assert got == [offline(shipped, messages, sampler="random", seed=seed).texts[0] for seed in (1, 2, 3)]
 
 
+def test_greedy_requests_whose_sampler_draws_run_alone_with_their_seed(client, shipped):
+    """Dream's confidence rules with alg_temp draw their order from the request's seed, even greedy."""
+    messages = copy_messages(QUESTIONS[0])
+    extension = {"sampler": "entropy", "sampler_args": {"alg_temp": 100}}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda seed: client.completions.create(
+            model="llada-pb-tiny", prompt=QUESTIONS[0], seed=seed, max_tokens=GEN,
+            extra_body={"dllm": extension}).choices[0].text, (10, 11, 12, 13)))
+    model, tok = shipped
+    want = [dllm.generate(model, tok, [QUESTIONS[0]], DEFAULTS.replace(sampler="entropy", chat=False,
+                                                                       sampler_kwargs={"alg_temp": 100}, seed=seed)).texts[0]
+            for seed in (10, 11, 12, 13)]
+    assert got == want
+
+
+def test_the_url_of_a_server_on_an_ipv6_address_has_brackets():
+    from types import SimpleNamespace
+
+    from dllm.serve.runner import _announce
+
+    socket = SimpleNamespace(getsockname=lambda: ("::1", 8123, 0, 0))
+    server = SimpleNamespace(started=True, servers=[SimpleNamespace(sockets=[socket])])
+    urls = []
+    _announce(server, threading.current_thread(), urls.append)
+    assert urls == ["http://[::1]:8123"]
+
+
 def test_cancelling_a_queued_request_frees_its_place(shipped):
     from dllm.serve.engine import Engine, Job, QueueFull
 
     model, tok = shipped
-    engine = Engine(model, tok, max_queue=2)           # not started: the requests stay queued
-    jobs = [Job([5, 6], DEFAULTS, lambda kind, payload: None) for _ in range(2)]
-    for job in jobs:
+    engine = Engine(model, tok, max_batch_rows=3, max_queue=2)   # not started: the requests stay queued
+    jobs = [Job([5, 6], DEFAULTS, lambda kind, payload: None) for _ in range(5)]
+    for job in jobs:                                   # 3 for the free rows, 2 waiting beyond them
         engine.submit(job)
-    with pytest.raises(QueueFull):
+    with pytest.raises(QueueFull, match=r"5 requests are queued for 3 free row\(s\) \(max_queue 2\)"):
         engine.submit(Job([5, 6], DEFAULTS, lambda kind, payload: None))
     engine.cancel(jobs[0])
-    assert engine.queue_depth == 1
+    assert engine.queue_depth == 4
     engine.submit(Job([5, 6], DEFAULTS, lambda kind, payload: None))
 
 

@@ -10,6 +10,7 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import DEFAULT_GEN_LENGTH, GenerationConfig
 from ..decode import checkpoint_gen_length, encode_prompts, prompt_problem
@@ -23,8 +24,8 @@ DISCONNECT_CHECK_S = 0.5   # how often a waiting request asks whether its client
 
 def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
     """An OpenAI-style error body."""
-    kind = {400: "invalid_request_error", 404: "not_found_error", 408: "timeout_error", 429: "rate_limit_error",
-            503: "service_unavailable"}.get(status, "server_error")
+    kind = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+            408: "timeout_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
                         status_code=status, headers=headers)
 
@@ -38,6 +39,9 @@ class Server:
         self.metrics = ServerMetrics(engine)
         engine.on_step = self.metrics.on_step
         self.created = int(time.time())
+
+    def model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "dllm"}
 
     def job(self, body, prompt: list[int], max_tokens: int | None, emit) -> Job:
         if body.model is not None and body.model != self.model_name:
@@ -55,7 +59,7 @@ class Server:
                    timeout=self.timeout)
 
     def chat_prompt(self, body: ChatRequest) -> list[int]:
-        messages = [m.model_dump() for m in body.messages]
+        messages = [m.for_template() for m in body.messages]
         try:
             ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                           return_dict=False))
@@ -99,6 +103,12 @@ def create_app(server: Server, engine_thread: bool = True) -> FastAPI:
         message = first["msg"].removeprefix("Value error, ")   # a validator's own message, as it wrote it
         return error_response(400, f"{param}: {message}" if param else message, param)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException):
+        if err.status_code == 400:
+            server.metrics.requests.labels("invalid").inc()
+        return error_response(err.status_code, str(err.detail), None, getattr(err, "headers", None))
+
     @app.get("/health")
     async def health():
         return {"status": "ok"}
@@ -109,8 +119,14 @@ def create_app(server: Server, engine_thread: bool = True) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
-                                            "owned_by": "dllm"}]}
+        return {"object": "list", "data": [server.model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != server.model_name:
+            return error_response(404, f"model {model_id!r} is not served here; this server serves "
+                                       f"{server.model_name!r}", "model")
+        return server.model_card()
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):

@@ -28,8 +28,11 @@ from typing import Callable
 from ..config import GenerationConfig
 from ..decode import (Decoder, answer_length, build_state, resolve_request, resolve_sampler, special_ids,
                       with_instances)
-from ..samplers import sampler_class
-from .schema import param_of
+from .schema import RequestError, param_of
+
+# The most forwards a request may take per generated token (its steps, an editing or remasking
+# sampler's extra forwards): a request above it is refused rather than holding the engine.
+MAX_FORWARDS_PER_TOKEN = 4
 
 
 class QueueFull(Exception):
@@ -114,13 +117,15 @@ class Engine:
             self._thread.join()
 
     def submit(self, job: Job) -> None:
-        """Queue a request; raises QueueFull when `max_queue` are waiting, EngineStopped once the
-        engine is stopping."""
+        """Queue a request; raises QueueFull when `max_queue` are waiting beyond the rows free now,
+        EngineStopped once the engine is stopping."""
         with self._wake:
             if self._stopping:
                 raise EngineStopped("the server is shutting down")
-            if len(self.queue) >= self.max_queue:
-                raise QueueFull(f"{len(self.queue)} requests are queued (max_queue {self.max_queue})")
+            free = max(0, self.max_batch_rows - self.running_rows)
+            if len(self.queue) >= self.max_queue + free:
+                raise QueueFull(f"{len(self.queue)} requests are queued for {free} free row(s) "
+                                f"(max_queue {self.max_queue})")
             self.queue.append(job)
             self._wake.notify()
 
@@ -197,8 +202,9 @@ class Engine:
             try:
                 self._start_group(key, group_jobs)
             except (ValueError, TypeError) as err:   # the sampler or cache refuses these settings
+                param = err.param if isinstance(err, RequestError) else param_of(str(err))
                 for job in group_jobs:
-                    job.emit("error", (400, str(err), param_of(str(err))))
+                    job.emit("error", (400, str(err), param))
             except Exception as err:                 # a failing batch fails its own requests only
                 for job in group_jobs:
                     job.emit("error", (500, f"starting the batch failed: {type(err).__name__}: {err}", None))
@@ -210,16 +216,19 @@ class Engine:
         its own seeded generator. Settings that fail to resolve run alone, to fail alone."""
         if config.temperature != 0:
             return False
-        try:
-            sampler = (sampler_class(config.sampler) if isinstance(config.sampler, str)    # row_state is a class
-                       else resolve_sampler(self.model, config))                            # attribute: no build
-            return sampler.row_state is not None
+        try:   # the built sampler: its arguments can change row_state (Dream's alg_temp draws)
+            return resolve_sampler(self.model, config).row_state is not None
         except Exception:
             return False
 
     def _start_group(self, key: str, jobs: list[Job]) -> None:
         """A batch of `jobs`, joined to a running batch of the same settings when both can."""
         decoder = self._decoder([j.prompt for j in jobs], jobs[0].config)
+        gen_length = jobs[0].config.gen_length
+        if decoder.cap > MAX_FORWARDS_PER_TOKEN * gen_length:
+            raise RequestError(f"these settings allow up to {decoder.cap} forwards for {gen_length} tokens; the server "
+                               f"takes at most {MAX_FORWARDS_PER_TOKEN} per token: lower dllm.steps or the sampler's "
+                               f"arguments", None)
         running = next((g for g in self.groups if g.key == key and g.decoder.joinable), None)
         if running is not None and decoder.joinable:
             running.decoder.join(decoder)

@@ -69,4 +69,4 @@ def _announce(server, http: threading.Thread, on_started: Callable[[str], None])
             return
         time.sleep(0.02)
     host, port = server.servers[0].sockets[0].getsockname()[:2]
-    on_started(f"http://{host}:{port}")
+    on_started(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")   # IPv6 in brackets

@@ -10,9 +10,10 @@ Any other field is an error that names it.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from ..cache import available_policies
 from ..config import GenerationConfig
@@ -36,32 +37,46 @@ class DllmOptions(BaseModel):
     sampler_args: dict[str, Any] | None = None
     cache: str | None = None
     cache_args: dict[str, Any] | None = None
-    block_length: int | None = Field(None, ge=1)
-    steps: int | None = Field(None, ge=1)
-    stream_canvas: bool = False
+    block_length: StrictInt | None = Field(None, ge=1)
+    steps: StrictInt | None = Field(None, ge=1)
+    stream_canvas: StrictBool = False
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = True
+    include_usage: StrictBool = True
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: StrictInt | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
-    seed: int | None = Field(None, ge=0, lt=2 ** 63)
+    seed: StrictInt | None = Field(None, ge=0, lt=2 ** 63)
     stop: str | list[str] | None = None
-    n: int = 1
-    stream: bool = False
+    n: StrictInt = 1
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     top_p: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     dllm: DllmOptions | None = None
+
+    @field_validator("temperature", "top_p", "frequency_penalty", "presence_penalty", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        """A JSON number: true/false and strings are refused, as OpenAI refuses them."""
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"expected a number, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -70,15 +85,36 @@ class _Request(BaseModel):
         return tuple(stops)
 
 
-class ChatMessage(BaseModel):
+class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """A message as OpenAI's API takes it: its content a string or text parts (joined), a
+    `developer` message read as a system one; an assistant message may have no content."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_unless_assistant(self):
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def for_template(self) -> dict:
+        """The message as a chat template reads it: {"role", "content"} with plain text."""
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
 class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
 
 
 class CompletionRequest(_Request):
@@ -93,13 +129,13 @@ class CompletionRequest(_Request):
         raise ValueError(f"expected a string or a list of token ids (one prompt per request), got {str(value)[:80]}")
 
 
-# The request field behind a length setting a sampler or cache refuses when its batch is built.
-_LENGTH_PARAMS = (("block_length", "dllm.block_length"), ("steps", "dllm.steps"), ("gen_length", "max_tokens"))
-
-
-def param_of(message: str) -> str | None:
-    """The request field a sampler's or cache policy's refusal names (its length settings), or None."""
-    return next((param for word, param in _LENGTH_PARAMS if word in message), None)
+def param_of(message: str, length_field: str = "max_tokens") -> str | None:
+    """The request field a refusal of the lengths names (the first length setting its message
+    mentions as a word), or None."""
+    words = set(re.findall(r"\w+", message))
+    fields = (("block_length", "dllm.block_length"), ("steps", "dllm.steps"), ("tokens_per_step", "dllm.steps"),
+              ("gen_length", length_field))
+    return next((param for word, param in fields if word in words), None)
 
 
 def check_neutral(body: _Request) -> None:
@@ -114,10 +150,12 @@ def check_neutral(body: _Request) -> None:
 
 def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int | None,
                    length_field: str = "max_tokens") -> GenerationConfig:
-    """The request's `GenerationConfig`: the server's defaults, then the request's fields, each
-    checked on its own so that an error names the field it comes from."""
+    """The request's `GenerationConfig`: the server's defaults with the request's fields. Each field
+    is checked on its own, so that an error names the field it comes from; the lengths are then
+    checked together, naming a length field the request set."""
     check_neutral(body)
     options = body.dllm or DllmOptions()
+    _check_filter(options, defaults)
     stages = [
         (length_field, dict(gen_length=max_tokens) if max_tokens is not None else {}),
         ("temperature", dict(temperature=body.temperature) if body.temperature is not None else {}),
@@ -136,10 +174,26 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
             config = config.replace(**changes)
             if param.startswith(("dllm.sampler", "dllm.cache")):
                 with_instances(config)
-            config.for_length(config.gen_length)
         except (ValueError, TypeError, OSError) as err:   # OSError: a file argument (a Learn2PD filter)
             raise RequestError(str(err), param) from None
+    try:
+        config.for_length(config.gen_length)
+    except ValueError as err:
+        given = [param for param, changes in stages if changes and param in (length_field, "dllm.block_length",
+                                                                              "dllm.steps")]
+        named = param_of(str(err), length_field)
+        raise RequestError(str(err), named if named in given else (given[0] if given else None)) from None
     return config
+
+
+def _check_filter(options: DllmOptions, defaults: GenerationConfig) -> None:
+    """A request names no file on the server: a Learn2PD `filter` may be left out, "none", or the
+    server's own (its --sampler-arg)."""
+    args = options.sampler_args or {}
+    value = args.get("filter")
+    if "filter" in args and value not in (None, "none", defaults.sampler_kwargs.get("filter")):
+        raise RequestError("dllm.sampler_args.filter: a request cannot name a file on the server; leave it out "
+                           "(the model's or the server's filter) or give \"none\"", "dllm.sampler_args")
 
 
 def _param(field: str, name: str | None, args: dict | None, names: list[str]) -> str:
