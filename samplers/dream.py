@@ -28,6 +28,12 @@ from .base import Sampler, check_number, top_k_mask
 from dllm.state import Decision
 
 
+# The smallest positive temperature (and alg_temp) whose division keeps logits and confidences
+# finite in every float dtype, and the largest alg_temp (a larger one is a uniform draw anyway).
+MIN_TEMPERATURE = 1e-4
+MAX_TEMPERATURE = 1e4
+
+
 def filter_logits(logits: torch.Tensor, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
     """Temperature, then nucleus (keep the smallest prefix whose mass exceeds top_p, the first token
     always), then top-k; removed logits become the dtype's lowest value. logits: (N, V)."""
@@ -68,13 +74,19 @@ class _DreamBase(Sampler):
             raise ValueError(f"sampler {n!r}: eps must lie in (0, 1), got {eps!r}")
         check_number("top_p", top_p, low=0, high=1, low_open=True, allow_none=True, sampler=n)
         check_number("top_k", top_k, low=1, integer=True, allow_none=True, sampler=n)
-        check_number("alg_temp", alg_temp, low=0, allow_none=True, sampler=n)
+        check_number("alg_temp", alg_temp, low=0, high=MAX_TEMPERATURE, allow_none=True, sampler=n)
+        if alg_temp and alg_temp < MIN_TEMPERATURE:
+            raise ValueError(f"sampler {n!r}: alg_temp must be 0 (no draw) or >= {MIN_TEMPERATURE} (smaller ones "
+                             f"overflow confidence / alg_temp), got {alg_temp!r}")
         self.eps, self.top_p, self.top_k, self.alg_temp = eps, top_p, top_k, alg_temp
         if alg_temp:
             self.row_state = None   # the draw over the batch decides which positions a row commits
         self._args = dict(eps=eps, top_p=top_p, top_k=top_k, alg_temp=alg_temp)
 
     def setup(self, state):
+        if 0 < state.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"sampler {self.name!r}: temperature {state.temperature!r} overflows Dream's logits / "
+                             f"temperature; give 0 (greedy) or at least {MIN_TEMPERATURE}")
         state.extra["timesteps"] = torch.linspace(1, self.eps, state.steps + 1, device=state.x.device)
 
     def score_mask(self, state, rows):

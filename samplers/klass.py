@@ -62,7 +62,8 @@ class KLASS(LowConfidence):
         if "klass_prev" not in state.extra:   # one spare column (G) takes the writes of padding entries
             B, G = state.batch_size, state.gen_length
             state.extra["klass_prev"] = p.new_zeros(B, G + 1, p.shape[-1])
-            state.extra["klass_history"] = p.new_zeros(B, G + 1, self.history)
+            # a history longer than the canvas never settles (a block has fewer steps): keep at most G
+            state.extra["klass_history"] = p.new_zeros(B, G + 1, min(self.history, G))
         cols = torch.where(valid, positions - state.gen_start, state.gen_length)        # (B', Q)
         prev_all, hist_all = state.extra["klass_prev"], state.extra["klass_history"]
         at = rows[:, None].expand_as(cols)

@@ -40,6 +40,7 @@ def near_anchor(anchor: torch.Tensor, positions: torch.Tensor, valid: torch.Tens
     canvas = torch.zeros(B, length, dtype=torch.float32, device=anchor.device)          # (B, L)
     r_idx, q_idx = (anchor & valid).nonzero(as_tuple=True)
     canvas[r_idx, positions[r_idx, q_idx]] = 1.0
+    radius = min(radius, canvas.shape[-1])      # a wider window covers the same columns
     dilated = F.max_pool1d(canvas[:, None, :], kernel_size=2 * radius + 1, stride=1, padding=radius)[:, 0]  # (B, L)
     return dilated.gather(1, positions) > 0
 

@@ -70,10 +70,18 @@ def test_unknown_sampler_argument():
     (dict(top_k=0), r"top_k must be >= 1, got 0"),
     (dict(top_k=2.5), r"top_k must be an integer, got 2.5"),
     (dict(alg_temp=-1.0), r"alg_temp must be >= 0, got -1.0"),
+    (dict(alg_temp=1e-300), r"alg_temp must be 0 \(no draw\) or >= 0.0001 \(smaller ones overflow"),
+    (dict(alg_temp=5e38), r"alg_temp must be <= 10000.0, got 5e\+38"),
 ])
 def test_sampler_argument_ranges(kwargs, match):
     with pytest.raises(ValueError, match=match):
         samplers.get("maskgit_plus", **kwargs)
+
+
+def test_a_temperature_too_small_for_dreams_division_is_refused(tiny_dream):
+    with pytest.raises(ValueError, match=r"sampler 'entropy': temperature 1e-300 overflows Dream's logits / "
+                                         r"temperature; give 0 \(greedy\) or at least 0.0001"):
+        dllm.generate(tiny_dream, None, [[5, 6]], gen_length=8, sampler="entropy", temperature=1e-300, seed=0)
 
 
 @pytest.mark.parametrize("kwargs,match", [
