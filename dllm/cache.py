@@ -2,8 +2,9 @@
 
 Keys are stored after RoPE at their canvas column in preallocated per-layer buffers
 `(B, H_kv, L, D)`. A step recomputes the columns of its plan, scatters their fresh K/V into the
-buffers and lets those queries attend over the whole canvas. Because columns never move, no cached
-key is ever re-rotated. Every cache of the literature is a policy choosing the recomputed set
+buffers and lets those queries attend over the whole canvas. Rotary positions count from each row's
+first real token, so a stored key is never re-rotated, also when rows joining a batch re-pad it
+and move the stored K/V with their columns. Every cache of the literature is a policy choosing the recomputed set
 (docs/caches.md §Policies):
 
 | policy     | recomputed each step                                 | full refresh                           |

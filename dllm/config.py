@@ -282,9 +282,12 @@ class GenerationConfig:
     cache_kwargs: keyword arguments for the policy when it is given by name, e.g.
         cache="dkv-decode", cache_kwargs={"refresh": 4}.
     seed: seeds the one `torch.Generator` every random draw of the request uses.
-    max_forwards: hard cap on model forwards; when hit, every remaining mask is filled with the
-        current prediction and the output says so. Default: max(steps, gen_length), plus what an
-        editing sampler keeps blocks open for (`llada21`: max_post_steps per block).
+    max_forwards: hard cap on the steps a row takes part in (a step is one forward of the row; a
+        ragged batch may run a step as several model calls, one per width group); when hit,
+        every remaining mask is filled with the current prediction and the output says so.
+        Default: max(steps, gen_length) (steps only for samplers that use them), plus what a
+        sampler adds (`Sampler.forward_allowance`: `llada21`'s max_post_steps per block,
+        `remdm`'s and `wino`'s extra forwards).
     chat: apply the tokenizer's chat template to string prompts (None: when it has one).
     score_dtype: precision of the softmax behind the LLaDA-style confidences: "logits" (the model
         dtype, as current LLaDA `generate.py`; in bf16 confident positions tie often and ties go to
@@ -331,8 +334,10 @@ class GenerationConfig:
             raise ValueError(f"cfg_scale must be a finite number >= 0, got {self.cfg_scale!r}")
         if self.score_dtype not in ("logits", "float32", "float64"):
             raise ValueError(f"score_dtype must be 'logits', 'float32' or 'float64', got {self.score_dtype!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -2 ** 63 <= self.seed < 2 ** 64):
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64) (what torch.Generator takes) or None, "
+                             f"got {self.seed!r}")
         if isinstance(self.sampler, str):
             samplers.sampler_class(self.sampler)  # an unknown name raises, naming the registered ones
         elif self.sampler is not None and not isinstance(self.sampler, samplers.Sampler):

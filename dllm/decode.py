@@ -47,8 +47,10 @@ class GenerationOutput:
     sequences:  (B, Lp + G) the final canvases, left-padded prompts included.
     generated:  (B, G) the generated region.
     texts:      decoded answers, cut at the first EOS/EOT (None without a tokenizer).
-    nfe:        model forwards per row (a row stops costing forwards once finished).
-    forwards:   batched model forwards run.
+    nfe:        forwards per row: the steps it took part in (a row stops costing forwards once
+                finished).
+    forwards:   batched steps run, each one forward of its rows (a ragged batch may run a step as
+                one model call per width group).
     steps:      denoising steps taken (equal to forwards here).
     tokens_per_forward: generated positions committed per forward, per row.
     answer_lengths: tokens before the first EOS/EOT, per row.
@@ -122,6 +124,8 @@ def _as_rows(prompts, attention_mask) -> list[list[int]]:
     if attention_mask is not None and not isinstance(prompts, torch.Tensor):
         raise ValueError("attention_mask marks the padding of input_ids given as a tensor; prompts given as "
                          "lists of token ids carry their own lengths (leave attention_mask out)")
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise ValueError(f"attention_mask must be a tensor of input_ids' shape, got {type(attention_mask).__name__}")
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() == 1:
             prompts = prompts[None]
@@ -569,6 +573,14 @@ class Decoder:
             raise ValueError(f"cannot join rows of gen_length {other.state.gen_length}, block_length "
                              f"{other.state.block_length} to a batch of gen_length {self.state.gen_length}, "
                              f"block_length {self.state.block_length}")
+        mine, theirs = self.request, other.request
+        if ((mine.sampler.name, mine.sampler.arguments(), mine.policy.name, mine.policy.arguments())
+                != (theirs.sampler.name, theirs.sampler.arguments(), theirs.policy.name, theirs.policy.arguments())
+                or mine.config.replace(sampler=None, cache="none", seed=None)
+                != theirs.config.replace(sampler=None, cache="none", seed=None)):
+            raise ValueError(f"cannot join rows of another request's settings ({theirs.sampler.name} with "
+                             f"{theirs.policy.name}) to a batch of {mine.sampler.name} with {mine.policy.name}: "
+                             f"only a request with the same settings (its seed aside) can join")
         n, state = self.state.batch_size, self.state
         start = max(state.gen_start, other.state.gen_start)
         self.request.policy.append_rows(other.request.policy, start - state.gen_start,
@@ -816,12 +828,21 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
                             sampler="threshold", sampler_kwargs={"tau": 0.9}, cache="dual")
         print(out.texts, out.nfe, out.mean_tokens_per_forward)
     """
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise ValueError(f"config must be a dllm.GenerationConfig, got {type(config).__name__} (keyword options "
+                         f"go as keywords: generate(model, tok, prompts, gen_length=64, ...))")
     cfg = (config or GenerationConfig()).replace(**overrides)
     if prompts is None:
         raise ValueError("no prompts given")
+    if not isinstance(prompts, (str, list, tuple, torch.Tensor)):
+        raise ValueError(f"prompts must be a string, a list of strings or of token ids, or an input_ids tensor, got "
+                         f"{type(prompts).__name__}")
     if isinstance(prompts, str):
         prompts = [prompts]
     if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, str) for p in prompts):
+        if attention_mask is not None:
+            raise ValueError("attention_mask marks the padding of input_ids given as a tensor; string prompts are "
+                             "tokenized here (leave attention_mask out)")
         rows = encode_prompts(tokenizer, prompts, cfg.chat)
     else:
         rows = _as_rows(prompts, attention_mask)

@@ -2,8 +2,8 @@
 
 Layout of a row: `[left padding | prompt | generation region]`. Every row shares the padded prompt
 length `gen_start`, so the generation region is the same column range `[gen_start, gen_start + G)`
-in every row; rotary positions are recounted from each row's first real token, which makes a row's
-computation identical alone or in a batch.
+in every row; rotary positions are recounted from each row's first real token, so a row computes
+the same thing alone or in a batch (up to the rounding of reductions over a padded width).
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ class Decision:
 
     commit:   (B', Q) bool, which of the scored positions to commit.
     tokens:   (B', Q) long, the token to write there (default: the scores' candidate token).
-    fill_all: (B',) bool, rows whose every remaining mask is filled with `tokens` now (all
-              masked positions must then have been scored).
+    fill_all: (B',) bool, rows whose every remaining mask is filled now: committed positions with
+              `tokens`, the others with the scored candidate (all masked positions must then
+              have been scored).
     block_end:(B',) long, a new end column for the rows' active block (AdaBlock); it already
               bounds this step's commits.
     truncate_at: (B',) long, the last column each row keeps (-1: no cut). After this step's

@@ -29,7 +29,9 @@ def tiny_dream():
     (dict(chat="no"), r"chat must be True, False or None \(the model's default\), got 'no'"),
     (dict(trace="no"), r"trace must be True or False, got 'no'"),
     (dict(score_dtype="float16"), r"score_dtype must be 'logits', 'float32' or 'float64', got 'float16'"),
-    (dict(seed="7"), r"seed must be an integer or None, got '7'"),
+    (dict(seed="7"), r"seed must be an integer in \[-2\*\*63, 2\*\*64\) \(what torch.Generator takes\) or None, "
+                     r"got '7'"),
+    (dict(seed=2 ** 64), r"seed must be an integer in .* got 18446744073709551616"),
     (dict(max_forwards=0), r"max_forwards must be a positive integer, got 0"),
     (dict(sampler="low_conf"), r"unknown sampler 'low_conf'; valid options: .*low_confidence"),
     (dict(sampler=5), r"sampler must be a registered name or a Sampler instance, got int"),
@@ -46,6 +48,18 @@ def test_lengths_are_checked_when_the_request_is_fixed(tiny):
         cfg.for_length()
     with pytest.raises(ValueError, match=r"block_length 16 exceeds gen_length 8"):
         dllm.generate(tiny, None, [[1, 2]], cfg)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(prompts=5), r"prompts must be a string, a list of strings or of token ids, or an input_ids tensor, got int"),
+    (dict(prompts=torch.tensor([[5, 6]]), attention_mask=[[1, 1]]), r"attention_mask must be a tensor of input_ids' "
+                                                                     r"shape, got list"),
+    (dict(prompts=[[5, 6]], config={"gen_length": 4}), r"config must be a dllm.GenerationConfig, got dict"),
+    (dict(prompts="hi", attention_mask=torch.ones(1, 3)), r"string prompts are tokenized here"),
+])
+def test_bad_prompt_and_config_arguments(tiny, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dllm.generate(tiny, None, gen_length=8, **kwargs)
 
 
 def test_unknown_generation_option(tiny):

@@ -117,6 +117,12 @@ def test_requests_that_cannot_share_a_batch_are_refused(model):
     with pytest.raises(ValueError, match="gen_length 16"):
         running.join(fresh(model, [PROMPTS[1]], dllm.GenerationConfig(sampler="threshold", gen_length=16,
                                                                           block_length=8)))
+    for cfg in (dllm.GenerationConfig(sampler="low_confidence", steps=2, cache="dual", **base),
+                dllm.GenerationConfig(sampler="threshold", sampler_kwargs={"tau": 0.5}, **base),
+                dllm.GenerationConfig(sampler="threshold", score_dtype="float64", **base)):
+        with pytest.raises(ValueError, match="only a request with the same settings"):
+            running.join(fresh(model, [PROMPTS[1]], cfg))
+    running.join(fresh(model, [PROMPTS[1]], dllm.GenerationConfig(sampler="threshold", seed=5, **base)))
 
 
 @pytest.mark.parametrize("sampler,cache", [("maskgit_plus", "none"), ("entropy", "dual"), ("topk_margin", "dkv-decode")])
