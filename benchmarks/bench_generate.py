@@ -115,7 +115,7 @@ BENCH_PRESETS: dict[str, BenchPreset] = {
     # LLaDA2 (block-causal, blocks of 32): the LLaDA2.0-mini layer shape at 4 layers (CPU) and LLaDA2.0-mini.
     # Its decode aligns blocks with its attention blocks, so the reference-style loop (`--caches` off)
     # does not apply; use `--caches`.
-    "llada2-tiny": BenchPreset("llada2-tiny", prompt_length=16, gen_length=64, block_length=32, steps=32),
+    "llada2-tiny": BenchPreset("llada2-tiny", prompt_length=32, gen_length=64, block_length=32, steps=32),
     "llada2-compute": BenchPreset("llada2-compute", prompt_length=256, gen_length=256, block_length=32, steps=8),
     "llada2-mini": BenchPreset("llada2-mini", prompt_length=256, gen_length=256, block_length=32, steps=8),
 }
@@ -189,7 +189,7 @@ class BenchRow(Provenance):
     ref_tokens_per_s: float
     dllm_loop_s_per_forward: float  # dllm's own GenerationOutput.seconds (decode loop only)
     tokens_match: bool            # quality: both loops wrote the same tokens at temperature 0
-    mismatched_tokens: int
+    mismatched_tokens: int        # differing positions, summed over the warm-up and every repeat
     dllm_seconds: list[float]
     ref_seconds: list[float]
     warmup_seconds: float
@@ -349,7 +349,10 @@ def resolve_presets(names: str, args) -> list[tuple[str, BenchPreset]]:
 
 
 CONFIG_KEY = ("preset", "model", "batch", "prompt_length", "gen_length", "block_length", "steps", "dtype",
-              "attention", "device", "score_dtype", "ref_softmax_dtype")
+              "attention", "device", "score_dtype", "ref_softmax_dtype", "cuda_graphs", "compile", "init_std", "seed")
+# What identifies a --caches configuration (its rows, one per policy, are skipped together).
+CACHE_CONFIG_KEY = ("preset", "batch", "prompt_length", "gen_length", "block_length", "dtype", "device", "attention",
+                    "cuda_graphs", "compile", "init_std", "seed")
 
 
 def config_key(row: dict) -> tuple:
@@ -376,10 +379,24 @@ def bench_preset(name: str, p: BenchPreset, batch: int, args, env: dict, device:
                                            steps=steps, sampler=SAMPLER, seed=args.seed, temperature=0.0,
                                            score_dtype=args.score_dtype), device)
 
+    ref_calls = []           # model calls of each reference run, counted
+
     def run_ref(prompt_t, gen_length, steps):
-        return timed(lambda: reference_generate(model, prompt_t, steps=steps, gen_length=gen_length,
-                                                block_length=p.block_length, mask_id=cfg.mask_token_id,
-                                                softmax_dtype=ref_softmax), device)
+        calls = [0]
+        forward = model.forward
+
+        def counted(*a, **k):
+            calls[0] += 1
+            return forward(*a, **k)
+
+        model.forward = counted
+        try:
+            return timed(lambda: reference_generate(model, prompt_t, steps=steps, gen_length=gen_length,
+                                                    block_length=p.block_length, mask_id=cfg.mask_token_id,
+                                                    softmax_dtype=ref_softmax), device)
+        finally:
+            del model.forward
+            ref_calls.append(calls[0])
 
     def compare(out, ref_x, steps, what):
         got, want = out.sequences.cpu(), ref_x.cpu()
@@ -431,7 +448,7 @@ def bench_preset(name: str, p: BenchPreset, batch: int, args, env: dict, device:
         cache="none",
         score_dtype=args.score_dtype, ref_softmax_dtype=args.ref_softmax_dtype, temperature=0.0,
         init_std=args.init_std, seed=args.seed, interpreted=os.environ.get("TRITON_INTERPRET") == "1",
-        repeats=args.repeats, forwards=forwards, ref_forwards=p.steps, nfe=sum(out.nfe) / len(out.nfe),
+        repeats=args.repeats, forwards=forwards, ref_forwards=ref_calls[-1], nfe=sum(out.nfe) / len(out.nfe),
         tokens_per_forward=out.mean_tokens_per_forward,
         dllm_s_per_forward=quantile(per_fwd, 0.5), dllm_s_per_forward_p20=quantile(per_fwd, 0.2),
         dllm_s_per_forward_p80=quantile(per_fwd, 0.8),
@@ -635,16 +652,21 @@ def format_cache_row(r: CacheBenchRow) -> str:
 def main_caches(args, device) -> int:
     start = time.perf_counter()
     presets = resolve_presets(args.presets, args)
+    for name, p in presets:   # policies given by name must run on every preset (the default set is fitted)
+        runs = dllm.cache.policies_for(ModelConfig.from_name(p.model))
+        refused = [c for c in args.policies if c not in runs] if args.policies_given else []
+        if refused:
+            raise SystemExit(f"{name}: cache policy {', '.join(refused)} does not run on this model "
+                             f"(its policies: {', '.join(runs)})")
     get_backend(args.attention)
     for name in args.policies:
         dllm.cache.policy_class(name)  # unknown names fail here, listing the valid ones
     env = environment(device)
-    done = set()
+    stored: dict[tuple, set] = {}      # configuration -> its policies already in --out
     if args.resume and Path(args.out).is_file():
-        lines = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
-        done = {(r.get("preset"), r.get("batch"), r.get("dtype"), r.get("device"), r.get("cuda_graphs", False),
-                 r.get("compile", False))
-                for r in lines if r.get("comparison") == "policies"}
+        for r in (json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()):
+            if r.get("comparison") == "policies":
+                stored.setdefault(tuple(r.get(k) for k in CACHE_CONFIG_KEY), set()).add(r.get("cache"))
     print(f"dllm {env['dllm_version']} | torch {env['torch_version']} | git {(env['git_commit'] or '?')[:10]}"
           f"{' (dirty)' if env['git_dirty'] else ''} | {env['device_name']} | {env['cpu_cores']} cores, "
           f"{env['torch_threads']} torch threads | {args.dtype}, attention {args.attention}, init_std "
@@ -657,7 +679,9 @@ def main_caches(args, device) -> int:
     headline_preset = next((n for n, _ in presets if n in HEADLINE_PRESETS), None) if args.headline else None
     for name, p in presets:
         for batch in args.batches:
-            if (name, batch, args.dtype, device.type, args.cuda_graphs, args.compile) in done:
+            key = (name, batch, p.prompt_length, p.gen_length, p.block_length, args.dtype, device.type, args.attention,
+                   args.cuda_graphs, args.compile, args.init_std, args.seed)
+            if set(args.policies) <= stored.get(key, set()):
                 print(f"{name:<14}{batch:>3} (already in {args.out}, skipped)", flush=True)
                 continue
             new = bench_caches(name, p, batch, args, env, device, headline=name == headline_preset)
@@ -753,6 +777,21 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None, help="append one JSON line per preset here")
     ap.add_argument("--resume", action="store_true", help="skip configurations already present in --out")
     args = ap.parse_args(argv)
+    given = [(flag, dest) for flag, dest in (("--policies", "policies"), ("--cache-steps-per-block", "cache_steps_per_block"),
+                                             ("--headline-repeats", "headline_repeats"), ("--warmup-runs", "warmup_runs"),
+                                             ("--tau", "tau"), ("--no-headline", "headline"),
+                                             ("--ref-softmax-dtype", "ref_softmax_dtype"))
+             if getattr(args, dest) != ap.get_default(dest)]
+    unused = [flag for flag, dest in given if (dest == "ref_softmax_dtype") == args.caches]
+    if unused:
+        ap.error(f"{', '.join(unused)} appl(ies) only {'without' if args.caches else 'with'} --caches")
+    try:
+        get_backend(args.attention)
+        for name in (args.policies or "").split(","):
+            if name.strip():
+                dllm.cache.policy_class(name.strip())
+    except ValueError as err:
+        ap.error(str(err))
     if args.presets is None:
         if args.caches:
             args.presets = CACHE_QUICK_PRESETS if args.quick else CACHE_PRESETS
@@ -830,7 +869,8 @@ def main(argv=None) -> int:
         for batch in args.batches:
             key = config_key(dict(dataclasses.asdict(p), preset=name, batch=batch, dtype=args.dtype,
                                   attention=args.attention, device=device.type, score_dtype=args.score_dtype,
-                                  ref_softmax_dtype=args.ref_softmax_dtype))
+                                  ref_softmax_dtype=args.ref_softmax_dtype, cuda_graphs=args.cuda_graphs,
+                                  compile=args.compile, init_std=args.init_std, seed=args.seed))
             if key in done:
                 print(f"{name:<14}{batch:>3} (already in {args.out}, skipped)", flush=True)
                 continue
@@ -851,7 +891,10 @@ def main(argv=None) -> int:
         print(f"warning: other processes competed for the CPU ({', '.join(busy)} of the wall time some task waited "
               f"for a core); these timings are unreliable, rerun on a quiet machine")
     bad = [f"{r.preset} (B={r.batch}, {r.mismatched_tokens} tokens)" for r in rows if not r.tokens_match]
-    print(f"tokens at temperature 0: {'dllm and reference DIFFER: ' + ', '.join(bad) if bad else 'identical in every run'}")
+    if not rows:
+        print("nothing run: every configuration is in --out already")
+    else:
+        print(f"tokens at temperature 0: {'dllm and reference DIFFER: ' + ', '.join(bad) if bad else 'identical in every run'}")
     print(f"total wall time {time.perf_counter() - start:.1f} s")
     if bad:
         print(f"FAIL: dllm and the reference loop produced different tokens for {', '.join(bad)}", file=sys.stderr)
