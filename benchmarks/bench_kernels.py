@@ -278,7 +278,8 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=KERNELS, default=None, help="run one kernel's benchmark")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="input dtype (default bfloat16)")
-    ap.add_argument("--batch", type=int, default=1, help="batch rows (default 1)")
+    ap.add_argument("--batch", type=int, default=1, help="attention and scoring: batch rows (default 1); the head "
+                    "scoring's rows are --positions")
     ap.add_argument("--queries", type=int, default=32, help="attention: queries per row and head (a block; 32)")
     ap.add_argument("--keys", default=KEYS, help=f"attention: comma-separated key lengths (default {KEYS})")
     ap.add_argument("--positions", default="32", help="scoring: positions per row; head_scoring: rows "
@@ -291,6 +292,8 @@ def parse_args(argv=None):
     for name in ("batch", "queries"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.only == "head_scoring" and args.batch != 1:
+        ap.error("--batch does not apply to --only head_scoring, whose rows are --positions")
     return args
 
 

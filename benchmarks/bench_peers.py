@@ -529,5 +529,14 @@ def main(argv=None) -> int:
     return 0
 
 
+def run_from_the_command_line(argv=None) -> int:
+    """`main`, with a bad option or a missing checkout printed as an error (exit 2), not a traceback."""
+    try:
+        return main(argv)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_from_the_command_line())

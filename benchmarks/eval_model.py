@@ -37,19 +37,31 @@ def main(argv=None) -> int:
     try:
         ks = [int(k) for k in args.tokens_per_step.split(",")]
     except ValueError:
-        print(f"error: --tokens-per-step {args.tokens_per_step!r} must be comma-separated integers", file=sys.stderr)
+        ks = []
+    if not ks or min(ks) < 1:
+        print(f"error: --tokens-per-step {args.tokens_per_step!r} must be comma-separated positive integers",
+              file=sys.stderr)
+        return 2
+    if args.data_dir and args.names != DEFAULT_SOURCE:
+        print("error: --names shapes the generated records; the official files under --data-dir fix their own",
+              file=sys.stderr)
         return 2
     runs = []
-    for k in ks:
-        source = dict(data_dir=args.data_dir) if args.data_dir else dict(generated=True, names=args.names)
-        cfg = runner.config_from_dict(dict(model=args.model, tasks=args.tasks, limit=args.limit, out=args.out,
-                                           sampler=args.sampler, tokens_per_step=k, gen_length=args.gen_length,
-                                           batch_size=args.batch_size, dtype=args.dtype, **source))
-        rows = runner.run_bench(cfg)
-        runs.append(rows[0]["run_id"])
+    try:
+        for k in ks:
+            source = dict(data_dir=args.data_dir) if args.data_dir else dict(generated=True, names=args.names)
+            cfg = runner.config_from_dict(dict(model=args.model, tasks=args.tasks, limit=args.limit, out=args.out,
+                                               sampler=args.sampler, tokens_per_step=k, gen_length=args.gen_length,
+                                               batch_size=args.batch_size, dtype=args.dtype, **source))
+            rows = runner.run_bench(cfg)
+            runs.append((k, rows[0]["run_id"]))
+    except (ValueError, OSError) as err:       # a k that does not divide a task's length, a missing file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     summaries = {s.run_id: s for s in report.summarize(runner.ResultsFile(args.out).rows())}
-    chosen = [summaries[r] for r in runs]
-    print(report.markdown_table(chosen, label=lambda s: f"{s.sampler} k={s.tasks[0].tokens_per_forward:g}"))
+    requested = {run_id: k for k, run_id in runs}
+    chosen = [summaries[run_id] for _, run_id in runs]
+    print(report.markdown_table(chosen, label=lambda s: f"{s.sampler} k={requested[s.run_id]}"))
     return 0
 
 

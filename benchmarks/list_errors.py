@@ -22,6 +22,7 @@ import argparse
 import json
 import re
 from collections import Counter
+from pathlib import Path
 
 from dllm.eval.names import open_pool
 from dllm.eval.runner import ResultsFile
@@ -45,6 +46,19 @@ def error_kind(prediction: str, answer: str) -> str:
     return "right" if predicted == reference else "misspelt"
 
 
+def list_answer(row: dict) -> list:
+    """The row's reference answer as a list; ValueError naming the task when its answers are not
+    lists (Sudoku grids, the record tasks' objects)."""
+    try:
+        answer = json.loads(row["answer"])
+    except (json.JSONDecodeError, TypeError):
+        answer = None
+    if not isinstance(answer, list):
+        raise ValueError(f"task {row['task']!r} has answers that are not lists; this script counts the errors of "
+                         f"list-answer tasks (the Waiting Line's copy, reverse, sort, ...)")
+    return answer
+
+
 def count_errors(rows: list[dict], tasks: set[str] | None = None,
                  by_length: bool = False) -> dict[tuple, Counter]:
     """{(run_id, task): Counter of error kinds} over the result rows of list-answer tasks; a row
@@ -54,8 +68,9 @@ def count_errors(rows: list[dict], tasks: set[str] | None = None,
     for row in rows:
         if tasks is not None and row["task"] not in tasks:
             continue
+        reference = list_answer(row)
         kind = "right" if row["score"] == 1 else error_kind(row["prediction"], row["answer"])
-        key = (row["run_id"], row["task"]) + ((len(json.loads(row["answer"])),) if by_length else ())
+        key = (row["run_id"], row["task"]) + ((len(reference),) if by_length else ())
         counts.setdefault(key, Counter())[kind] += 1
     return counts
 
@@ -105,6 +120,19 @@ def main(argv=None) -> int:
     parser.add_argument("--below", type=int, default=3,
                         help="with --rare-pieces: a piece is rare in fewer training words than this")
     args = parser.parse_args(argv)
+    if args.rare_pieces and args.by_length:
+        parser.error("--by-length splits the error table; --rare-pieces makes another table: give one of them")
+    if args.below != 3 and not args.rare_pieces:
+        parser.error("--below applies only with --rare-pieces")
+    if not Path(args.results).is_file():
+        raise SystemExit(f"no results file {args.results!r}")
+    try:
+        return _tables(args)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def _tables(args) -> int:
     if args.rare_pieces:
         from transformers import PreTrainedTokenizerFast
 

@@ -8,7 +8,7 @@
 Each row of a table is one `dllm bench --generated --tasks pure --dtype float32` run (greedy, one
 block over the answer; `learn2pd` at block length 32, the length its filter is trained for, and
 `dus` at 32, its published block length). All
-runs append to one results file, so a stopped script resumes where it was. Prints three Markdown
+runs append to one results file, so a stopped script resumes where it was. Prints four Markdown
 tables: every sampler at its defaults, per task; the caches under one token per step and under
 `threshold`, with the summed per-sample decode seconds and the speedup against the same sampler
 without a cache; the same caches with `twins`; the caches with a `guard`. "zero-dep" is the mean
@@ -150,6 +150,9 @@ def main(argv=None) -> int:
     bad = [t for t in chosen if t not in TABLES]
     if bad or not chosen:
         print(f"error: --only {args.only!r}: choose from {', '.join(TABLES)}", file=sys.stderr)
+        return 2
+    if picked is not None and "samplers" not in chosen:
+        print("error: --samplers picks rows of the samplers table; add samplers to --only", file=sys.stderr)
         return 2
     import dllm
 

@@ -39,11 +39,8 @@ Measured on a 2-core CPU (binding accuracy; chance about 0.18):
 `--model FOLDER` probes a trained model instead, on held-out generated prompts: the binding
 accuracy on copy, shuffle and insert_random (every last name hidden, the first names shown), and
 the repeat probability on shuffle (`repeat_probability`), once with the committed name shown and
-once with it masked. `--probe-size 40`: the shipped model 1.000 / 0.341 / 0.566, repeats 0.003
-(0.374 masked: it rules out a name it has written); a model trained with `dllm train
---prev-token-head true --pair-warmup-steps 1000 --pair-share 0.1 --steps 20000` 1.000 / 0.985 /
-0.983, repeats 0.314 (0.315 masked: the written name changes nothing), which 1500 more steps at
-lr 3e-4 raised to 0.408 with t = u (more masks per row) and 0.417 with t = u^2.
+once with it masked. docs/training.md gives what it measured on the models of the training
+recipes.
 
 The tokens are drawn from the shipped model's tokenizer (its regular, non-special tokens), so the
 vocabulary is the real runs'. The examples and the probe are `dllm.train.pair_example` and

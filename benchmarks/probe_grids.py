@@ -14,7 +14,7 @@ so that checkpoints can be compared while their decoded scores are still 0:
 
     python benchmarks/probe_grids.py --model runs/pb-tiny/model --canvas 64 --limit 24
 
-Every cell of a record is probed, one row per cell (16 rows per record).
+Every cell of a record is probed twice, alone and with its next cell (32 probe rows per record of 16 cells).
 """
 from __future__ import annotations
 

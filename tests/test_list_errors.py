@@ -36,6 +36,10 @@ def test_counts_per_run_and_task_and_the_table(errors, tmp_path, capsys):
     assert "| r1 | waiting_line/copy | 5 | 2 | 1 | 1 | 1 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no rows of waiting_line/reverse"):
         errors.main([str(path), "--tasks", "waiting_line/reverse"])
+    with pytest.raises(SystemExit, match="task 'puzzle/sudoku_n4_12' has answers that are not lists"):
+        errors.main([str(path), "--tasks", "puzzle/sudoku_n4_12"])
+    with pytest.raises(SystemExit, match="no results file"):
+        errors.main([str(tmp_path / "missing.jsonl")])
 
 
 def test_counts_by_answer_length(errors, tmp_path, capsys):

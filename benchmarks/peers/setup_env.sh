@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the separate virtual environment in which benchmarks/peers/fastdllm_driver.py runs
+# Build the separate virtual environment in which benchmarks/peers/driver.py runs
 # NVlabs/Fast-dLLM's own LLaDA code (remote-code modeling_llada.py, which needs transformers 4.x).
 #
 #   bash benchmarks/peers/setup_env.sh [VENV]          # default VENV: runs/peers-venv (gitignored)
