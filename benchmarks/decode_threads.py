@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import queue
 import sys
 import threading
 import time
@@ -84,7 +85,13 @@ def main(argv=None) -> int:
     out = ctx.Queue()
     child = ctx.Process(target=fresh_process_round, args=(args, out))
     child.start()
-    rounds.append(("new thread, no other team (child process)", out.get()))
+    while True:   # a child that dies would otherwise leave this process waiting for ever
+        try:
+            rounds.append(("new thread, no other team (child process)", out.get(timeout=1.0)))
+            break
+        except queue.Empty:
+            if not child.is_alive():
+                raise SystemExit(f"the child process ended (exit code {child.exitcode}) without its round")
     child.join()
     first = rounds[0][1][0]
     print(f"torch threads {torch.get_num_threads()}, {len(prompts)} prompts of {args.task}, cache {args.cache}")
