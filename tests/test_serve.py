@@ -590,6 +590,18 @@ def test_stopping_the_engine_answers_open_requests_503(shipped):
     assert events[-1] == "data: [DONE]"
 
 
+def test_health_says_503_once_the_engine_has_stopped(shipped):
+    model, tok = shipped
+    running = RunningServer(build_app(model, tok, model_name="m", defaults=DEFAULTS))
+    try:
+        assert httpx.get(running.url + "/health", timeout=30).json() == {"status": "ok"}
+        running.server.config.app.state.engine.stop()          # as a crashed engine thread leaves it
+        r = httpx.get(running.url + "/health", timeout=30)
+        assert r.status_code == 503 and "engine has stopped" in r.json()["error"]["message"]
+    finally:
+        running.close()
+
+
 def test_serve_refuses_a_threaded_engine_and_reports_a_port_in_use(shipped):
     import socket
 

@@ -111,6 +111,8 @@ def create_app(server: Server, engine_thread: bool = True) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        if server.engine.stopped:   # no request would be answered: a balancer should route elsewhere
+            return error_response(503, "the engine has stopped; requests are answered 503")
         return {"status": "ok"}
 
     @app.get("/metrics")

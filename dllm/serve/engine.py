@@ -139,6 +139,11 @@ class Engine:
             self._wake.notify()
 
     @property
+    def stopped(self) -> bool:
+        """Whether the engine has stopped stepping (stopped, or its loop ended on an error)."""
+        return self._stopping
+
+    @property
     def queue_depth(self) -> int:
         return len(self.queue)
 
