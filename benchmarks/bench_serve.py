@@ -102,7 +102,12 @@ def load_in_a_process(url: str, model_name: str, prompts: list, concurrency: int
             break
         except queue.Empty:
             if not proc.is_alive():
-                raise RuntimeError(f"the client process ended (exit code {proc.exitcode}) without its results")
+                try:   # what it put just before it ended
+                    result = out.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    raise RuntimeError(f"the client process ended (exit code {proc.exitcode}) without its "
+                                       f"results") from None
     proc.join()
     return result
 

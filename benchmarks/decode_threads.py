@@ -91,7 +91,12 @@ def main(argv=None) -> int:
             break
         except queue.Empty:
             if not child.is_alive():
-                raise SystemExit(f"the child process ended (exit code {child.exitcode}) without its round")
+                try:   # what it put just before it ended
+                    rounds.append(("new thread, no other team (child process)", out.get(timeout=1.0)))
+                    break
+                except queue.Empty:
+                    raise SystemExit(f"the child process ended (exit code {child.exitcode}) without its "
+                                     f"round") from None
     child.join()
     first = rounds[0][1][0]
     print(f"torch threads {torch.get_num_threads()}, {len(prompts)} prompts of {args.task}, cache {args.cache}")

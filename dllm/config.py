@@ -341,7 +341,8 @@ class GenerationConfig:
         if isinstance(self.sampler, str):
             samplers.sampler_class(self.sampler)  # an unknown name raises, naming the registered ones
         elif self.sampler is not None and not isinstance(self.sampler, samplers.Sampler):
-            raise ValueError(f"sampler must be a registered name or a Sampler instance, got {type(self.sampler).__name__}")
+            raise ValueError(f"sampler must be a registered name or a Sampler instance, got {self.sampler!r:.80} "
+                             f"({type(self.sampler).__name__})")
         for name in ("sampler_kwargs", "cache_kwargs"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"{name} must be a dict, got {type(getattr(self, name)).__name__}")

@@ -125,7 +125,8 @@ def _as_rows(prompts, attention_mask) -> list[list[int]]:
         raise ValueError("attention_mask marks the padding of input_ids given as a tensor; prompts given as "
                          "lists of token ids carry their own lengths (leave attention_mask out)")
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
-        raise ValueError(f"attention_mask must be a tensor of input_ids' shape, got {type(attention_mask).__name__}")
+        raise ValueError(f"attention_mask must be a tensor of input_ids' shape, got {attention_mask!r:.80} "
+                         f"({type(attention_mask).__name__})")
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() == 1:
             prompts = prompts[None]
@@ -829,14 +830,14 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
         print(out.texts, out.nfe, out.mean_tokens_per_forward)
     """
     if config is not None and not isinstance(config, GenerationConfig):
-        raise ValueError(f"config must be a dllm.GenerationConfig, got {type(config).__name__} (keyword options "
-                         f"go as keywords: generate(model, tok, prompts, gen_length=64, ...))")
+        raise ValueError(f"config must be a dllm.GenerationConfig, got {config!r:.80} ({type(config).__name__}; "
+                         f"keyword options go as keywords: generate(model, tok, prompts, gen_length=64, ...))")
     cfg = (config or GenerationConfig()).replace(**overrides)
     if prompts is None:
         raise ValueError("no prompts given")
     if not isinstance(prompts, (str, list, tuple, torch.Tensor)):
         raise ValueError(f"prompts must be a string, a list of strings or of token ids, or an input_ids tensor, got "
-                         f"{type(prompts).__name__}")
+                         f"{prompts!r:.80} ({type(prompts).__name__})")
     if isinstance(prompts, str):
         prompts = [prompts]
     if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, str) for p in prompts):

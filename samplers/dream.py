@@ -28,10 +28,12 @@ from .base import Sampler, check_number, top_k_mask
 from dllm.state import Decision
 
 
-# The smallest positive temperature (and alg_temp) whose division keeps logits and confidences
-# finite in every float dtype, and the largest alg_temp (a larger one is a uniform draw anyway).
-MIN_TEMPERATURE = 1e-4
-MAX_TEMPERATURE = 1e4
+# The smallest positive temperature whose division keeps logits finite in every float dtype
+# (float16's largest value is 65504), the smallest positive alg_temp whose division keeps the
+# confidences (at most 1) finite, and the largest alg_temp (a larger one is a uniform draw anyway).
+MIN_TEMPERATURE = 1e-2
+MIN_ALG_TEMP = 1e-4
+MAX_ALG_TEMP = 1e4
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
@@ -74,9 +76,9 @@ class _DreamBase(Sampler):
             raise ValueError(f"sampler {n!r}: eps must lie in (0, 1), got {eps!r}")
         check_number("top_p", top_p, low=0, high=1, low_open=True, allow_none=True, sampler=n)
         check_number("top_k", top_k, low=1, integer=True, allow_none=True, sampler=n)
-        check_number("alg_temp", alg_temp, low=0, high=MAX_TEMPERATURE, allow_none=True, sampler=n)
-        if alg_temp and alg_temp < MIN_TEMPERATURE:
-            raise ValueError(f"sampler {n!r}: alg_temp must be 0 (no draw) or >= {MIN_TEMPERATURE} (smaller ones "
+        check_number("alg_temp", alg_temp, low=0, high=MAX_ALG_TEMP, allow_none=True, sampler=n)
+        if alg_temp and alg_temp < MIN_ALG_TEMP:
+            raise ValueError(f"sampler {n!r}: alg_temp must be 0 (no draw) or >= {MIN_ALG_TEMP} (smaller ones "
                              f"overflow confidence / alg_temp), got {alg_temp!r}")
         self.eps, self.top_p, self.top_k, self.alg_temp = eps, top_p, top_k, alg_temp
         if alg_temp:

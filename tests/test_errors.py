@@ -34,7 +34,7 @@ def tiny_dream():
     (dict(seed=2 ** 64), r"seed must be an integer in .* got 18446744073709551616"),
     (dict(max_forwards=0), r"max_forwards must be a positive integer, got 0"),
     (dict(sampler="low_conf"), r"unknown sampler 'low_conf'; valid options: .*low_confidence"),
-    (dict(sampler=5), r"sampler must be a registered name or a Sampler instance, got int"),
+    (dict(sampler=5), r"sampler must be a registered name or a Sampler instance, got 5 \(int\)"),
     (dict(cache="nope"), r"unknown cache policy 'nope'"),
 ])
 def test_generation_config_errors(kwargs, match):
@@ -51,10 +51,12 @@ def test_lengths_are_checked_when_the_request_is_fixed(tiny):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(prompts=5), r"prompts must be a string, a list of strings or of token ids, or an input_ids tensor, got int"),
+    (dict(prompts=5), r"prompts must be a string, a list of strings or of token ids, or an input_ids tensor, got 5 "
+                      r"\(int\)"),
     (dict(prompts=torch.tensor([[5, 6]]), attention_mask=[[1, 1]]), r"attention_mask must be a tensor of input_ids' "
-                                                                     r"shape, got list"),
-    (dict(prompts=[[5, 6]], config={"gen_length": 4}), r"config must be a dllm.GenerationConfig, got dict"),
+                                                                     r"shape, got \[\[1, 1\]\] \(list\)"),
+    (dict(prompts=[[5, 6]], config={"gen_length": 4}), r"config must be a dllm.GenerationConfig, got "
+                                                       r"\{'gen_length': 4\} \(dict;"),
     (dict(prompts="hi", attention_mask=torch.ones(1, 3)), r"string prompts are tokenized here"),
 ])
 def test_bad_prompt_and_config_arguments(tiny, kwargs, match):
@@ -94,7 +96,7 @@ def test_sampler_argument_ranges(kwargs, match):
 
 def test_a_temperature_too_small_for_dreams_division_is_refused(tiny_dream):
     with pytest.raises(ValueError, match=r"sampler 'entropy': temperature 1e-300 overflows Dream's logits / "
-                                         r"temperature; give 0 \(greedy\) or at least 0.0001"):
+                                         r"temperature; give 0 \(greedy\) or at least 0.01"):
         dllm.generate(tiny_dream, None, [[5, 6]], gen_length=8, sampler="entropy", temperature=1e-300, seed=0)
 
 

@@ -125,6 +125,16 @@ def test_bad_report_options_are_clear_errors(results, capsys, extra, message):
     assert message in capsys.readouterr().err
 
 
+def test_compare_with_a_task_the_leaderboard_lacks_fails_before_decoding(tmp_path, capsys):
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "confidence-topk.csv").write_text("task,tps,accuracy\navg,1.0,90.0\n")
+    out = tmp_path / "rows.jsonl"
+    assert main(["bench", "--tasks", "waiting_line_n15/copy", "--limit", "1", "--out", str(out),
+                 "--compare", str(tmp_path / "figures")]) == 2
+    assert "task 'waiting_line_n15/copy' has no leaderboard id" in capsys.readouterr().err
+    assert not out.exists() or not out.read_text()
+
+
 def test_a_curve_of_dllm_runs_takes_its_schedule_from_the_runs_not_the_methods_name():
     rows = [r for run, tpf, score in (("a", 1.0, 0.9), ("b", 2.0, 0.85), ("c", 4.0, 0.5))
             for r in _rows(run, "low_confidence", "dual", {"waiting_line/copy": score}, tpf, "fixed")]

@@ -176,6 +176,8 @@ def test_stop_strings_cut_the_answer(client, shipped):
     ({"dllm": {"block_length": True}}, "dllm.block_length"),
     ({"stream_options": {"include_usage": True}}, None),       # without stream
     ({"dllm": {"sampler": "learn2pd", "sampler_args": {"filter": "/etc/passwd"}}}, "dllm.sampler_args"),
+    ({"dllm": {"sampler": "prophet", "sampler_args": {"base": "learn2pd", "base_kwargs": {"filter": "/etc/passwd"}}}},
+     "dllm.sampler_args"),
     ({"dllm": {"steps": 10 ** 6}}, "dllm.steps"),
     ({"dllm": {"sampler": "remdm", "sampler_args": {"remdm_steps": 10 ** 6}}}, None),   # more forwards than the
                                                                                           # server takes per token
@@ -348,6 +350,29 @@ def test_samplers_that_draw_over_their_batch_run_alone_with_their_seed(client, s
             model="llada-pb-tiny", messages=messages, seed=seed,
             extra_body={"dllm": {"sampler": "random"}}).choices[0].message.content, (1, 2, 3)))
     assert got == [offline(shipped, messages, sampler="random", seed=seed).texts[0] for seed in (1, 2, 3)]
+
+
+def test_a_greedy_request_shares_its_batch_only_when_its_built_sampler_keeps_rows_apart(shipped):
+    from dllm.serve.engine import Engine
+
+    engine = Engine(*shipped)
+    assert engine._batches_with_others(DEFAULTS.replace(sampler="entropy"))
+    assert not engine._batches_with_others(DEFAULTS.replace(sampler="entropy", sampler_kwargs={"alg_temp": 100}))
+
+
+def test_the_forward_limit_counts_the_settings_not_a_cap_the_server_sets(shipped):
+    from dllm.serve.engine import Engine, Job, forward_limit
+
+    model, tok = shipped
+    remasking = DEFAULTS.replace(sampler="remdm", sampler_kwargs={"remdm_steps": 10 ** 4})
+    for config, refused in ((remasking, True), (remasking.replace(max_forwards=200), False),
+                            (DEFAULTS.replace(sampler="llada21", gen_length=8), False)):
+        events = []
+        engine = Engine(model, tok)
+        engine._admit([Job([5, 6], config, lambda kind, payload: events.append((kind, payload)))])
+        assert (events[0][0] == "error") == refused, (config, events)
+        if refused:
+            assert f"the server takes at most {forward_limit(GEN)}" in events[0][1][1]
 
 
 def test_greedy_requests_whose_sampler_draws_run_alone_with_their_seed(client, shipped):

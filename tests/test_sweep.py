@@ -167,6 +167,7 @@ def test_labels_name_models_by_the_path_parts_that_tell_them_apart(tmp_path):
     assert [p.label for p in g.points] == ["default: threshold", "a/final: threshold", "b/final: threshold",
                                            "llada-pb-tiny: threshold"]
     assert sweep.model_names(["/x/final"]) == {"/x/final": "final"}
+    assert sweep.model_names(["org/m", "./org/m"]) == {"org/m": "org/m", "./org/m": "./org/m"}   # hub ids
 
 
 @pytest.mark.parametrize("entry, message", [

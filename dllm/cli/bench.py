@@ -163,6 +163,9 @@ def run(args) -> int:
                 raise FileNotFoundError(f"--report: no results file {args.out!r}")
             print_report(runner.ResultsFile(args.out).rows(), levels, args=args)
             return 0
+        if args.compare:   # the comparison needs each task's leaderboard id: known before anything is decoded
+            for task in runner.load_dataset(bench_config(args)).tasks:
+                leaderboard.task_id(task)
         rows = runner.run_bench(bench_config(args), progress=not args.no_progress)
     except (ValueError, OSError, FloatingPointError, RuntimeError) as err:   # OSError: files it cannot read or write
         print(f"error: {err}", file=sys.stderr)

@@ -30,9 +30,11 @@ from ..decode import (Decoder, answer_length, build_state, resolve_request, reso
                       with_instances)
 from .schema import RequestError, param_of
 
-# The most forwards a request may take per generated token (its steps, an editing or remasking
-# sampler's extra forwards): a request above it is refused rather than holding the engine.
+# The most forwards a request's settings may allow: MAX_FORWARDS_PER_TOKEN per generated token plus
+# MAX_FORWARDS_EXTRA (its steps, an editing or remasking sampler's extra forwards). A request above
+# it is refused rather than holding the engine; a forward cap the server sets bounds it instead.
 MAX_FORWARDS_PER_TOKEN = 4
+MAX_FORWARDS_EXTRA = 64
 
 
 class QueueFull(Exception):
@@ -71,6 +73,11 @@ class _Group:
 
     def __init__(self, key: str, decoder: Decoder, jobs: list[Job]):
         self.key, self.decoder, self.jobs = key, decoder, jobs
+
+
+def forward_limit(gen_length: int) -> int:
+    """The most forwards the settings of a request of `gen_length` tokens may allow."""
+    return MAX_FORWARDS_PER_TOKEN * gen_length + MAX_FORWARDS_EXTRA
 
 
 def batch_key(config: GenerationConfig) -> str:
@@ -229,11 +236,11 @@ class Engine:
     def _start_group(self, key: str, jobs: list[Job]) -> None:
         """A batch of `jobs`, joined to a running batch of the same settings when both can."""
         decoder = self._decoder([j.prompt for j in jobs], jobs[0].config)
-        gen_length = jobs[0].config.gen_length
-        if decoder.cap > MAX_FORWARDS_PER_TOKEN * gen_length:
+        gen_length, limit = decoder.state.gen_length, forward_limit(decoder.state.gen_length)
+        if decoder.request.config.max_forwards is None and decoder.cap > limit:
             raise RequestError(f"these settings allow up to {decoder.cap} forwards for {gen_length} tokens; the server "
-                               f"takes at most {MAX_FORWARDS_PER_TOKEN} per token: lower dllm.steps or the sampler's "
-                               f"arguments", None)
+                               f"takes at most {limit} ({MAX_FORWARDS_PER_TOKEN} per token + {MAX_FORWARDS_EXTRA}): "
+                               f"lower the sampler's arguments", None)
         running = next((g for g in self.groups if g.key == key and g.decoder.joinable), None)
         if running is not None and decoder.joinable:
             running.decoder.join(decoder)

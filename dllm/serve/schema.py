@@ -130,11 +130,11 @@ class CompletionRequest(_Request):
 
 
 def param_of(message: str, length_field: str = "max_tokens") -> str | None:
-    """The request field a refusal of the lengths names (the first length setting its message
+    """The request field a refusal names (the first length setting, or the temperature, its message
     mentions as a word), or None."""
     words = set(re.findall(r"\w+", message))
     fields = (("block_length", "dllm.block_length"), ("steps", "dllm.steps"), ("tokens_per_step", "dllm.steps"),
-              ("gen_length", length_field))
+              ("gen_length", length_field), ("temperature", "temperature"))
     return next((param for word, param in fields if word in words), None)
 
 
@@ -186,12 +186,20 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
     return config
 
 
+def _filters(args: dict) -> list:
+    """Every `filter` argument in `args`, also inside a wrapper's arguments (Prophet's base_kwargs)."""
+    found = [args["filter"]] if "filter" in args else []
+    for value in args.values():
+        if isinstance(value, dict):
+            found += _filters(value)
+    return found
+
+
 def _check_filter(options: DllmOptions, defaults: GenerationConfig) -> None:
     """A request names no file on the server: a Learn2PD `filter` may be left out, "none", or the
     server's own (its --sampler-arg)."""
-    args = options.sampler_args or {}
-    value = args.get("filter")
-    if "filter" in args and value not in (None, "none", defaults.sampler_kwargs.get("filter")):
+    allowed = (None, "none", defaults.sampler_kwargs.get("filter"))
+    if any(value not in allowed for value in _filters(options.sampler_args or {})):
         raise RequestError("dllm.sampler_args.filter: a request cannot name a file on the server; leave it out "
                            "(the model's or the server's filter) or give \"none\"", "dllm.sampler_args")
 

@@ -331,11 +331,13 @@ def model_names(models: Sequence[str | None]) -> dict[str | None, str]:
     distinct = list(dict.fromkeys(models))
     given = [m for m in distinct if m is not None]
     depth = max((len(Path(m).parts) for m in given), default=1)
+    tails = list(given)
     for k in range(1, depth + 1):
-        tails = [str(Path(*Path(m).parts[-k:])) for m in given]
-        if len(set(tails)) == len(tails) and "default" not in tails:
+        parts = [str(Path(*Path(m).parts[-k:])) for m in given]
+        if len(set(parts)) == len(parts) and "default" not in parts:
+            tails = parts
             break
-    names = dict(zip(given, tails)) if given else {}
+    names = dict(zip(given, tails))            # as given where no tail tells them apart ('a', './a')
     if None in distinct:
         names[None] = "default"
     return names
