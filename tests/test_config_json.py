@@ -60,3 +60,25 @@ def test_llada_reads_a_list_of_end_ids_as_its_first():
 def test_llada_moe_refuses_dense_layers(freq):
     with pytest.raises(ValueError, match=r"LLaDA-MoE config key 'moe_layer_freq' .* is not supported"):
         parse("LLaDA-MoE", moe_layer_freq=freq)
+
+
+@pytest.mark.parametrize("family,changes,message", [
+    ("LLaDA", {"mlp_hidden_size": None, "mlp_ratio": "1.5"}, r"LLaDA config key 'mlp_ratio' = '1.5' must be a "
+                                                             r"positive number"),
+    ("LLaDA", {"mlp_hidden_size": "48"}, r"LLaDA config key 'mlp_hidden_size' = '48' must be an integer >= 1"),
+    ("LLaDA-MoE", {"shared_expert_intermediate_size": "48"}, r"'shared_expert_intermediate_size' = '48' must be an "
+                                                             r"integer >= 0"),
+    ("LLaDA-MoE", {"clip_qkv": "8"}, r"LLaDA-MoE config key 'clip_qkv' = '8' must be a positive number"),
+    ("LLaDA2", {"num_shared_experts": "1"}, r"LLaDA2 config key 'num_shared_experts' = '1' must be an integer >= 0"),
+    ("LLaDA2", {"first_k_dense_replace": -1}, r"'first_k_dense_replace' = -1 must be an integer >= 0"),
+    ("Dream", {"max_position_embeddings": "4k"}, r"Dream config key 'max_position_embeddings' = '4k' must be an "
+                                                 r"integer >= 1"),
+])
+def test_a_size_of_the_wrong_type_names_its_key(family, changes, message):
+    with pytest.raises(ValueError, match=message):
+        parse(family, **changes)
+
+
+@pytest.mark.parametrize("family,default", [("Dream", 32768), ("LLaDA-MoE", 8192), ("LLaDA2", 16384)])
+def test_a_null_context_length_takes_the_default(family, default):
+    assert parse(family, max_position_embeddings=None).max_seq_len == default

@@ -199,6 +199,25 @@ def test_missing_and_unexpected_weights(llada_dir, tmp_path):
         dllm.load(folder)
 
 
+def test_tensors_the_model_does_not_use_are_skipped_as_hugging_face_skips_them(dream_dir, tmp_path):
+    """A tied head's stored copy and rotary inv_freq buffers load (the head is the embedding), while
+    any other extra tensor is still an error."""
+    folder = _copy(dream_dir, tmp_path / "ck")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["tie_word_embeddings"] = True
+    (folder / "config.json").write_text(json.dumps(cfg))
+    sd = load_file(str(folder / "model.safetensors"))
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
+    save_file(sd, str(folder / "model.safetensors"))
+    model, _ = dllm.load(folder, dtype="float32")
+    assert model.head is None and torch.equal(model.head_weight(), sd["model.embed_tokens.weight"])
+    sd["model.layers.0.self_attn.other"] = torch.ones(4)
+    save_file(sd, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"unexpected \['model.layers.0.self_attn.other'\]"):
+        dllm.load(folder)
+
+
 def test_shape_mismatch(dream_dir, tmp_path):
     folder = _copy(dream_dir, tmp_path / "ck")
     cfg = json.loads((folder / "config.json").read_text())

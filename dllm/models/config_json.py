@@ -44,6 +44,16 @@ def number(d: dict, key: str, default: float, family: str) -> float:
     return float(value)
 
 
+def integer(d: dict, key: str, default: int | None, family: str, low: int = 1) -> int | None:
+    """`d[key]` as a JSON integer >= `low`; absent or null: `default`."""
+    value = d.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{family} config key {key!r} = {value!r} must be an integer >= {low}")
+    return value
+
+
 def token_id(value: Any) -> Any:
     """A special-token id as configs write it: an id, or a list whose first entry is the id (None
     when empty or absent)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .config_json import first_of, flag, number, token_id
+from .config_json import first_of, flag, integer, number, token_id
 from .transformer import DiffusionTransformer
 
 
@@ -37,7 +37,7 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
         n_heads=d["num_attention_heads"], n_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
         mlp_hidden=d["intermediate_size"], norm_eps=number(d, "rms_norm_eps", 1e-6, "Dream"),
-        rope_theta=number(d, "rope_theta", 10000.0, "Dream"), max_seq_len=d.get("max_position_embeddings", 32768),
+        rope_theta=number(d, "rope_theta", 10000.0, "Dream"), max_seq_len=integer(d, "max_position_embeddings", 32768, "Dream"),
         mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
         bos_token_id=d.get("bos_token_id"), qkv_bias=True, tie_embeddings=flag(d, "tie_word_embeddings", False, "Dream"),
         rope_fp32=False, logit_shift=True,

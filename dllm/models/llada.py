@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .config_json import first_of, flag, number, token_id
+from .config_json import first_of, flag, integer, number, token_id
 from .transformer import DiffusionTransformer
 
 # Keys of an OLMo-style config whose values this implementation does not cover, with the value
@@ -33,7 +33,7 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     n_kv = d.get("n_kv_heads")
     if n_kv is None:
         n_kv = 1 if d.get("multi_query_attention") else n_heads
-    mlp = d.get("mlp_hidden_size") or int(d.get("mlp_ratio", 4) * d_model)
+    mlp = integer(d, "mlp_hidden_size", None, "LLaDA") or int(number(d, "mlp_ratio", 4, "LLaDA") * d_model)
     missing = [k for k, v in (("d_model", d_model), ("n_layers", first_of(d, "n_layers", "num_hidden_layers")),
                               ("n_heads", n_heads), ("vocab_size", d.get("vocab_size")),
                               ("mask_token_id", d.get("mask_token_id")), ("eos_token_id", d.get("eos_token_id")),

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, MoEConfig
-from .config_json import check_required, check_sizes, first_of, flag, number, token_id
+from .config_json import check_required, check_sizes, first_of, flag, integer, number, token_id
 from .llada_moe import EOS_TOKEN, MASK_TOKEN, special_id
 from .transformer import DiffusionTransformer
 
@@ -57,14 +57,14 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
                     score="sigmoid", norm_topk=k > 1, n_groups=d.get("n_group") or 8,
                     topk_groups=d.get("topk_group") or 4, routed_scale=number(d, "routed_scaling_factor", 2.5, "LLaDA2"),
                     expert_bias=True, router_fp32=True, sum_fp32=True,
-                    shared_hidden=d["moe_intermediate_size"] * (d.get("num_shared_experts") or 0),
-                    first_dense=d.get("first_k_dense_replace") or 0)
+                    shared_hidden=d["moe_intermediate_size"] * integer(d, "num_shared_experts", 0, "LLaDA2", low=0),
+                    first_dense=integer(d, "first_k_dense_replace", 0, "LLaDA2", low=0))
     eos = special_id(d, "eos_token_id", EOS_TOKEN, tokens, "LLaDA2")
     return ModelConfig(
         family="llada2", vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
         n_heads=n_heads, n_kv_heads=d.get("num_key_value_heads") or n_heads, mlp_hidden=d["intermediate_size"],
         norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA2"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA2"),
-        max_seq_len=d.get("max_position_embeddings", 16384),
+        max_seq_len=integer(d, "max_position_embeddings", 16384, "LLaDA2"),
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens, "LLaDA2"), eos_token_id=eos,
         pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
         bos_token_id=d.get("bos_token_id"), tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA2"),

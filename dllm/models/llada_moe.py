@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import ModelConfig, MoEConfig
 from .dream import qwen2_names
-from .config_json import check_required, check_sizes, first_of, flag, number, token_id
+from .config_json import check_required, check_sizes, first_of, flag, integer, number, token_id
 from .transformer import DiffusionTransformer
 
 PUBLISHED_VOCAB = 157184
@@ -67,7 +67,7 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     factor = number(d, "partial_rotary_factor", 1.0, "LLaDA-MoE")
     if factor > 1:
         raise ValueError(f"LLaDA-MoE config key 'partial_rotary_factor' = {factor!r} must lie in (0, 1]")
-    shared = d.get("shared_expert_intermediate_size")
+    shared = integer(d, "shared_expert_intermediate_size", None, "LLaDA-MoE", low=0)
     moe = MoEConfig(n_experts=d["num_experts"], experts_per_token=d["num_experts_per_tok"],
                     expert_hidden=d["expert_intermediate_size"], score="softmax", norm_topk=False,
                     shared_hidden=shared if shared and shared > 0 else 0)
@@ -77,12 +77,12 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
         n_heads=n_heads, n_kv_heads=d.get("num_key_value_heads") or n_heads,
         mlp_hidden=d.get("dense_intermediate_size") or d["expert_intermediate_size"],
         norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA-MoE"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA-MoE"),
-        max_seq_len=d.get("max_position_embeddings", 8192),
+        max_seq_len=integer(d, "max_position_embeddings", 8192, "LLaDA-MoE"),
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens), eos_token_id=eos,
         pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
         bos_token_id=d.get("bos_token_id"), tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA-MoE"),
         rope_fp32=False, logit_shift=False, qk_norm=flag(d, "qk_layernorm", True, "LLaDA-MoE"),
-        rotary_dim=int(head_dim * factor), clip_qkv=d.get("clip_qkv"), moe=moe,
+        rotary_dim=int(head_dim * factor), clip_qkv=None if d.get("clip_qkv") is None else number(d, "clip_qkv", 0, "LLaDA-MoE"), moe=moe,
     )
 
 

@@ -9,6 +9,8 @@ slots `name@j` of one stacked parameter (LLaDA-MoE's experts); the loader stacks
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 from pathlib import Path
@@ -211,8 +213,11 @@ def _weight_files(folder: Path) -> list[Path]:
     raise FileNotFoundError(f"no weights in {folder}: expected model.safetensors or model.safetensors.index.json")
 
 
-def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None, device) -> dict[str, torch.Tensor]:
-    """Read every safetensors file, check the key set against `names` and rename to internal names."""
+def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None, device,
+                 ignorable: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Read every safetensors file, check the key set against `names` and rename to internal names.
+    Tensors the model does not use are skipped, as Hugging Face skips them: `ignorable` (a tied LM
+    head's stored copy) and rotary `inv_freq` buffers, which are recomputed."""
     out: dict[str, torch.Tensor] = {}
     seen: set[str] = set()
     unexpected: list[str] = []
@@ -223,6 +228,8 @@ def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None,
                     if key in seen:
                         raise ValueError(f"weight {key!r} appears in more than one shard (again in {file.name})")
                     seen.add(key)
+                    if key in ignorable or key.endswith("rotary_emb.inv_freq"):
+                        continue
                     if key not in names:
                         unexpected.append(key)
                         continue
@@ -290,7 +297,10 @@ def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "auto
     cfg, _ = read_config(folder)
     cls = FAMILY_CLASSES[cfg.family]
     names = cls.hf_names(cfg)
-    tensors = cls.adapt_weights(cfg, load_weights(folder, names, resolve_dtype(dtype), device))
+    # a tied head read from the embedding: a copy of it stored under the head's name is not used
+    tied_head = frozenset(cls.hf_names(dataclasses.replace(cfg, tie_embeddings=False))) - set(names) \
+        if cfg.tie_embeddings else frozenset()
+    tensors = cls.adapt_weights(cfg, load_weights(folder, names, resolve_dtype(dtype), device, tied_head))
     with torch.device("meta"):
         model = cls(cfg, attention=attention)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
