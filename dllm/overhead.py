@@ -30,7 +30,8 @@ from .kernels import add_launch_listener, remove_launch_listener
 KINDS = ("full", "cached", "loop")
 # Operations whose output the host must read, or whose output shape depends on the data.
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "argwhere", "masked_select", "unique", "_unique",
-                      "_unique2", "unique_consecutive", "unique_dim", "equal", "repeat_interleave"})
+                      "_unique2", "unique_consecutive", "unique_dim", "equal", "repeat_interleave", "allclose",
+                      "bincount", "histc"})
 _INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
 _ROOT = Path(__file__).resolve().parents[1]
 

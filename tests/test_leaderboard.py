@@ -160,3 +160,27 @@ def test_a_curve_keeps_the_runs_over_the_most_tasks_and_names_the_rest(results, 
     with pytest.warns(UserWarning, match="run\\(s\\) d over other tasks"):
         assert main(["bench", "--report", "--out", str(results), "--format", "leaderboard", "--out-dir", str(out)]) == 0
     assert (out / "llada15" / "confidence-threshold.csv").is_file()
+
+
+def test_a_fixed_method_with_a_cache_stays_fixed_when_read_back(tmp_path):
+    curve = leaderboard.Curve("m", "confidence-topk+dual",
+                              [(leaderboard.AVG, 1.0, 90.0), (leaderboard.AVG, 2.0, 75.0), (leaderboard.AVG, 4.0, 50.0)])
+    assert curve.pb(80) == 1.0 and curve.pb(70) == 2.0          # the best point, no interpolation
+
+
+def test_model_ids_of_relative_folders_stay_inside_the_output(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert leaderboard.model_id("..") == tmp_path.parent.name.lower() and leaderboard.model_id(".") == \
+        tmp_path.name.lower()
+
+
+def test_runs_whose_scored_tasks_differ_are_separate_methods():
+    def run(run_id, tps, scores):
+        s = report.RunSummary(run_id, "m", "threshold", {}, "none", "generated", "adaptive")
+        for task, score in scores.items():
+            s.tasks.append(report.TaskSummary(task, 10, score, None, tps, 1.0, 1.0))
+        return s
+
+    both = run("a", 2.0, {"waiting_line/copy": 100.0, "text_writing/w2s_easy": 20.0})
+    one = run("b", 3.0, {"waiting_line/copy": 100.0, "text_writing/w2s_easy": None})
+    assert both.method != one.method and len(report.leaderboard([both, one], (80,))) == 2

@@ -54,6 +54,8 @@ def task_id(task: str) -> str:
 def model_id(model: str) -> str:
     """The leaderboard's id of a model (`GSAI-ML/LLaDA-1.5` -> `llada15`), else the folder's name."""
     name = Path(str(model).rstrip("/")).name
+    if name in ("", ".", ".."):     # a folder named by a relative path: its own name, never a way out
+        name = Path(str(model)).resolve().name or "model"
     return _MODEL_IDS.get(name, name.lower())
 
 
@@ -79,7 +81,8 @@ class Curve:
         return [(tps, acc) for task, tps, acc in self.rows if task == AVG]
 
     def pb(self, x: float) -> float | None:
-        adaptive = self.method not in FIXED_METHODS if self.adaptive is None else self.adaptive
+        method = self.method.split("+", 1)[0]            # a cache suffix leaves the schedule as it is
+        adaptive = method not in FIXED_METHODS if self.adaptive is None else self.adaptive
         return pb_score(self.points, x, adaptive=adaptive)
 
     def sorted_rows(self) -> list[tuple[str, float, float]]:

@@ -68,7 +68,9 @@ class RunSummary:
 
     @property
     def method(self) -> tuple:
-        return (self.model, self.sampler, self.cache_label, self.data_mode, tuple(sorted(t.task for t in self.tasks)))
+        """What a PB@X curve groups: model, sampler, cache, data and the tasks its average covers (a
+        run with an unscored task is not averaged with one that scored it)."""
+        return (self.model, self.sampler, self.cache_label, self.data_mode, tuple(sorted(t.task for t in self.scored)))
 
 
 def _mean(xs):
