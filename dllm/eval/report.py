@@ -6,8 +6,8 @@ whose headline is unavailable (Text Writing without a grammar checker) are left 
 averages, and the average is then labelled with the number of tasks it covers.
 
 PB@X (the ParallelBench leaderboard score) is computed per method, i.e. per (model, sampler,
-cache with its arguments, data, task set), over the points of its runs (the sampler's arguments
-are what moves along a method's curve):
+cache with its arguments, data, set of scored tasks), over the points of its runs (the sampler's
+arguments are what moves along a method's curve):
   * fixed schedules (top-k: tokens per forward known in advance): the largest tokens/forward
     whose average is >= X;
   * adaptive rules (measured tokens/forward): points sorted by tokens/forward (the higher score
