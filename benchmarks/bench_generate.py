@@ -59,6 +59,7 @@ the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -310,6 +311,23 @@ def environment(device: torch.device) -> dict:
                 torch_threads=torch.get_num_threads(), cuda_device=cuda_name, world_size=1)
 
 
+@contextlib.contextmanager
+def counting_calls(model):
+    """Within the block, `model`'s forward calls are counted in the yielded one-element list."""
+    calls = [0]
+    forward = model.forward
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    try:
+        yield calls
+    finally:
+        del model.forward
+
+
 def prompt_batch(cfg: ModelConfig, batch: int, length: int, seed: int, device: torch.device) -> torch.Tensor:
     """(B, Lp) random ids below every special id, so no prompt holds a mask, pad or EOS."""
     specials = [i for i in (cfg.mask_token_id, cfg.eos_token_id, cfg.pad_token_id, cfg.bos_token_id,
@@ -382,21 +400,12 @@ def bench_preset(name: str, p: BenchPreset, batch: int, args, env: dict, device:
     ref_calls = []           # model calls of each reference run, counted
 
     def run_ref(prompt_t, gen_length, steps):
-        calls = [0]
-        forward = model.forward
-
-        def counted(*a, **k):
-            calls[0] += 1
-            return forward(*a, **k)
-
-        model.forward = counted
-        try:
-            return timed(lambda: reference_generate(model, prompt_t, steps=steps, gen_length=gen_length,
-                                                    block_length=p.block_length, mask_id=cfg.mask_token_id,
-                                                    softmax_dtype=ref_softmax), device)
-        finally:
-            del model.forward
-            ref_calls.append(calls[0])
+        with counting_calls(model) as calls:
+            result = timed(lambda: reference_generate(model, prompt_t, steps=steps, gen_length=gen_length,
+                                                      block_length=p.block_length, mask_id=cfg.mask_token_id,
+                                                      softmax_dtype=ref_softmax), device)
+        ref_calls.append(calls[0])
+        return result
 
     def compare(out, ref_x, steps, what):
         got, want = out.sequences.cpu(), ref_x.cpu()
