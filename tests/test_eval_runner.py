@@ -143,6 +143,11 @@ def test_config_errors():
         runner.config_from_dict({"model": "m", "generated": True, "smapler": "x"})
     with pytest.raises(ValueError, match="unknown name source 'faker'; sources: lists, open"):
         runner.BenchConfig(model="m", names="faker")
+    # Cache settings that decode alike are one run identity (the arguments a run gave that are not defaults).
+    assert runner.cache_identity("dual", {}) == runner.cache_identity("dual", {"twins": False, "guard": None}) \
+        == ("dual", {})
+    assert runner.cache_identity("dual", {"guard": 0.9}) == ("dual", {"guard": 0.9})
+    assert runner.cache_identity(dllm.cache.get_policy("dkv-greedy", window=4), {}) == ("dkv-greedy", {})
     official = runner.BenchConfig(model="m").replace(data_dir="data")     # the data source follows data_dir
     assert official.data_dir == "data" and not official.generated
     assert official.replace(data_dir=None).generated

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 import dllm
 from dllm import provenance
+from dllm.cache import CachePolicy, get_policy
 from dllm.config import GenerationConfig
 from dllm.decode import checkpoint_gen_length, resolve_sampler, with_instances
 from dllm.distributed import Distributed
@@ -229,10 +230,20 @@ class ResultsFile:
 
 
 # -- running ------------------------------------------------------------------------------------
+def cache_identity(cache, cache_kwargs: dict) -> tuple[str, dict]:
+    """(name, arguments) of a run's cache policy as its identity holds them: the arguments that
+    differ from the policy's defaults, integral floats as integers, so that settings that decode
+    alike (`dual` and `dual twins=false`, `refresh=4` and `refresh=4.0`) are one run."""
+    policy = cache if isinstance(cache, CachePolicy) else get_policy(cache, **cache_kwargs)
+    defaults = get_policy(policy.name).arguments()
+    canonical = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in policy.arguments().items()}
+    return policy.name, {k: v for k, v in canonical.items() if v != defaults.get(k)}
+
+
 def run_identity(cfg: BenchConfig, model_name: str, sampler_name: str, sampler_args: dict, dataset: Dataset) -> dict:
     """Everything that decides a run's tokens; its hash is the run id."""
     g = cfg.generation
-    cache, cache_args = (g.cache, g.cache_kwargs) if isinstance(g.cache, str) else (g.cache.name, g.cache.arguments())
+    cache, cache_args = cache_identity(g.cache, g.cache_kwargs)
     identity = {"model": model_name, "sampler": sampler_name, "sampler_args": sampler_args, "cache": cache,
                 "cache_args": cache_args, "gen_length": g.gen_length, "block_length": g.block_length,
                 "steps": g.steps, "tokens_per_step": g.tokens_per_step, "temperature": g.temperature,
