@@ -788,11 +788,10 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None, help="append one JSON line per preset here")
     ap.add_argument("--resume", action="store_true", help="skip configurations already present in --out")
     args = ap.parse_args(argv)
-    given = [(flag, dest) for flag, dest in (("--policies", "policies"), ("--cache-steps-per-block", "cache_steps_per_block"),
-                                             ("--headline-repeats", "headline_repeats"), ("--warmup-runs", "warmup_runs"),
-                                             ("--tau", "tau"), ("--no-headline", "headline"),
-                                             ("--ref-softmax-dtype", "ref_softmax_dtype"))
-             if getattr(args, dest) != ap.get_default(dest)]
+    mode_options = (("--policies", "policies"), ("--cache-steps-per-block", "cache_steps_per_block"),
+                    ("--headline-repeats", "headline_repeats"), ("--warmup-runs", "warmup_runs"), ("--tau", "tau"),
+                    ("--no-headline", "headline"), ("--ref-softmax-dtype", "ref_softmax_dtype"))
+    given = [(flag, dest) for flag, dest in mode_options if getattr(args, dest) != ap.get_default(dest)]
     unused = [flag for flag, dest in given if (dest == "ref_softmax_dtype") == args.caches]
     if unused:
         ap.error(f"{', '.join(unused)} appl(ies) only {'without' if args.caches else 'with'} --caches")
@@ -905,7 +904,8 @@ def main(argv=None) -> int:
     if not rows:
         print("nothing run: every configuration is in --out already")
     else:
-        print(f"tokens at temperature 0: {'dllm and reference DIFFER: ' + ', '.join(bad) if bad else 'identical in every run'}")
+        verdict = "dllm and reference DIFFER: " + ", ".join(bad) if bad else "identical in every run"
+        print(f"tokens at temperature 0: {verdict}")
     print(f"total wall time {time.perf_counter() - start:.1f} s")
     if bad:
         print(f"FAIL: dllm and the reference loop produced different tokens for {', '.join(bad)}", file=sys.stderr)

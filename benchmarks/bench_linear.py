@@ -106,7 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--presets", default="llada-compute",
                     help=f"comma-separated bench_generate presets ({', '.join(BENCH_PRESETS)})")
     ap.add_argument("--rows", default="1,4,8,13,16,24,32,48,64,128", help="comma-separated row counts")
-    ap.add_argument("--repeats", type=int, default=20, help="timed calls per product (weights over 2**26 entries: a quarter, at least 3; generation: "
+    ap.add_argument("--repeats", type=int, default=20,
+                    help="timed calls per product (weights over 2**26 entries: a quarter, at least 3; generation: "
                          "runs per mode, 3 when this is above 5)")
     ap.add_argument("--generate", action="store_true", help="also time generation with the band on and off")
     ap.add_argument("--seed", type=int, default=0)

@@ -82,7 +82,8 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
         pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
         bos_token_id=d.get("bos_token_id"), tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA-MoE"),
         rope_fp32=False, logit_shift=False, qk_norm=flag(d, "qk_layernorm", True, "LLaDA-MoE"),
-        rotary_dim=int(head_dim * factor), clip_qkv=None if d.get("clip_qkv") is None else number(d, "clip_qkv", 0, "LLaDA-MoE"), moe=moe,
+        rotary_dim=int(head_dim * factor), moe=moe,
+        clip_qkv=None if d.get("clip_qkv") is None else number(d, "clip_qkv", 0, "LLaDA-MoE"),
     )
 
 

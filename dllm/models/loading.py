@@ -10,7 +10,6 @@ slots `name@j` of one stacked parameter (LLaDA-MoE's experts); the loader stacks
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 from pathlib import Path
