@@ -83,9 +83,18 @@ class DispatchCounter(TorchDispatchMode):
 
     def __enter__(self):
         add_launch_listener(self)
+        # `Tensor.tolist` reads the tensor on the host without dispatching an aten operation
+        self._tolist = tolist = torch.Tensor.tolist
+
+        def counted_tolist(tensor):
+            self.record_tolist()
+            return tolist(tensor)
+
+        torch.Tensor.tolist = counted_tolist
         return super().__enter__()
 
     def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
         remove_launch_listener(self)
         return super().__exit__(*exc)
 
@@ -145,20 +154,12 @@ def count_decode(model, prompts: list[list[int]], config: GenerationConfig) -> D
     def leave_forward(module, args, kwargs, output):
         counter.kind = "loop"
 
-    tolist = torch.Tensor.tolist
-
-    def counted_tolist(tensor):
-        counter.record_tolist()
-        return tolist(tensor)
-
     hooks = [model.register_forward_pre_hook(enter_forward, with_kwargs=True),
              model.register_forward_hook(leave_forward, with_kwargs=True)]
-    torch.Tensor.tolist = counted_tolist
     try:
         with counter, torch.no_grad():
             forwards = decode(model, state, request)
     finally:
-        torch.Tensor.tolist = tolist
         for hook in hooks:
             hook.remove()
     return DecodeCounts(forwards=forwards, steps=forwards, counts=counter.counts)
