@@ -216,8 +216,8 @@ def with_instances(cfg: GenerationConfig) -> GenerationConfig:
 def resolve_sampler(model, cfg: GenerationConfig) -> Sampler:
     """The request's sampler. Without one: the `alg` of the checkpoint's generation_config.json
     when it names a registered sampler (Dream's published default is `origin`, with the generation
-    config's values of the arguments it takes: `eps`, `top_p`, `top_k`), else the family's reference rule (LLaDA `low_confidence`, Dream
-    `entropy`)."""
+    config's values of the arguments it takes: `eps`, `top_p`, `top_k`), else the family's
+    reference rule (LLaDA `low_confidence`, Dream `entropy`)."""
     cfg = with_instances(cfg)
     if cfg.sampler is not None:
         return cfg.sampler

@@ -108,4 +108,5 @@ def remove_launch_listener(listener) -> None:
 from .scoring import TokenScores, token_scores, token_scores_ref, token_scores_triton  # noqa: E402
 
 __all__ = ["HAS_TRITON", "INTERPRET", "TokenScores", "add_launch_listener", "launching", "on_device",
-           "remove_launch_listener", "require_triton", "token_scores", "token_scores_ref", "token_scores_triton", "triton_runs_on"]
+           "remove_launch_listener", "require_triton", "token_scores", "token_scores_ref", "token_scores_triton",
+           "triton_runs_on"]

@@ -16,9 +16,9 @@ import yaml
 
 from dllm import samplers
 from dllm.attention import get_backend
-from dllm.cache import available_policies, get_policy, policy_class
+from dllm.cache import available_policies, policy_class
 from dllm.config import GenerationConfig
-from dllm.eval.runner import BenchConfig
+from dllm.eval.runner import BenchConfig, cache_identity
 from dllm.models.loading import resolve_dtype
 
 AXES = ("models", "samplers", "caches", "block_lengths", "gen_lengths")
@@ -246,15 +246,16 @@ def _check_schedule_keys(sampler, entry: dict, where: str) -> None:
                          f"block_lengths; leave them out")
 
 
-def _cache_entries(entries, where: str) -> list[tuple[str, dict]]:
+def _cache_entries(entries, where: str) -> list[tuple[str, dict, tuple]]:
+    """(name, arguments as given, the run identity's (name, arguments)) of each cache setting."""
     out = []
     for at, e in _named_entries(entries, where, CACHE_KEYS, "cache policies", available_policies(), policy_class):
         for c in _arg_combos(e.get("args"), at):
             try:
-                get_policy(e["name"], **c)
+                identity = cache_identity(e["name"], c)
             except ValueError as err:
                 raise ValueError(f"{at} with {_fmt_args(c) or 'defaults'}: {err}") from None
-            out.append((e["name"], c))
+            out.append((e["name"], c, identity))
     return out
 
 
@@ -292,7 +293,7 @@ def parse_grid(data: dict, source: str = "grid") -> Grid:
             for s in _sampler_entries(axes["samplers"], f"{where}.samplers"):
                 for combo in s["combos"]:
                     for kind, count in s["schedule"]:
-                        for cache, cache_args in caches:
+                        for cache, cache_args, cache_same in caches:
                             for block in s.get("block_lengths", blocks if combo.uses_blocks else [None]):
                                 for gen in s.get("gen_lengths", gens):
                                     request = GenerationConfig(
@@ -301,8 +302,8 @@ def parse_grid(data: dict, source: str = "grid") -> Grid:
                                         **{kind: count})
                                     # Equal as decoded: one model folder however spelled, arguments
                                     # with their defaults filled in and compared as numbers (1 == 1.0).
-                                    same = (_model_identity(model), s["name"], combo.resolved, cache,
-                                            get_policy(cache, **cache_args).arguments(), gen, block, kind, count)
+                                    same = (_model_identity(model), s["name"], combo.resolved, cache_same, gen,
+                                            block, kind, count)
                                     if same not in seen:
                                         seen.append(same)
                                         points.append(SweepPoint(model=model, generation=request))
