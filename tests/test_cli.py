@@ -48,8 +48,9 @@ def test_parse_kv():
         parse_kv(["tau"], "--sampler-arg")
 
 
-def test_console_script_lists_samplers():
-    out = subprocess.run([sys.executable, "-m", "dllm.cli", "samplers"], capture_output=True, text=True, check=True)
+@pytest.mark.parametrize("module", ["dllm.cli", "dllm"])
+def test_console_script_lists_samplers(module):
+    out = subprocess.run([sys.executable, "-m", module, "samplers"], capture_output=True, text=True, check=True)
     for name in ("low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"):
         assert name in out.stdout
 
