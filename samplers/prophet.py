@@ -96,12 +96,13 @@ class Prophet(Sampler):
         check_number("answer_start", answer_start, integer=True, sampler=n)
         check_number("answer_length", answer_length, low=1, integer=True, allow_none=True, sampler=n)
         self.answer_start, self.answer_length = answer_start, answer_length
-        # The wrapper decodes as its base does.
+        # The wrapper decodes as its base does, except that it always uses `steps`: its progress is
+        # the global step over the requested steps, whatever the base's schedule.
         b = self.base
         if b.shadow_block:
             raise ValueError(f"sampler {n!r}: base {b.name!r} runs shadow copies of its block, which a fill of "
                              f"every mask cannot take part in; use another base")
-        self.uses_blocks, self.fixed_schedule, self.uses_steps = b.uses_blocks, b.fixed_schedule, b.uses_steps
+        self.uses_blocks, self.fixed_schedule = b.uses_blocks, b.fixed_schedule
         self.needs_logits, self.gumbel_candidates = b.needs_logits, b.gumbel_candidates
         self.rewrites_tokens, self.remasks, self.reaches_back = b.rewrites_tokens, b.remasks, b.reaches_back
         self.score_fields = frozenset(b.score_fields) | {"logit_gap"}

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -460,6 +461,20 @@ def test_prophet_fires_and_stops(llada):
     first = dllm.generate(model, tok, PROMPTS, gen_length=16, block_length=16, sampler="threshold",
                           sampler_kwargs=dict(tau=0.0))
     assert torch.equal(out.generated, first.generated)
+
+
+def test_prophet_progress_counts_the_requested_steps_whatever_its_base(llada):
+    """The stage is the step over the requested steps, also over a base that sets its own
+    schedule: `steps` is used, not warned about as ignored."""
+    model, tok = llada
+    kw = dict(gen_length=16, block_length=8, sampler="prophet",
+              sampler_kwargs=dict(base="threshold", base_kwargs={"tau": 1.0}, thresholds=[1e9, 1e9, -1e9],
+                                  switches=[0.5, 0.5]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for steps in (4, 8):
+            # fills everything at the first step past half the requested steps
+            assert dllm.generate(model, tok, PROMPTS, steps=steps, **kw).forwards == steps // 2 + 1
 
 
 def test_prophet_base_instance_and_kwargs():

@@ -173,14 +173,15 @@ def test_labels_name_models_by_the_path_parts_that_tell_them_apart(tmp_path):
 @pytest.mark.parametrize("entry, message", [
     ({"name": "threshold", "tokens_per_step": [1, 4]}, r"sampler 'threshold' sets its own schedule and ignores steps"),
     ({"name": "eb", "steps": 8}, r"sampler 'eb' sets its own schedule"),
-    ({"name": "prophet", "args": {"base": "threshold"}, "steps": 8}, r"sampler 'prophet' sets its own schedule"),
     ({"name": "entropy", "block_lengths": [8]}, r"sampler 'entropy' decodes the whole generation at once and "
                                                 r"ignores block_lengths"),
 ])
 def test_schedule_keys_a_sampler_ignores_are_refused(entry, message):
     with pytest.raises(ValueError, match=message):
         sweep.parse_grid({"samplers": [entry]})
-    assert len(sweep.parse_grid({"samplers": [{"name": "prophet", "steps": [8, 16]}]}).points) == 2
+    # prophet's progress is the step over the requested steps, whatever its base
+    for args in ({}, {"base": "threshold"}):
+        assert len(sweep.parse_grid({"samplers": [{"name": "prophet", "args": args, "steps": [8, 16]}]}).points) == 2
 
 
 def test_a_command_line_samplers_own_lengths_stay_beside_the_length_axes():
