@@ -119,6 +119,21 @@ def test_auto_precision_is_bf16_only_on_a_cpu_with_bf16_matrix_units(monkeypatch
         T.step_precision("half")
 
 
+def test_llada_loss_weights_a_fixed_mask_by_its_share_of_the_response():
+    """A row given a fixed mask of m of G columns stands for t = m / G, whatever t was drawn: with
+    uniform logits its loss is log V for every seed."""
+    items = [T.Encoded("t", [5, 6], [8] * 20) for _ in range(3)]
+    x, valid, pos, cols = T.make_batch(items, pad_id=0)
+    fixed = torch.zeros(3, 20, dtype=torch.bool)
+    fixed[:, :10] = True
+    fixed[2, :15] = True
+    rows = torch.tensor([[True], [True], [True]])
+    for seed in range(20):
+        loss = T.diffusion_loss(_Uniform(50), x, valid, pos, cols, mask_id=49, eps=1e-3, loss="llada",
+                                generator=torch.Generator().manual_seed(seed), fixed=fixed, fixed_rows=rows)
+        assert loss.item() == pytest.approx(math.log(50), rel=1e-5)
+
+
 def test_masked_mean_loss_draws_t_as_a_power_of_u():
     items = [T.Encoded("t", [5, 6, 7][: 1 + b % 3], [8 + b % 4] * 10) for b in range(4000)]
     x, valid, pos, cols = T.make_batch(items, pad_id=0)
@@ -281,6 +296,20 @@ def test_saved_model_is_a_llada_checkpoint_that_generates(trained):
     info = json.loads((out / "a" / "train_info.json").read_text())
     assert info["steps"] == TINY["steps"] and info["parameters"] == model.config.n_params
     assert info["precision"] == "fp32"
+
+
+def test_a_tokenizer_left_without_a_checkpoint_is_not_reused(tmp_path):
+    """A session stopped before its first checkpoint leaves its tokenizer behind; a run with other
+    settings in that folder builds its own."""
+    out = tmp_path / "r"
+    assert T.train(T.TrainConfig(out=str(out), **{**TINY, "vocab_size": 700}), progress=False, stop_after=1) is None
+    (out / "checkpoint.pt").unlink()
+    folder = T.train(T.TrainConfig(out=str(out), **{**TINY, "vocab_size": 400}), progress=False)
+    fresh = T.train(T.TrainConfig(out=str(tmp_path / "f"), **{**TINY, "vocab_size": 400}),
+                    progress=False)
+    assert (folder / "tokenizer.json").read_text() == (fresh / "tokenizer.json").read_text()
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == \
+        json.loads((fresh / "config.json").read_text())["vocab_size"]
 
 
 def test_interrupted_run_resumes_to_the_same_weights(trained, tmp_path):

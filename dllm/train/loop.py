@@ -236,10 +236,12 @@ class _Phase:
     precision: str          # the step's precision, "bf16" or "fp32" ("auto" resolved)
 
 
-def _phase_tokenizer(cfg: TrainConfig, tok_dir: Path, records: dict[str, list[dict]], start):
-    """The phase's tokenizer: the one saved in `tok_dir` by an earlier session, else the start model's,
-    else one built on the rendered training text; saved in `tok_dir` when new."""
-    if (tok_dir / "tokenizer.json").is_file():
+def _phase_tokenizer(cfg: TrainConfig, tok_dir: Path, records: dict[str, list[dict]], start, resuming: bool):
+    """The phase's tokenizer: when `resuming` a checkpoint, the one saved in `tok_dir` by the session
+    that made it; else the start model's, or one built on the rendered training text, saved in
+    `tok_dir` (replacing one left by a session stopped before its first checkpoint, which may have
+    had other settings)."""
+    if resuming and (tok_dir / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
     if start is not None:
         tokenizer = start[1]
@@ -362,7 +364,8 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
         torch.set_num_threads(cfg.threads)
     records = training_records(cfg)
     start = start_model(cfg) if cfg.init_from else None
-    tokenizer = _phase_tokenizer(cfg, out / "tokenizer", records, start)
+    ckpt_path = out / "checkpoint.pt"
+    tokenizer = _phase_tokenizer(cfg, out / "tokenizer", records, start, resuming=ckpt_path.is_file())
     if cfg.cover_share:
         records = with_cover_names(records, cover_pool(tokenizer, seed=cfg.seed), cfg.cover_share, cfg.seed)
     data, dropped = encode_records(tokenizer, records, cfg.canvas)
@@ -371,7 +374,7 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     precision = step_precision(cfg.precision)
     model = _build_model(cfg, tokenizer, start, precision)
     forward = torch.compile(model.hidden_at, dynamic=True) if cfg.compile else model.hidden_at
-    run = _Phase(cfg, recipe_fields(cfg), out / "checkpoint.pt", model, forward, _Optimizers.build(cfg, model),
+    run = _Phase(cfg, recipe_fields(cfg), ckpt_path, model, forward, _Optimizers.build(cfg, model),
                  batches, _Progress.fresh(cfg, batches.tasks), precision)
     if run.ckpt_path.is_file():
         _resume(run)

@@ -101,13 +101,14 @@ def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generat
     extra_ok False entries are left alone.
 
     fixed (B, G) bool with fixed_rows (B, 1) bool: in those rows the response mask is `fixed`
-    instead of the random draw (the draws are made for every row all the same).
+    instead of the random draw (the draws are made for every row all the same). Under the
+    "llada" loss such a row is weighted by 1 / (its masked share of the G response columns), the
+    t its mask stands for, not by the t drawn for it.
 
     head: None when `model(noisy, cols, position_ids=, key_valid=)` returns logits (B, G', V); else
     `model` returns hidden states (B, G', d) (`hidden_at`) and `head` (`head_logits`) maps only the
     masked ones to logits. Same loss; with a large vocabulary most of the LM head's work and the
-    (B, G', V) float logits are skipped (with t = u^2, two thirds of the columns are unmasked on
-    average).
+    (B, G', V) float logits are skipped (with t = u, half of the columns are unmasked on average).
 
     end_id, end_weight: the end-of-turn token and its two neighbours count `end_weight` times in
     the loss (`end_weights`), where the answer's length is decided.
@@ -146,6 +147,8 @@ def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generat
     if extra is not None:
         weight = weight * extra
     if loss == "llada":
+        if fixed is not None:
+            t = torch.where(fixed_rows, fixed.sum(1, keepdim=True).clamp(min=1) / G, t)
         return ((ce * weight / t).sum(1) / G).mean()
     return (ce * weight).sum() / weight.sum().clamp(min=1)
 
