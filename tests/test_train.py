@@ -298,6 +298,13 @@ def test_saved_model_is_a_llada_checkpoint_that_generates(trained):
     assert info["precision"] == "fp32"
 
 
+def test_a_multi_process_launch_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"one of 2 launched processes \(WORLD_SIZE=2\)"):
+        T.train(T.TrainConfig(out=str(tmp_path / "r"), **TINY), progress=False)
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_tokenizer_left_without_a_checkpoint_is_not_reused(tmp_path):
     """A session stopped before its first checkpoint leaves its tokenizer behind; a run with other
     settings in that folder builds its own."""

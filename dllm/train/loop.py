@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
+from ..distributed import world_size
 from ..models.llada import LLaDAModel
 from .config import TrainConfig, complete_recipe, phase_configs, recipe_fields, step_precision
 from .cover import cover_pool, with_cover_names
@@ -45,7 +46,11 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path | None:
     """Train (or resume from the checkpoints under `out`) and export the model to `<out>/model`;
     returns that folder, or None when `stop_after` optimizer steps (all phases counted) stopped
-    the run first, checkpointed as an interruption would leave it."""
+    the run first, checkpointed as an interruption would leave it. Training runs in one process:
+    a multi-process launch (WORLD_SIZE > 1) is refused."""
+    if world_size() > 1:
+        raise ValueError(f"training runs in one process, but this is one of {world_size()} launched processes "
+                         f"(WORLD_SIZE={world_size()}); run it without torchrun / accelerate launch")
     if cfg.then_steps:
         return _train_phases(cfg, progress, stop_after)
     return _train_phase(cfg, progress, stop_after)
