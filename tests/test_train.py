@@ -180,8 +180,14 @@ def test_encode_records_lays_answers_on_the_canvas_asked_for():
     for canvas, length in ((0, 32), (48, 48)):
         enc, dropped = T.encode_records(tok, records, canvas)
         assert {len(e.response) for e in enc} == {length} and not dropped
-    enc, dropped = T.encode_records(tok, records, 3)
-    assert not enc and dropped == {"waiting_line/copy": 5}
+    need = sorted(len(tok(T.answer_text(r), add_special_tokens=False)["input_ids"]) + 1
+                  for r in records["waiting_line/copy"])
+    assert need[0] < need[-1]
+    enc, dropped = T.encode_records(tok, records, need[-1] - 1)        # the longest answers are dropped
+    assert len(enc) == sum(n < need[-1] for n in need) and dropped == {"waiting_line/copy": 5 - len(enc)}
+    with pytest.raises(ValueError, match=rf"no record of task 'waiting_line/copy' fits a canvas of 3 tokens "
+                                         rf"\(its answers with the end token take up to {need[-1]}\)"):
+        T.encode_records(tok, records, 3)
 
 
 def test_example_answers_join_the_loss_masked_with_their_rows_t():
@@ -296,6 +302,12 @@ def test_saved_model_is_a_llada_checkpoint_that_generates(trained):
     info = json.loads((out / "a" / "train_info.json").read_text())
     assert info["steps"] == TINY["steps"] and info["parameters"] == model.config.n_params
     assert info["precision"] == "fp32"
+
+
+def test_a_canvas_past_the_models_length_after_its_prompt_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"prompt of \d+ tokens and its canvas of 1000 take \d+ tokens, more than the "
+                                         r"model's maximum sequence length 1024"):
+        T.train(T.TrainConfig(out=str(tmp_path / "r"), **{**TINY, "canvas": 1000}), progress=False)
 
 
 def test_a_multi_process_launch_is_refused(tmp_path, monkeypatch):

@@ -35,7 +35,8 @@ INITS = ("mimetic", "normal")
 PRECISIONS = ("auto", "bf16", "fp32")
 EMBED_UPDATES = ("dense", "lazy", "frozen")
 PREV_HEAD_INPUTS = ("embedding", "bias")
-MAX_CANVAS = 1024
+MAX_SEQ_LEN = 1024      # the exported model's maximum sequence length: prompt and canvas together
+MAX_CANVAS = MAX_SEQ_LEN
 
 # The task weights of the shipped recipe's later phases. Second: the Latin squares, the list tasks
 # held at a low weight. Third: the list operations again, the Latin squares still weighing most.

@@ -197,7 +197,8 @@ def example_spans(tokenizer, prompt: list[int], turns: list[dict]) -> tuple:
 
 def encode_records(tokenizer, records: dict[str, list[dict]], canvas: int = 0) -> tuple[list[Encoded], dict[str, int]]:
     """Token ids of every record on a response canvas of `canvas` tokens (0: the task's max_tokens);
-    records whose answer and EOT do not fit are counted, not kept."""
+    records whose answer and EOT do not fit are counted, not kept. A task none of whose records fits
+    is a ValueError naming it."""
     eos, eot = tokenizer.convert_tokens_to_ids(EOS), tokenizer.convert_tokens_to_ids(EOT)
     out, dropped = [], {}
     for task_id, recs in records.items():
@@ -212,6 +213,11 @@ def encode_records(tokenizer, records: dict[str, list[dict]], canvas: int = 0) -
             response = a + [eot] + [eos] * (length - len(a) - 1)
             sides = name_sides(tokenizer.convert_ids_to_tokens(a)) + (0,) * (length - len(a))
             out.append(Encoded(task_id, p, response, spans, sides))
+        if recs and dropped.get(task_id) == len(recs):
+            longest = max(len(a) for a in answers) + 1
+            raise ValueError(f"no record of task {task_id!r} fits a canvas of {length} tokens (its answers with the "
+                             f"end token take up to {longest}); give a canvas of at least {longest} tokens "
+                             f"(canvas 0: each task's max_tokens)")
     return out, dropped
 
 

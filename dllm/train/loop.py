@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 from ..distributed import world_size
 from ..models.llada import LLaDAModel
-from .config import TrainConfig, complete_recipe, phase_configs, recipe_fields, step_precision
+from .config import MAX_SEQ_LEN, TrainConfig, complete_recipe, phase_configs, recipe_fields, step_precision
 from .cover import cover_pool, with_cover_names
 from .data import (PAIR_BIND_ROWS, Encoded, answer_text, build_tokenizer, copy_example, copy_vocab, encode_records,
                    example_columns, global_pairing, make_batch, pair_example, response_sides, tokenizer_texts,
@@ -256,6 +256,16 @@ def _phase_tokenizer(cfg: TrainConfig, tok_dir: Path, records: dict[str, list[di
     return tokenizer
 
 
+def _check_sequence_lengths(data: list[Encoded]) -> None:
+    """A ValueError naming the longest example when its prompt and canvas together exceed the model's
+    maximum sequence length (the exported model could not decode its own canvas after that prompt)."""
+    longest = max(data, key=lambda e: len(e.prompt) + len(e.response), default=None)
+    if longest is not None and len(longest.prompt) + len(longest.response) > MAX_SEQ_LEN:
+        raise ValueError(f"a {longest.task!r} prompt of {len(longest.prompt)} tokens and its canvas of "
+                         f"{len(longest.response)} take {len(longest.prompt) + len(longest.response)} tokens, more than "
+                         f"the model's maximum sequence length {MAX_SEQ_LEN}; give a smaller canvas")
+
+
 def _build_model(cfg: TrainConfig, tokenizer, start, precision: str) -> LLaDAModel:
     """The recipe's model, initialised by `init_weights` (from the global torch RNG), then given the
     start model's weights when there is one (of the same shape). `precision` is the step's."""
@@ -374,6 +384,7 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     if cfg.cover_share:
         records = with_cover_names(records, cover_pool(tokenizer, seed=cfg.seed), cfg.cover_share, cfg.seed)
     data, dropped = encode_records(tokenizer, records, cfg.canvas)
+    _check_sequence_lengths(data)
     batches = _BatchSource.build(cfg, tokenizer, data)
     torch.manual_seed(cfg.seed)
     precision = step_precision(cfg.precision)
