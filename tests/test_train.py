@@ -1,4 +1,5 @@
 """Masked-diffusion training: the objective, the saved LLaDA layout, resume after interruption."""
+import dataclasses
 import json
 import math
 import re
@@ -425,8 +426,10 @@ def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
     assert T.train(cut, progress=False, stop_after=TINY["steps"]) is None     # phase 1 done, phase 2 not begun
     assert (tmp_path / "cut" / "phase1" / "model").is_dir() and not (tmp_path / "cut" / "phase2").exists()
     assert T.train(cut, progress=False, stop_after=TINY["steps"] + 1) is None  # one step into phase 2
+    (tmp_path / "cut").rename(tmp_path / "moved")              # phase 2 started from cut/phase1/model ...
+    cut = dataclasses.replace(cut, out=str(tmp_path / "moved"))  # ... and resumes from the same weights here
     assert T.train(cut, progress=False, stop_after=TINY["steps"] + 2) is None  # phase 2 done, phase 3 not begun
-    assert not (tmp_path / "cut" / "checkpoint.pt").exists()
+    assert not (tmp_path / "moved" / "checkpoint.pt").exists()
     e = weights(T.train(cut, progress=False))
     assert all(torch.equal(d[k], e[k]) for k in d)
     # one value for all later phases; command-line text; then_steps 0 is no later phase

@@ -239,6 +239,7 @@ class _Phase:
     batches: _BatchSource
     state: _Progress
     precision: str          # the step's precision, "bf16" or "fp32" ("auto" resolved)
+    start_sha256: str | None = None     # the sha256 of the start model's weights (`init_from`)
 
 
 def _phase_tokenizer(cfg: TrainConfig, tok_dir: Path, records: dict[str, list[dict]], start, resuming: bool):
@@ -283,11 +284,14 @@ def _build_model(cfg: TrainConfig, tokenizer, start, precision: str) -> LLaDAMod
 def _resume(run: _Phase) -> None:
     """Restore the weights, optimizer states, random streams and progress of `run.ckpt_path`; a
     ValueError names the recipe fields when it was made with other settings (a field its recipe
-    lacks counts as that field's default)."""
+    lacks counts as that field's default). An `init_from` path counts as the same when the start
+    weights' sha256 is the one the checkpoint recorded."""
     ck = torch.load(run.ckpt_path, weights_only=False)
     recorded = complete_recipe(ck["recipe"])
-    if recorded != run.recipe:
-        diff = sorted(k for k in run.recipe if run.recipe[k] != recorded.get(k))
+    diff = sorted(k for k in run.recipe if run.recipe[k] != recorded.get(k))
+    if diff == ["init_from"] and run.start_sha256 is not None and ck.get("init_from_sha256") == run.start_sha256:
+        diff = []           # the same start weights under another path (--out spelled otherwise, a moved run)
+    if diff:
         raise ValueError(f"{run.ckpt_path} was made with other settings ({', '.join(diff)}); use another --out "
                          f"or the same settings")
     run.model.load_state_dict(ck["model"])
@@ -310,7 +314,7 @@ def _save_checkpoint(run: _Phase, seconds: float) -> None:
                 "embed_optimizer": optim.emb_opt.state_dict() if optim.emb_opt is not None else None,
                 "generator": state.gen.get_state(), "rng": state.rng.getstate(), "step": state.step,
                 "seconds": seconds, "log": state.log, "drawn": state.drawn,
-                "pair_batches": state.pair_batches}, tmp)
+                "pair_batches": state.pair_batches, "init_from_sha256": run.start_sha256}, tmp)
     tmp.replace(run.ckpt_path)
 
 
@@ -391,7 +395,8 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     model = _build_model(cfg, tokenizer, start, precision)
     forward = torch.compile(model.hidden_at, dynamic=True) if cfg.compile else model.hidden_at
     run = _Phase(cfg, recipe_fields(cfg), ckpt_path, model, forward, _Optimizers.build(cfg, model),
-                 batches, _Progress.fresh(cfg, batches.tasks), precision)
+                 batches, _Progress.fresh(cfg, batches.tasks), precision,
+                 start[2] if start is not None else None)
     if run.ckpt_path.is_file():
         _resume(run)
     model.train()
