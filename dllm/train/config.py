@@ -35,6 +35,11 @@ INITS = ("mimetic", "normal")
 PRECISIONS = ("auto", "bf16", "fp32")
 EMBED_UPDATES = ("dense", "lazy", "frozen")
 PREV_HEAD_INPUTS = ("embedding", "bias")
+# The smallest vocabulary: the byte-level BPE's 256-byte alphabet and LLaDA's six special tokens
+# (`data.SPECIAL_TOKENS`).
+MIN_VOCAB = 256 + 6
+# Rotary frequency pairs the built positional heads (previous-, next-token and window heads) use.
+PREV_HEAD_PAIRS = 3
 MAX_SEQ_LEN = 1024      # the exported model's maximum sequence length: prompt and canvas together
 MAX_CANVAS = MAX_SEQ_LEN
 
@@ -263,8 +268,18 @@ class TrainConfig:
         if isinstance(self.canvas, bool) or not isinstance(self.canvas, int) or not 0 <= self.canvas <= MAX_CANVAS:
             raise ValueError(f"canvas must be an integer in [0, {MAX_CANVAS}] (0: each task's max_tokens), "
                              f"got {self.canvas!r}")
+        if self.vocab_size < MIN_VOCAB:
+            raise ValueError(f"vocab_size must be at least {MIN_VOCAB} (the 256-byte alphabet and 6 special tokens), "
+                             f"got {self.vocab_size}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        head_dim = self.d_model // self.n_heads
+        if head_dim % 2:
+            raise ValueError(f"d_model / n_heads = {head_dim} must be even (rotary embeddings rotate pairs), got "
+                             f"d_model {self.d_model}, n_heads {self.n_heads}")
+        if (self.prev_token_head or self.next_token_head or w) and head_dim < 2 * PREV_HEAD_PAIRS:
+            raise ValueError(f"the built positional heads (prev_token_head, next_token_head, window_heads) need "
+                             f"d_model / n_heads >= {2 * PREV_HEAD_PAIRS}, got {head_dim}")
 
     def _check_objective_options(self) -> None:
         """The learning rates, the init, the loss and its masks, the precision and RoPE."""
@@ -299,14 +314,14 @@ class TrainConfig:
         if not 0 <= self.hole_mask <= 1 - self.bind_mask:
             raise ValueError(f"hole_mask must be in [0, 1 - bind_mask = {1 - self.bind_mask:g}], got {self.hole_mask}")
         room = 1 - self.bind_mask - self.hole_mask
-        if not 0 <= self.span_mask <= room + 1e-12:
+        if not 0 <= self.span_mask <= room + 1e-12 or (self.span_mask > 0 and room <= 0):
             raise ValueError(f"span_mask must be in [0, 1 - bind_mask - hole_mask = {room:g}], got {self.span_mask}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be true or false, got {self.compile!r}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+        if not _finite(self.rope_theta) or not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be a finite number > 0, got {self.rope_theta!r}")
 
     def _set_tasks(self) -> None:
         """`tasks` as a tuple of generated task ids (comma-separated text is split); checks the task weights."""

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from ..config import ModelConfig
 from ..models.llada import config_to_hf, hf_names
 from ..models.loading import load_model, load_tokenizer
-from .config import MAX_SEQ_LEN, PREV_HEAD_INPUTS, TrainConfig
+from .config import MAX_SEQ_LEN, PREV_HEAD_INPUTS, PREV_HEAD_PAIRS, TrainConfig
 from .data import BOS, EOS, EOT, MASK
 
 # ModelConfig fields a start model (`init_from`) must share with the recipe's model_config.
@@ -72,7 +72,7 @@ def init_weights(model, cfg: TrainConfig) -> None:
         window_heads(model, cfg.window_heads)
 
 
-PREV_HEAD_PAIRS, PREV_HEAD_SCALE, PREV_HEAD_BIAS = 3, 6.0, 8.0
+PREV_HEAD_SCALE, PREV_HEAD_BIAS = 6.0, 8.0
 
 
 def previous_token_head(model, generator: torch.Generator, via: str = "embedding") -> None:
