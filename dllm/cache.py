@@ -34,8 +34,9 @@ Policy lifecycle (the generation loop calls these and nothing else):
   rows `rows` (B',) (finished rows drop out and never come back): a `Needs` (which rows refresh
   every column, and the (B', L) bool columns each row recomputes), or None for a policy that
   stores nothing. `scored` (B', L) bool marks the columns whose logits the sampler asked for.
-  It changes nothing and reads nothing back from the device, so the loop can fold its sizes
-  into the one read of the step.
+  It changes nothing, and reads nothing back from the device but where a policy says so
+  (`dual twins=true` counts the changed columns, `dkv-greedy` reads its window's columns), so the
+  loop can fold its sizes into the one read of the step.
 * `advance(state, rows, needs)` once per step, for the `Needs` the forward follows: the
   policy's per-row bookkeeping (the canvas `state.x[rows]` is exactly what the forward sees).
 

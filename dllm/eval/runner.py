@@ -233,7 +233,7 @@ class ResultsFile:
 def cache_identity(cache, cache_kwargs: dict) -> tuple[str, dict]:
     """(name, arguments) of a run's cache policy as its identity holds them: the arguments that
     differ from the policy's defaults, integral floats as integers, so that settings that decode
-    alike (`dual` and `dual twins=false`, `refresh=4` and `refresh=4.0`) are one run."""
+    alike (`dual` and `dual twins=false`, `guard=1` and `guard=1.0`) are one run."""
     policy = cache if isinstance(cache, CachePolicy) else get_policy(cache, **cache_kwargs)
     defaults = get_policy(policy.name).arguments()
     canonical = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in policy.arguments().items()}
