@@ -70,6 +70,31 @@ def test_checkout_root_and_limit(tmp_path):
     assert [s.index for s in ds.samples["waiting_line/copy"]] == [0, 1]
 
 
+def test_the_data_folder_of_a_checkout_resolves_past_its_underscore_folders(tmp_path):
+    """ParallelBench's dataset/parallel_bench/data holds `_old/task_config.yaml` beside output/test."""
+    folder = tmp_path / "data"
+    _write(folder / "output" / "test")
+    (folder / "_old").mkdir()
+    (folder / "_old" / "task_config.yaml").write_text(yaml.safe_dump(COPY_CFG))
+    assert data.find_official_root(folder) == folder / "output" / "test"
+    (folder / "cat").mkdir()                               # a category with a config but no task file
+    (folder / "cat" / "task_config.yaml").write_text(yaml.safe_dump(COPY_CFG))
+    with pytest.raises(FileNotFoundError, match=r"no ParallelBench task file \(<category>/<task>.jsonl\) under"):
+        data.load_official(folder)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda root: data.load_official(root, "waiting_line/copy"), "tasks must be a list of task ids"),
+    (lambda root: data.load_generated("waiting_line/copy"), "tasks must be a list of task ids"),
+    (lambda root: data.load_official(root, ["waiting_line/copy"], limit=-1), "limit must be a positive integer or "
+                                                                             "None, got -1"),
+    (lambda root: data.load_generated(["waiting_line/copy"], limit=2.5), "limit must be a positive integer"),
+])
+def test_a_selection_of_the_wrong_kind_is_refused(tmp_path, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(_write(tmp_path / "t"))
+
+
 def test_config_prompt_from_file_wins(tmp_path):
     root = _write(tmp_path / "t")
     cfg = dict(COPY_CFG)

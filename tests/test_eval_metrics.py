@@ -13,7 +13,7 @@ from dllm.eval import metrics, text_metrics
 from dllm.eval.metrics import (
     METRICS, compute, latin_square_score, list_match_score, list_random_insert_score,
     list_random_remove_score, list_random_replace_score, list_shuffle_score, parse_list, parse_list_strict,
-    parse_sudoku, sudoku_score,
+    parse_sudoku, parse_sudoku_strict, sudoku_score,
 )
 from dllm.eval.text_metrics import (
     Backends, BertScorer, GrammarChecker, paraphrase_score, sentence_to_words_score, summary_score,
@@ -75,13 +75,19 @@ def test_lenient_parse_details():
     ('["A B", "C D"]', ["A B", "C D"]),
     ('  ["A B", "C D"]\n', ["A B", "C D"]),
     ('["A B"]', ["A B"]),
-    ("[]", []),
+    ("[]", None),                                   # no item
+    ('[""]', [""]),
     ('["A B","C D"]', None),
     ('["A B",  "C D"]', None),
     ('["A B",\n"C D"]', None),
-    ('Here: ["A B", "C D"]', None),
-    ('["A B", "C D"] done', None),
+    # text around the brackets is allowed: after the last `[`, before the next `]`
+    ('Here: ["A B", "C D"]', ["A B", "C D"]),
+    ('["A B", "C D"] done', ["A B", "C D"]),
+    ('```\n["A B", "C D"]\n```', ["A B", "C D"]),
+    ('["X"]\n["A B", "C D"]', ["A B", "C D"]),
+    ('["A B", "C D"]<|eot_id|>', ["A B", "C D"]),
     ('["A B", "C D"', None),
+    ('"A B", "C D"]', None),
     ("['A B', 'C D']", None),
     ("[A B, C D]", None),
     ('["A "B"", "C D"]', None),
@@ -93,7 +99,8 @@ def test_strict_parse(text, expected):
 
 def test_strict_score_separates_format_from_content():
     assert scores(list_match_score('["A B", "C D"]', LABEL)) == (1.0, 1.0)
-    assert scores(list_match_score('Here: ["A B", "C D"]', LABEL)) == (1.0, 0.0)
+    assert scores(list_match_score('Here: ["A B", "C D"]', LABEL)) == (1.0, 1.0)
+    assert scores(list_match_score('["A B", "C D",]', LABEL)) == (1.0, 0.0)
     assert scores(list_match_score('["A B","C D"]', LABEL)) == (1.0, 0.0)
     assert scores(list_match_score('["C D", "A B"]', LABEL)) == (0.0, 0.0)
 
@@ -194,7 +201,7 @@ def test_waiting_line_answer_validation():
         list_shuffle_score("[]", render(QUEUE))
     with pytest.raises(ValueError, match="'word'"):
         list_random_insert_score("[]", {"input": QUEUE})
-    with pytest.raises(ValueError, match="rendered list string"):
+    with pytest.raises(ValueError, match="list_match_score: answer must be a rendered list string"):
         list_match_score("[]", 42)
     with pytest.raises(ValueError, match="prediction"):
         list_match_score(None, LABEL)
@@ -224,7 +231,7 @@ def test_latin_gold():
     "\n".join(SQUARE) + "\nH,4,C,A\nH,H,H,H",
 ], ids=["spaces-after-commas", "code-fence", "prose-lines", "extra-lines-after"])
 def test_latin_accepted_variants(prediction):
-    assert scores(latin_square_score(prediction, LATIN)) == (1.0, 0.0)
+    assert scores(latin_square_score(prediction, LATIN)) == (1.0, 1.0)       # strict is lenient, as the benchmark
 
 
 @pytest.mark.parametrize("prediction", [
@@ -246,7 +253,7 @@ def test_latin_rejected(prediction):
 def test_latin_set_quirk_and_first_row():
     # Sets, not sequences: a row with an extra repeated cell is not rejected by the lenient check.
     padded = "H,4,C,A,A\n4,C,A,H\nC,A,H,4\nA,H,4,C"
-    assert scores(latin_square_score(padded, LATIN)) == (1.0, 0.0)
+    assert scores(latin_square_score(padded, LATIN)) == (1.0, 1.0)
     grid = "\n".join(SQUARE)
     assert latin_square_score(grid, {**LATIN, "first_row": ["H", "4", "C", "A"]})["score"] == 1.0
     assert latin_square_score(grid, {**LATIN, "first_row": "H,4,C,A"})["score_strict"] == 1.0
@@ -295,6 +302,15 @@ def test_sudoku_accepted_variants(prediction):
 def test_sudoku_unparsable(prediction):
     assert parse_sudoku(prediction) is None
     assert scores(sudoku_score(prediction, SOLUTION)) == (0.0, 0.0)
+
+
+def test_sudoku_digits_are_any_unicode_decimal_digits_read_by_value():
+    full_width = SOLUTION.translate(str.maketrans("0123456789", "０１２３４５６７８９"))
+    assert parse_sudoku(full_width) == parse_sudoku_strict(full_width) == SOLUTION.split("\n")
+    assert scores(sudoku_score(full_width, SOLUTION)) == (1.0, 1.0)
+    # an Arabic-Indic digit makes a fifth digit on the first line
+    assert scores(sudoku_score("1342 \u0663\n2431\n4123\n3214", SOLUTION)) == (0.0, 0.0)
+    assert parse_sudoku_strict("134\u00b2\n2431\n4123\n3214") is None     # a superscript is no decimal digit
 
 
 def test_sudoku_wrong_grid():
@@ -357,6 +373,23 @@ def test_bleu_values():
     # Brevity penalty only: a 5-token prefix of the 8-token reference gives exp(1 - 8/5).
     prefix = paraphrase_score("Any idea of what sweater", {"text": SENTENCE})
     assert prefix["inv_bleu"] == pytest.approx(1 - math.exp(1 - 8 / 5))
+
+
+def test_a_missing_bleu_package_is_named_when_an_empty_text_is_scored(monkeypatch):
+    """Records are checked at load time by scoring an empty prediction: a missing package must show
+    then, not after the decode."""
+    import sys
+
+    from dllm.eval import text_metrics
+    text_metrics._bleu.cache_clear()
+    monkeypatch.setitem(sys.modules, "sacrebleu", None)
+    monkeypatch.setitem(sys.modules, "sacrebleu.metrics", None)
+    try:
+        with pytest.raises(ModuleNotFoundError, match=r"the BLEU score needs the 'sacrebleu' package; install it "
+                                                      r"with pip install 'dllm\[eval\]'"):
+            paraphrase_score("", {"text": "A cat sat."})
+    finally:
+        text_metrics._bleu.cache_clear()
 
 
 def test_paraphrase_empty_is_all_zero():

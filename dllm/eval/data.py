@@ -57,12 +57,13 @@ class Dataset:
 
 
 def find_official_root(path: str | Path) -> Path:
-    """The folder holding `<category>/task_config.yaml` under `path`; errors say what was expected."""
+    """The folder holding `<category>/task_config.yaml` under `path` (folders named `_...` are not
+    categories, as in `discover`); errors say what was expected."""
     base = Path(path).expanduser()
     if not base.is_dir():
         raise FileNotFoundError(f"ParallelBench data folder {str(base)!r} does not exist or is not a folder")
     for cand in (base, *(base / n for n in _NESTED)):
-        if cand.is_dir() and any(cand.glob("*/task_config.yaml")):
+        if cand.is_dir() and any(not p.parent.name.startswith("_") for p in cand.glob("*/task_config.yaml")):
             return cand
     raise FileNotFoundError(
         f"no ParallelBench test files under {str(base)!r}: expected <category>/task_config.yaml and "
@@ -154,10 +155,21 @@ def _check_record(task: Task, record: dict, where: str) -> None:
         raise ValueError(f"{where}: {detail}") from None
 
 
+def _check_selection(tasks, limit) -> None:
+    """`tasks` a list of task ids, `limit` None or a positive integer; else a ValueError naming them."""
+    if isinstance(tasks, str) or not all(isinstance(t, str) for t in tasks):
+        raise ValueError(f"tasks must be a list of task ids such as ['waiting_line/copy'], got {tasks!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+
+
 def load_official(root: str | Path, tasks: list[str] | None = None, limit: int | None = None) -> Dataset:
     """Samples of the official files under `root` for `tasks` (default: every task found)."""
+    _check_selection(tasks or [], limit)
     root = find_official_root(root)
     found = discover(root)
+    if not found:
+        raise FileNotFoundError(f"no ParallelBench task file (<category>/<task>.jsonl) under {root}")
     chosen = found if tasks is None else tasks
     absent = [t for t in chosen if t not in found]
     if absent:
@@ -181,6 +193,7 @@ def load_official(root: str | Path, tasks: list[str] | None = None, limit: int |
 
 def load_generated(tasks: list[str], limit: int | None = None, **options) -> Dataset:
     """Samples of our seeded generators' held-out test split (`dllm.eval.generators`)."""
+    _check_selection(tasks, limit)
     ds = Dataset("generated", "dllm.eval.generators test split"
                  + "".join(f" {k}={v}" for k, v in sorted(options.items())))
     for task_id in tasks:

@@ -15,14 +15,19 @@ Parsing rules:
 * Lenient list parse (`parse_list`): keep the text after the last `[`, then before the first `]`,
   trim brackets left at the ends, split on `,`, drop blank pieces, strip double quotes and spaces
   (only those) from each piece. Comparison is exact, case-sensitive and ordered.
-* Strict list parse (`parse_list_strict`): the whole text (surrounding whitespace aside) is
-  `[` + items joined by `", "` + `]`, every item a double-quoted string without inner quotes.
+* Strict list parse (`parse_list_strict`): both `[` and `]` must occur; the text after the last
+  `[` and before the next `]` must be items joined by `", "`, every item a double-quoted string
+  without inner quotes (text around the brackets is allowed).
 * Lenient Sudoku parse (`parse_sudoku`): the lines carrying exactly four digits; exactly four
   such lines are required. Strict: exactly four non-empty lines, each exactly four digits.
+  Digits are any Unicode decimal digits, read as their values.
 * Latin Square: the first `s` lines whose comma-separated cells form the symbol set, checked as
-  rows and columns by sets (see `latin_square_score`).
+  rows and columns by sets (see `latin_square_score`); the benchmark has no stricter form, so
+  `score_strict` equals `score`.
 
     >>> list_match_score('Here: ["A B", "C D"]', '["A B", "C D"]')
+    {'score': 1.0, 'score_strict': 1.0, 'headline': 1.0}
+    >>> list_match_score('["A B","C D"]', '["A B", "C D"]')
     {'score': 1.0, 'score_strict': 0.0, 'headline': 1.0}
     >>> compute("sudoku_score", "1342\\n2431\\n4123\\n3214", "1342\\n2431\\n4123\\n3214")["headline"]
     1.0
@@ -38,8 +43,7 @@ from . import text_metrics
 if TYPE_CHECKING:
     from .text_metrics import Backends
 
-_DIGITS = re.compile(r"[0-9]")
-_SUDOKU_ROW = re.compile(r"[0-9]{4}")
+_DIGITS = re.compile(r"\d")          # any Unicode decimal digit, as the benchmark's parse
 SUDOKU_SIZE = 4
 
 
@@ -72,37 +76,37 @@ def parse_list(text: str) -> list[str]:
 
 
 def parse_list_strict(text: str) -> list[str] | None:
-    """Strict list parse: the exact rendering of the official labels, or None.
+    """Strict list parse, as the benchmark's strict parse, or None.
 
-    After stripping surrounding whitespace, the text must be `[`, then items separated by exactly
-    `", "` (comma and one space), then `]`; every item must be `"…"` with no `"` inside. `[]` is
-    the empty list. Anything else (prose around the list, single quotes, other separators,
-    newlines between items) returns None.
+    Both `[` and `]` must occur. The text after the last `[`, cut at the first `]` after it, must
+    be items separated by exactly `", "` (comma and one space), every item starting and ending
+    with `"` and holding no other `"`. Text around the brackets is allowed; single quotes, other
+    separators, newlines between items and `[]` (no item) return None.
 
-        >>> parse_list_strict('["A B", "C D"]')
+        >>> parse_list_strict('Sure: ["A B", "C D"] done')
         ['A B', 'C D']
         >>> parse_list_strict('["A B","C D"]') is None
         True
     """
     _require_str(text, "text")
-    text = text.strip()
-    if len(text) < 2 or text[0] != "[" or text[-1] != "]":
+    if "[" not in text:
         return None
-    inner = text[1:-1]
-    if inner == "":
-        return []
+    text = text.rsplit("[", 1)[1]
+    if "]" not in text:
+        return None
     items = []
-    for item in inner.split(", "):
-        if len(item) < 2 or item[0] != '"' or item[-1] != '"' or '"' in item[1:-1]:
+    for item in text.split("]", 1)[0].split(", "):
+        if not (item.startswith('"') and item.endswith('"')) or '"' in item[1:-1]:
             return None
         items.append(item[1:-1])
     return items
 
 
 def parse_sudoku(text: str) -> list[str] | None:
-    """Lenient 4×4 Sudoku parse (docs/parallelbench.md §Metrics): 4 rows of 4 digit characters, or None.
+    """Lenient 4×4 Sudoku parse (docs/parallelbench.md §Metrics): 4 rows of 4 digits, or None.
 
-    Spaces and commas are deleted; every non-empty line contributes its ASCII digits, and the
+    Spaces and commas are deleted; every non-empty line contributes its digits (any Unicode
+    decimal digit, written back as its ASCII digit, as the benchmark reads each as a number), and the
     lines holding exactly 4 digits are kept. Exactly 4 such lines are required, so `1 3 4 2`,
     `1,3,4,2`, `1|3|4|2`, code fences and an `Output:` line are accepted, while a one-line grid,
     `Row 1: 1342` (5 digits) and an echoed puzzle before the solution (8 rows) are not.
@@ -114,20 +118,25 @@ def parse_sudoku(text: str) -> list[str] | None:
     text = text.strip().replace(" ", "").replace(",", "")
     rows = []
     for line in text.split("\n"):
-        digits = "".join(_DIGITS.findall(line))
+        digits = _DIGITS.findall(line)
         if len(digits) == SUDOKU_SIZE:
-            rows.append(digits)
+            rows.append(_ascii_digits(digits))
     return rows if len(rows) == SUDOKU_SIZE else None
 
 
 def parse_sudoku_strict(text: str) -> list[str] | None:
-    """Strict 4×4 Sudoku parse: exactly 4 non-empty lines, each exactly 4 ASCII digits after
-    stripping the line; None otherwise."""
+    """Strict 4×4 Sudoku parse: exactly 4 non-empty lines, each exactly 4 digits (any Unicode
+    decimal digit, written back as its ASCII digit) after stripping the line; None otherwise."""
     _require_str(text, "text")
     rows = [line.strip() for line in text.split("\n") if line.strip()]
-    if len(rows) != SUDOKU_SIZE or not all(_SUDOKU_ROW.fullmatch(row) for row in rows):
+    if len(rows) != SUDOKU_SIZE or not all(len(row) == SUDOKU_SIZE and row.isdecimal() for row in rows):
         return None
-    return rows
+    return [_ascii_digits(row) for row in rows]
+
+
+def _ascii_digits(digits) -> str:
+    """Unicode decimal digits as ASCII digits of the same values."""
+    return "".join(str(int(d)) for d in digits)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,7 +161,7 @@ def list_match_score(prediction: str, answer) -> dict:
     `answer` is the rendered target list (`'["A B", "C D"]'`), parsed leniently like the
     prediction; a list of names is accepted too. Comparison is exact, case-sensitive, ordered.
     """
-    target = _as_names(answer, "answer")
+    target = _as_names(answer, "list_match_score: answer")
     return _score_both(prediction, lambda pred: pred == target)
 
 
@@ -241,12 +250,10 @@ def latin_square_score(prediction: str, answer) -> dict:
     square pass; other letter case, quoted cells, space-separated grids and a header line
     repeating the symbols (it becomes row 1) fail.
 
-    Strict `score_strict`: the prediction has exactly `s` non-empty lines, each exactly `s` cells
-    joined by bare commas (the example's `H,4,A,C` form, no spaces), every row and column a
-    permutation of the symbols.
+    `score_strict` equals `score`: the benchmark scores this task the same in its strict mode.
 
     If `answer` carries `first_row` (a list of symbols or a comma-joined string), the first row
-    must equal it in both modes. `answer` is `{"symbols": [...], "example": ..., "first_row"?}`;
+    must equal it. `answer` is `{"symbols": [...], "example": ..., "first_row"?}`;
     symbols may also be a rendered list `"[H, 4, C, A]"`; non-string symbols are compared as
     `str(symbol)`.
     """
@@ -258,15 +265,8 @@ def latin_square_score(prediction: str, answer) -> dict:
     lines = [line.strip() for line in prediction.split("\n") if line.strip()]
 
     rows = [cells for cells in ([c.strip() for c in line.split(",")] for line in lines) if set(cells) == target]
-    lenient = len(rows) >= size and _latin_valid(rows[:size], target, first_row)
-
-    strict_rows = [line.split(",") for line in lines]
-    strict = (
-        len(strict_rows) == size
-        and all(len(row) == size and set(row) == target for row in strict_rows)
-        and _latin_valid(strict_rows, target, first_row)
-    )
-    return _result(lenient, strict)
+    valid = len(rows) >= size and _latin_valid(rows[:size], target, first_row)
+    return _result(valid, valid)
 
 
 def _latin_valid(rows: list[list[str]], target: set[str], first_row: list[str] | None) -> bool:

@@ -302,17 +302,26 @@ def _package_version(name: str) -> str | None:
 # Pure components
 # ----------------------------------------------------------------------------------------------
 
+def _missing(package: str, score: str) -> ModuleNotFoundError:
+    return ModuleNotFoundError(f"the {score} score needs the {package!r} package; install it with "
+                               f"pip install 'dllm[eval]'")
+
+
 @functools.lru_cache(maxsize=1)
 def _rouge_scorer():
-    from rouge_score import rouge_scorer
-
+    try:
+        from rouge_score import rouge_scorer
+    except ModuleNotFoundError:
+        raise _missing("rouge-score", "ROUGE") from None
     return rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
 
 
 @functools.lru_cache(maxsize=1)
 def _bleu():
-    from sacrebleu.metrics import BLEU
-
+    try:
+        from sacrebleu.metrics import BLEU
+    except ModuleNotFoundError:
+        raise _missing("sacrebleu", "BLEU") from None
     return BLEU(tokenize="13a", smooth_method="none")
 
 
@@ -399,6 +408,7 @@ def paraphrase_score(prediction: str, answer, *, backends: Backends | None = Non
     """
     _require_str(prediction)
     original = _answer_field(answer, "text", "paraphrase_score", str)
+    _bleu()                 # a missing BLEU package fails here, also for the empty text records are checked with
     stripped = prediction.strip()
     if not stripped:
         return {"inv_bleu": 0.0, "bertscore": 0.0, "grammar": 0.0, "score_v1": 0.0, "headline": 0.0}
