@@ -521,6 +521,9 @@ def fill_from_the_end(kept: list[int]) -> list[int]:
     return [j if j in staying else next(movers) for j in range(n)]
 
 
+NOT_FINITE = ("model produced NaN/inf logits (or every logit -inf) during the decode; check the dtype (float16 "
+              "can overflow) and the checkpoint weights")
+
 class Decoder:
     """The denoising loop of `request` on `state`, one forward at a time: `step()` runs until the next
     forward is done (True) or every row is finished (False). `decode` runs it to the end; a server
@@ -616,6 +619,13 @@ class Decoder:
             return self.forwards == self.cap - 1
         return self.forwards - self.starts[self.rows] == self.cap - 1
 
+    def check_finite(self) -> None:
+        """Raise the decode's FloatingPointError now when a score so far was not finite. The loop
+        checks at its next read; a caller that hands out rows finished before it (`dllm.serve`)
+        checks here first."""
+        if not bool(self.finite):
+            raise FloatingPointError(NOT_FINITE)
+
     @torch.no_grad()
     def step(self) -> bool:
         """Run one forward with its scoring and commits; False (and nothing run) once every row is done."""
@@ -628,8 +638,7 @@ class Decoder:
             else:
                 read = _read(state, self.rows, step, self.finite)
                 if not read["finite"]:
-                    raise FloatingPointError("model produced NaN/inf logits (or every logit -inf) during the decode; "
-                                             "check the dtype (float16 can overflow) and the checkpoint weights")
+                    raise FloatingPointError(NOT_FINITE)
                 if read["all_finished"]:
                     self.done = True
                     break

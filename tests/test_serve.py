@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import dllm
 
@@ -524,6 +525,31 @@ def test_a_failing_batch_fails_only_its_own_requests(shipped):
         engine.stop()
     assert last["bad"][0] == "error" and last["bad"][1][0] == 500 and "broken on purpose" in last["bad"][1][1]
     assert last["good"][0] == "done" and last["good"][1]["text"] == offline(shipped, copy_messages(QUESTIONS[0])).texts[0]
+
+
+def test_a_row_whose_last_forward_gave_nan_logits_gets_an_error_not_an_answer(shipped):
+    """A request done in one forward is answered after that step: the NaN check runs first."""
+    import copy
+    import queue
+
+    from dllm.serve.engine import Engine, Job
+
+    model, tok = shipped
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.norm.weight.fill_(float("nan"))
+    events = queue.Queue()
+    engine = Engine(broken, tok)
+    engine.start()
+    try:
+        config = DEFAULTS.replace(gen_length=1)           # done at its first forward
+        engine.submit(Job([1, 2, 3], config, lambda kind, payload: events.put((kind, payload))))
+        kind, payload = events.get(timeout=60)
+        while kind not in ("done", "error"):
+            kind, payload = events.get(timeout=60)
+    finally:
+        engine.stop()
+    assert kind == "error" and payload[0] == 500 and "NaN/inf logits" in payload[1]
 
 
 def test_with_shared_kv_buffers_storing_batches_run_one_at_a_time(shipped, monkeypatch):

@@ -298,6 +298,7 @@ class Engine:
         try:
             start = time.perf_counter()
             progressed = decoder.step()
+            decoder.check_finite()       # before any row of this step is answered
             seconds = time.perf_counter() - start
         except Exception as err:   # a failing batch fails its own requests only
             for job in group.jobs:
