@@ -867,6 +867,19 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
     return _output(state, tokenizer, request, forwards, seconds)
 
 
+def check_request(model, cfg: GenerationConfig) -> None:
+    """Raise the ValueError `generate` raises at its start for `cfg` on `model` (the lengths, the
+    sampler's and the cache policy's checks against the request), without a forward: the decode
+    of a prompt of one token (one attention block on a block-causal model) is set up, not run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # warnings about ignored settings are shown when decoding
+        request = resolve_request(model, cfg)
+    token = 0 if special_ids(model).mask != 0 else 1
+    state = build_state(model, [[token] * (model.config.attention_block or 1)], request.config,
+                        request.block_length)
+    Decoder(model, state, request)
+
+
 def answer_length(tokens: list[int], stop_ids: list[int]) -> int:
     for i, t in enumerate(tokens):
         if t in stop_ids:

@@ -45,7 +45,26 @@ def check_settings(mc_num, batch_size, cfg_scale, names=("batch_size", "cfg_scal
         raise ValueError(f"{names[1]} must be a finite number >= 0 (0: no guidance), got {cfg_scale!r}")
 
 
-def _check(model, prefix, target, mc_num: int, batch_size: int, cfg_scale) -> None:
+def token_ids(ids, name: str, vocab_size: int) -> list[int]:
+    """`ids` (a list or tuple of ints, or a 1-D integer tensor) as a list of token ids of a
+    vocabulary of `vocab_size`; else a ValueError naming `name`."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise ValueError(f"{name} must be a 1-D integer tensor or a list of token ids, got a tensor of shape "
+                             f"{tuple(ids.shape)} and dtype {ids.dtype}")
+        ids = ids.tolist()
+    if not isinstance(ids, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise ValueError(f"{name} must be a list of token ids (ints) or a 1-D integer tensor, got {ids!r:.80}")
+    outside = [i for i in ids if not 0 <= i < vocab_size]
+    if outside:
+        raise ValueError(f"{name} holds token id(s) {outside[:5]} outside the vocabulary (0 .. {vocab_size - 1})")
+    return list(ids)
+
+
+def _check(model, prefix, target, mc_num: int, batch_size: int, cfg_scale) -> tuple[list[int], list[int]]:
+    """The prefix and target as lists of token ids, once they and the settings are checked."""
+    prefix = token_ids(prefix, "prefix", model.config.vocab_size)
+    target = token_ids(target, "target", model.config.vocab_size)
     if not target:
         raise ValueError("the target (continuation) has no tokens; its log-likelihood is not defined")
     longest = model.config.max_seq_len
@@ -53,13 +72,15 @@ def _check(model, prefix, target, mc_num: int, batch_size: int, cfg_scale) -> No
         raise ValueError(f"prefix ({len(prefix)} tokens) + target ({len(target)}) exceeds the model's maximum sequence "
                          f"length {longest}")
     check_settings(mc_num, batch_size, cfg_scale)
+    return prefix, target
 
 
 @torch.no_grad()
 def mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int = 128, batch_size: int = 32,
                      cfg_scale: float = 0.0, generator: torch.Generator | None = None) -> float:
-    """LLaDA's Monte-Carlo estimate of log p(target | prefix) (module docstring)."""
-    _check(model, prefix, target, mc_num, batch_size, cfg_scale)
+    """LLaDA's Monte-Carlo estimate of log p(target | prefix) (module docstring); prefix and target
+    are token-id lists or 1-D integer tensors."""
+    prefix, target = _check(model, prefix, target, mc_num, batch_size, cfg_scale)
     device = model.device
     seq = torch.tensor(prefix + target, dtype=torch.long, device=device).repeat(batch_size, 1)   # (b, P + L)
     P, L = len(prefix), len(target)
@@ -83,7 +104,7 @@ def mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int
 @torch.no_grad()
 def greedy_matches(model, prefix: list[int], target: list[int], *, cfg_scale: float = 0.0) -> bool:
     """Whether one-token-per-step confidence decoding of the masked target gives the target."""
-    _check(model, prefix, target, 1, 1, cfg_scale)
+    prefix, target = _check(model, prefix, target, 1, 1, cfg_scale)
     P, L = len(prefix), len(target)
     mask = model.config.mask_token_id
     x = torch.tensor([prefix + [mask] * L], dtype=torch.long, device=model.device)

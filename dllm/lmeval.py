@@ -1,8 +1,11 @@
 """An lm-evaluation-harness model: `lm_eval --model dllm --model_args pretrained=PATH,...`
 (docs/parallelbench.md, "lm-evaluation-harness").
 
-`generate_until` runs `dllm.generate` on batches of `--batch_size` requests sharing a length and
-stop strings (temperature 0 unless given), and cuts each answer at its first stop string.
+`generate_until` runs `dllm.generate` on batches of `--batch_size` requests sharing a length, stop
+strings and temperature (the `temperature` model argument when given, else the request's
+`temperature` / `do_sample`, as lm_eval's HF models take them; 0 when it names none), each batch
+with the next seed of a stream started at `seed`, contexts cut from the left to fit the model
+with the generation, and cuts each answer at its first stop string.
 `loglikelihood` is LLaDA's Monte-Carlo estimator (`dllm.likelihood.mc_loglikelihood`) with
 `mc_num` samples in batches of `mc_batch_size` rows and `cfg` guidance; the greedy flag is
 `greedy_matches` when `is_check_greedy`, else False. `loglikelihood_rolling` is not offered (a
@@ -11,7 +14,7 @@ masked-diffusion model has no left-to-right likelihood).
 Model arguments: pretrained (a checkpoint folder or a shipped model name; the shipped default
 model when absent), sampler, sampler_kwargs and cache_kwargs (`key=value` pairs separated by `;`,
 values read as in `--sampler-arg`), cache, gen_length (default: each request's `max_gen_toks`),
-block_length, steps, tokens_per_step, temperature, seed, chat (False: contexts are used as given;
+block_length, steps, tokens_per_step, temperature (None: the request's), seed, chat (False: contexts are used as given;
 lm_eval's `--apply_chat_template` goes through the tokenizer's template), dtype, mc_num (128),
 mc_batch_size (32), cfg (0), is_check_greedy (False), checked before the model loads. Under
 `accelerate launch` each process takes its share of the requests, as lm_eval expects (rank,
@@ -30,9 +33,11 @@ from lm_eval.api.registry import register_model
 
 import dllm
 from dllm.cli.options import parse_kv
-from dllm.decode import with_instances
+from dllm.decode import check_request, encode_prompts, with_instances
 from dllm.distributed import Distributed
 from dllm.likelihood import check_settings, greedy_matches, mc_loglikelihood
+
+SEEDS = 2 ** 63          # the batches' seeds run from `seed` modulo this
 
 
 def _pairs(text, what: str) -> dict:
@@ -51,6 +56,24 @@ def _whole(value):
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+def _flag(value, name: str) -> bool:
+    """A boolean model argument (lm_eval reads true/false as bools and 0/1 as numbers)."""
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{name} must be true or false (or 1 / 0), got {value!r}")
+
+
+def request_temperature(gen_kwargs: dict) -> float:
+    """The temperature a request's generation kwargs ask for, as lm_eval's HF models read them:
+    `do_sample` false is greedy; else its `temperature`, or 1 when it asks to sample without one,
+    else 0 (greedy)."""
+    if gen_kwargs.get("do_sample") is False:
+        return 0.0
+    if gen_kwargs.get("temperature") is not None:
+        return gen_kwargs["temperature"]
+    return 1.0 if gen_kwargs.get("do_sample") is True else 0.0
+
+
 def _batch_size(value) -> int:
     """lm_eval's --batch_size (an integer, or its text): requests decoded together."""
     text = str(value).strip()
@@ -65,7 +88,7 @@ class DLLMEvalModel(LM):
 
     def __init__(self, pretrained: str | None = None, sampler: str | None = None, sampler_kwargs="", cache: str = "none",
                  cache_kwargs="", gen_length: int | None = None, block_length: int | None = None,
-                 steps: int | None = None, tokens_per_step: int | None = None, temperature: float = 0.0,
+                 steps: int | None = None, tokens_per_step: int | None = None, temperature: float | None = None,
                  seed: int = 0, chat: bool = False, dtype: str = "auto", mc_num: int = 128, mc_batch_size: int = 32,
                  cfg: float = 0.0, is_check_greedy: bool = False, batch_size=1, max_batch_size=None, device=None,
                  **unknown):
@@ -79,16 +102,22 @@ class DLLMEvalModel(LM):
             device = "auto"
         chat = bool(chat) if chat in (0, 1) else chat                  # lm_eval reads chat=1 as the number 1
         mc_num, mc_batch_size = _whole(mc_num), _whole(mc_batch_size)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
         self.config = dllm.GenerationConfig(
             gen_length=gen_length, block_length=block_length, steps=steps, tokens_per_step=tokens_per_step,
             sampler=sampler, sampler_kwargs=_pairs(sampler_kwargs, "sampler_kwargs"), cache=cache,
-            cache_kwargs=_pairs(cache_kwargs, "cache_kwargs"), temperature=temperature, seed=seed, chat=chat)
-        with_instances(self.config)                 # unknown names and bad arguments fail before the load
+            cache_kwargs=_pairs(cache_kwargs, "cache_kwargs"), temperature=temperature or 0.0, seed=seed, chat=chat)
+        with_instances(self.config if gen_length is None else self.config.for_length())   # fail before the load
+        self.temperature = None if temperature is None else self.config.temperature
         self.batch_size = _batch_size(batch_size)
         check_settings(mc_num, mc_batch_size, cfg, names=("mc_batch_size", "cfg"))
         self.mc_num, self.mc_batch_size, self.cfg = mc_num, mc_batch_size, float(cfg)
-        self.is_check_greedy, self.seed = bool(is_check_greedy), seed
+        self.is_check_greedy, self.seed = _flag(is_check_greedy, "is_check_greedy"), seed
+        self.batches = 0                            # generate_until batches so far: the next seed is seed + this
         self.model, self.tokenizer = dllm.load(pretrained, dtype=dtype, device=self.dist.device or device)
+        if gen_length is not None:
+            check_request(self.model, self.config)  # the sampler's own length rules, before any request
         self._device = self.model.device            # lm_eval puts its per-rank request counts here
 
     # -- requests ----------------------------------------------------------------------------------
@@ -101,15 +130,42 @@ class DLLMEvalModel(LM):
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             length = self.config.gen_length or int(kwargs.get("max_gen_toks", 256))
-            groups.setdefault((length, tuple(until)), []).append(i)
-        for (length, until), indices in groups.items():
+            temperature = request_temperature(kwargs) if self.temperature is None else self.temperature
+            groups.setdefault((length, tuple(until), temperature), []).append(i)
+        configs = {key: self._request_config(key[0], key[2]) for key in groups}    # every setting checked first
+        for key, indices in groups.items():
             for start in range(0, len(indices), self.batch_size):
                 batch = indices[start:start + self.batch_size]
-                out = dllm.generate(self.model, self.tokenizer, [requests[i].args[0] for i in batch],
-                                    config=self.config, gen_length=length)
+                config = configs[key].replace(seed=(self.seed + self.batches) % SEEDS)
+                self.batches += 1
+                prompts = [self._fit_context(requests[i].args[0], config.gen_length) for i in batch]
+                out = dllm.generate(self.model, self.tokenizer, prompts, config=config)
                 for i, text in zip(batch, out.texts):
-                    answers[i] = cut_at_stops(text, until)
+                    answers[i] = cut_at_stops(text, key[1])
         return answers
+
+    def _request_config(self, length: int, temperature: float) -> dllm.GenerationConfig:
+        """The model's settings at a request's generation length and temperature, checked; a
+        ValueError says where a length the model arguments do not fit came from."""
+        longest = self.model.config.max_seq_len
+        source = "gen_length" if self.config.gen_length else "a request's max_gen_toks"
+        if length >= longest:
+            raise ValueError(f"{source} {length} leaves no room for a context in the model's maximum sequence "
+                             f"length {longest}")
+        try:
+            config = self.config.replace(gen_length=length, temperature=temperature)
+            check_request(self.model, config)
+        except ValueError as err:
+            raise ValueError(f"{source} {length} (temperature {temperature!r}) does not fit the model arguments: "
+                             f"{err}; give gen_length to decode one length for every request") from None
+        return config
+
+    def _fit_context(self, context: str, length: int) -> list[int]:
+        """The context's token ids, its oldest tokens cut so that it and `length` generated tokens
+        fit the model (as lm_eval's HF models cut theirs)."""
+        ids = encode_prompts(self.tokenizer, [context], self.config.chat)[0]
+        room = self.model.config.max_seq_len - length
+        return ids[len(ids) - room:] if len(ids) > room else ids
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         out = []

@@ -7,6 +7,7 @@ import torch
 import dllm
 from dllm import samplers
 from dllm.config import GenerationConfig, ModelConfig
+from dllm.decode import check_request
 from dllm.models.loading import detect_family, load, resolve_dtype
 
 
@@ -108,6 +109,9 @@ def test_a_temperature_too_small_for_dreams_division_is_refused(tiny_dream):
 def test_llada_schedule_errors(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):
         dllm.generate(tiny, None, [[1, 2]], **kwargs)
+    with pytest.raises(ValueError, match=match):          # the same refusal without a decode
+        check_request(tiny, GenerationConfig(**kwargs))
+    check_request(tiny, GenerationConfig(gen_length=16, block_length=8, steps=16, cache="dual"))
 
 
 @pytest.mark.parametrize("ids", [torch.tensor([[1.7, 2.9]]), torch.tensor([[True, False]])])

@@ -552,3 +552,6 @@ def test_jsonl_round_trip(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"a": 1}\n\n{oops\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"bad\.jsonl:3"):
         G.read_jsonl(tmp_path / "bad.jsonl")
+    (tmp_path / "list.jsonl").write_text('{"a": 1}\n[1, 2]\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"list\.jsonl:2: not a JSON object \(a list: \[1, 2\]\)"):
+        G.read_jsonl(tmp_path / "list.jsonl")

@@ -151,6 +151,24 @@ def test_estimator_counts_and_greedy_check(shipped, monkeypatch):
     assert mc_loglikelihood(model, [], [60], mc_num=2, batch_size=1) == pytest.approx(alone, rel=1e-5)
 
 
+def test_estimator_takes_tensors_as_the_reference_and_names_bad_ids(shipped):
+    model, _ = shipped
+    prefix, target = [5, 17, 33, 40], [60, 61]
+    want = mc_loglikelihood(model, prefix, target, mc_num=2, batch_size=2, generator=torch.Generator().manual_seed(1))
+    got = mc_loglikelihood(model, torch.tensor(prefix), torch.tensor(target), mc_num=2, batch_size=2,
+                           generator=torch.Generator().manual_seed(1))
+    assert got == want
+    assert greedy_matches(model, torch.tensor(prefix), torch.tensor([60])) == greedy_matches(model, prefix, [60])
+    vocab = model.config.vocab_size
+    for bad, message in ((([1], [vocab]), rf"target holds token id\(s\) \[{vocab}\] outside the vocabulary "
+                                          rf"\(0 .. {vocab - 1}\)"),
+                         (([-3], [5]), r"prefix holds token id\(s\) \[-3\]"),
+                         (([1], torch.ones(1, 2, dtype=torch.long)), r"target must be a 1-D integer tensor"),
+                         (([1], [5.0]), r"target must be a list of token ids")):
+        with pytest.raises(ValueError, match=message):
+            mc_loglikelihood(model, *bad, mc_num=1, batch_size=1)
+
+
 def _request(context, continuation):
     from lm_eval.api.instance import Instance
     return Instance(request_type="loglikelihood", doc={}, arguments=(context, continuation), idx=0)
@@ -186,6 +204,8 @@ def test_pairs_condition_on_the_context_encoded_alone(shipped):
     ({"cfg": float("nan")}, "cfg must be a finite number >= 0"),
     ({"sampler": "bogus"}, "unknown sampler 'bogus'"),
     ({"mc_num": 128.5}, "got mc_num=128.5"),
+    ({"seed": None}, "seed must be an integer, got None"),
+    ({"is_check_greedy": "no"}, "is_check_greedy must be true or false (or 1 / 0), got 'no'"),
 ])
 def test_model_arguments_are_checked_before_the_model_loads(args, message):
     from dllm.lmeval import DLLMEvalModel
@@ -215,6 +235,58 @@ def test_a_context_longer_than_the_model_loses_its_oldest_tokens(shipped):
     assert fit_window([1, 2], [3, 4, 5, 6], 3) == ([], [4, 5, 6]) and fit_window([1, 2], [3], 2) == ([2], [3])
     (long_target,) = lm.loglikelihood([_request("Q:", " a b" * longest)])
     assert long_target[0] < 0
+
+
+def _generation(context, **gen_kwargs):
+    from lm_eval.api.instance import Instance
+    return Instance(request_type="generate_until", doc={}, arguments=(context, {"until": [], **gen_kwargs}), idx=0)
+
+
+def test_sampled_repeats_differ_and_requests_set_their_temperature(shipped, monkeypatch):
+    """Each batch draws with the next seed of the stream started at `seed` (a task's repeats are
+    separate samples); the request's do_sample / temperature apply unless the model argument sets one."""
+    from dllm.lmeval import DLLMEvalModel, request_temperature
+
+    assert [request_temperature(k) for k in ({}, {"do_sample": False, "temperature": 0.7}, {"temperature": 0.7},
+                                             {"do_sample": True})] == [0.0, 0.0, 0.7, 1.0]
+    lm = DLLMEvalModel(dtype="float32", device="cpu", seed=5, gen_length=8)
+    seen = []
+    real = dllm.generate
+
+    def recording(model, tok, prompts, config):
+        seen.append((len(prompts), config.seed, config.temperature))
+        return real(model, tok, prompts, config=config)
+    monkeypatch.setattr(dllm, "generate", recording)
+    sampled = lm.generate_until([_generation("Copy: a b c", do_sample=True, temperature=1.0)] * 3)
+    assert seen == [(1, 5, 1.0), (1, 6, 1.0), (1, 7, 1.0)] and len(set(sampled)) > 1
+    seen.clear()
+    lm.generate_until([_generation("Copy: a b c", do_sample=False), _generation("Copy: a b c")])
+    assert seen == [(1, 8, 0.0), (1, 9, 0.0)]
+    seen.clear()
+    fixed = DLLMEvalModel(dtype="float32", device="cpu", gen_length=8, temperature=0.5)
+    fixed.generate_until([_generation("Copy: a b c", do_sample=False)])
+    assert seen == [(1, 0, 0.5)]                                   # the model argument wins
+
+
+def test_generation_cuts_a_long_context_and_names_a_length_that_does_not_fit(shipped):
+    from dllm.lmeval import DLLMEvalModel
+
+    lm = DLLMEvalModel(dtype="float32", device="cpu")
+    longest = lm.model.config.max_seq_len
+    context = "a b " * longest
+    (answer,) = lm.generate_until([_generation(context, max_gen_toks=16)])
+    ids = lm.tokenizer(context)["input_ids"][-(longest - 16):]
+    want = dllm.generate(lm.model, lm.tokenizer, [ids], config=lm.config.replace(gen_length=16, seed=0))
+    assert answer == want.texts[0]
+    blocks = DLLMEvalModel(dtype="float32", device="cpu", block_length=8)
+    with pytest.raises(ValueError, match=r"a request's max_gen_toks 20 \(temperature 0.0\) does not fit the model "
+                                         r"arguments: .*multiple of block_length 8; give gen_length"):
+        blocks.generate_until([_generation("Copy: a", max_gen_toks=16), _generation("Copy: b", max_gen_toks=20)])
+    assert blocks.batches == 0                                      # refused before any decode
+    with pytest.raises(ValueError, match=rf"max_gen_toks {longest} leaves no room for a context"):
+        lm.generate_until([_generation("Copy: a", max_gen_toks=longest)])
+    with pytest.raises(ValueError, match="gen_length 20 must be a multiple of block_length 8"):
+        DLLMEvalModel(dtype="float32", device="cpu", gen_length=20, block_length=8)   # once the model is loaded
 
 
 def test_numbers_lm_eval_reads_from_its_arguments_are_taken():

@@ -264,9 +264,12 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{lineno}: not a JSON object ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{lineno}: not a JSON object (a {type(record).__name__}: {line.strip()[:60]})")
+            records.append(record)
     return records
 
 
