@@ -601,10 +601,10 @@ class Decoder:
         """Remove the finished rows from the batch; returns the indices of the rows kept, in their new
         order: a kept row stays where it was unless it sat past the kept count, and such rows
         take the places of the rows that left (`fill_from_the_end`), so the stored K/V move least."""
-        kept = (~self.state.finished).nonzero(as_tuple=True)[0].tolist()
-        order = fill_from_the_end(kept)
+        finished, padded = torch.stack([self.state.finished, self.state.pad_len > 0]).tolist()     # the one read
+        order = fill_from_the_end([r for r, done in enumerate(finished) if not done])
         keep = torch.tensor(order, dtype=torch.long, device=self.state.x.device)
-        self.state.keep_rows(keep, self.request.sampler.row_state or ())
+        self.state.keep_rows(keep, self.request.sampler.row_state or (), padded=any(padded[r] for r in order))
         self.request.policy.keep_rows(keep, order)
         if self.starts is not None:
             self.starts = self.starts[keep]

@@ -259,15 +259,16 @@ class DecodeState:
                     "edits", "remasks", "commit_step", "row_end", "key_valid", "position_ids")
     _ROW_EXTRA = ("hit_cap",)      # per-row entries of `extra` the loop itself keeps
 
-    def keep_rows(self, rows: torch.Tensor, row_extra: tuple = ()) -> None:
+    def keep_rows(self, rows: torch.Tensor, row_extra: tuple = (), padded: bool | None = None) -> None:
         """Keep only the rows `rows` (in that order), in place; `row_extra`: the keys of `extra`
-        that hold one entry per row (a sampler's `row_state`)."""
+        that hold one entry per row (a sampler's `row_state`); `padded`: whether a kept row is
+        left-padded, when the caller knows it (else read from the device)."""
         for name in self._ROW_TENSORS:
             setattr(self, name, getattr(self, name)[rows])
         for key in self._ROW_EXTRA + tuple(row_extra):
             if key in self.extra:
                 self.extra[key] = self.extra[key][rows]
-        self.padded = bool((self.pad_len > 0).any())
+        self.padded = bool((self.pad_len > 0).any()) if padded is None else padded
 
     def append_rows(self, other: "DecodeState", row_extra: tuple = ()) -> None:
         """Append the rows of `other` (a state of the same request settings and gen_length), in

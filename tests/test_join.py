@@ -6,6 +6,7 @@ import torch
 
 import dllm
 from dllm.decode import Decoder, build_state, resolve_request
+from dllm.overhead import DispatchCounter
 
 PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [64, 3, 12], [250, 11, 11, 19, 100], [9, 8], [77, 1, 2, 3, 4, 5, 6, 7, 8]]
 # (forwards the running batch has made, prompts that join then)
@@ -137,15 +138,15 @@ def test_dream_rows_that_join_decode_as_alone(sampler, cache):
 
 
 @pytest.mark.parametrize("cache", ["none", "dual"])
-def test_rows_leaving_read_the_device_once(model, cache, monkeypatch):
-    """drop_finished reads which rows finished (one read); the kept rows' order goes to the state
-    and the cache policy from the host."""
+def test_rows_leaving_read_the_device_once(model, cache):
+    """drop_finished reads which rows finished and which are padded (one read); the kept rows'
+    order goes to the state and the cache policy from the host."""
     cfg = dllm.GenerationConfig(sampler="threshold", sampler_kwargs={"tau": 0.5}, gen_length=16, block_length=8,
                                 cache=cache)
     decoder = fresh(model, PROMPTS[:4], cfg)
     decoder.step()
     decoder.state.finished[1] = True                 # row 1 leaves; row 3 moves into its place
-    reads, tolist = [], torch.Tensor.tolist
-    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or tolist(t))
-    assert decoder.drop_finished() == [0, 3, 2]
-    assert len(reads) == 1
+    with DispatchCounter() as counter:
+        assert decoder.drop_finished() == [0, 3, 2]
+    assert counter.counts["loop"].syncs == 1, counter.counts["loop"].sync_sites
+    assert decoder.state.padded == bool((decoder.state.pad_len > 0).any())
