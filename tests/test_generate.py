@@ -159,14 +159,23 @@ def test_seeded_sampling_is_reproducible(request, family, sampler):
     assert not torch.equal(a.sequences, c.sequences)
 
 
-def test_dream_alg_temp_and_top_p_top_k(dream):
+@pytest.mark.parametrize("alg", ["origin", "entropy"])
+@pytest.mark.parametrize("options", [dict(top_p=0.9), dict(top_k=5), dict(alg_temp=0.3, top_p=0.9, top_k=20)],
+                         ids=lambda o: str(o))
+def test_dream_sampling_with_top_p_top_k_equals_reference(dream, alg, options):
+    """At temperature 0.5 the seeded token draws after the top-p / top-k filters are the
+    reference's, and the filters change them."""
     model, _ = dream
-    kw = dict(gen_length=10, steps=5, temperature=0.5, sampler="entropy",
-              sampler_kwargs=dict(alg_temp=0.3, top_p=0.9, top_k=20))
-    a = dllm.generate(model, None, PROMPTS, seed=1, **kw)
-    b = dllm.generate(model, None, PROMPTS, seed=1, **kw)
-    assert torch.equal(a.sequences, b.sequences)
-    assert not (a.generated == model.config.mask_token_id).any()
+    if alg == "origin" and "alg_temp" in options:
+        options = {k: v for k, v in options.items() if k != "alg_temp"}
+    ids, mask = _batch(PROMPTS4, model.config.pad_token_id)
+    want = dream_generate_ref(dream_raw_logits_fn(model), ids, mask, max_new_tokens=10, steps=5, alg=alg,
+                              temperature=0.5, mask_id=model.config.mask_token_id,
+                              generator=torch.Generator().manual_seed(1), **options)
+    kw = dict(gen_length=10, steps=5, temperature=0.5, sampler=alg, seed=1)
+    out = dllm.generate(model, None, PROMPTS4, sampler_kwargs=options, **kw)
+    assert torch.equal(out.sequences, want)
+    assert not torch.equal(out.sequences, dllm.generate(model, None, PROMPTS4, **kw).sequences)
 
 
 def test_prompt_is_never_changed_and_padding_kept(llada):
