@@ -134,8 +134,9 @@ class Sampler:
     # -- helpers ---------------------------------------------------------------------------
     @classmethod
     def describe(cls) -> str:
-        doc = (cls.__doc__ or "").strip().splitlines()
-        return doc[0] if doc else ""
+        """The first paragraph of the class docstring, on one line."""
+        first = (cls.__doc__ or "").strip().split("\n\n", 1)[0]
+        return " ".join(line.strip() for line in first.splitlines())
 
     def arguments(self) -> dict[str, Any]:
         """The constructor arguments of this instance (logged with every result)."""

@@ -53,6 +53,18 @@ def test_console_script_lists_samplers(module):
     out = subprocess.run([sys.executable, "-m", module, "samplers"], capture_output=True, text=True, check=True)
     for name in ("low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"):
         assert name in out.stdout
+    # each description is its docstring's whole first sentence (llada21's runs over two lines)
+    assert "where the model prefers another one above `editing_threshold`; a full block stays open" in out.stdout
+
+
+def test_a_reader_that_stops_early_ends_the_command_without_a_traceback():
+    import os
+    read, write = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "dllm", "samplers", "--json"], stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    os.close(read)                         # the reader is gone before the first write (`| head -c 0`)
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and proc.returncode == 1
 
 
 def _defaults(argv):

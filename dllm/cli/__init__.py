@@ -4,6 +4,8 @@ the options several commands share are defined once in `options`."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from . import bench, generate, samplers, serve, sweep, train
 from .options import parse_kv
@@ -25,4 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:      # the reader of stdout stopped early (`dllm samplers | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
+        return 1
