@@ -97,6 +97,18 @@ def available_backends() -> list[str]:
     return list(_BACKENDS)
 
 
+def check_device(name: str, device) -> None:
+    """A ValueError saying why backend `name` cannot run on `device` in this process, if it
+    cannot (`triton`: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1)."""
+    if name != "triton":
+        return
+    from dllm.kernels import require_triton
+    try:
+        require_triton(device, "the triton attention backend")
+    except RuntimeError as err:
+        raise ValueError(str(err)) from None
+
+
 def get_backend(name: str) -> AttentionFn:
     """The attention function registered as `name`; unknown names list the valid ones."""
     if not isinstance(name, str) or name not in _BACKENDS:

@@ -344,3 +344,11 @@ def test_device_and_backend_are_checked_before_loading(tmp_path):
             load(tmp_path, device="cuda")
     with pytest.raises(ValueError, match=r"unknown attention backend 'flash'"):
         load(tmp_path, attention="flash")
+
+
+def test_the_triton_backend_on_a_cpu_without_the_interpreter_is_refused_at_load(tmp_path, monkeypatch):
+    from dllm import kernels
+    monkeypatch.setattr(kernels, "INTERPRET", False)
+    with pytest.raises(ValueError, match=r"the triton attention backend runs on CUDA tensors, or on CPU tensors under "
+                                         r"TRITON_INTERPRET=1"):
+        load(tmp_path, attention="triton", device="cpu")

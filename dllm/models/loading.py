@@ -20,7 +20,7 @@ from huggingface_hub import snapshot_download
 from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
-from ..attention import get_backend
+from ..attention import check_device, get_backend
 from ..config import ModelConfig
 from .dream import DreamModel
 from .llada import LLaDAModel
@@ -396,6 +396,7 @@ def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu"
     resolve_dtype(dtype)
     device = resolve_device(device)
     get_backend(attention)
+    check_device(attention, device)
     if not isinstance(cuda_graphs, bool):
         raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
     if cuda_graphs and torch.device(device).type != "cuda":
