@@ -98,6 +98,23 @@ def test_rows_scores_and_resume(llada, bench_data, tmp_path):
     assert len(other) == 12 and len({r["run_id"] for r in _file_rows(out)}) == 2
 
 
+def test_settings_a_sampler_ignores_leave_its_run_id_alone(llada, bench_data, tmp_path):
+    """threshold sets its own schedule: steps or tokens_per_step given to it decode the run
+    without them, stored once."""
+    import warnings
+
+    model, tok = llada
+    out = tmp_path / "r.jsonl"
+    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(bench_data), limit=2, out=str(out), batch_size=2,
+                                       sampler="threshold"))
+    rows = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # "steps 8 is ignored", as generate warns
+        for change in (dict(steps=8), dict(tokens_per_step=4)):
+            assert runner.run_bench(cfg.replace(**change), model=model, tokenizer=tok, progress=False) == rows
+    assert len(_file_rows(out)) == len(rows) == 4
+
+
 def test_a_results_file_that_cannot_be_written_fails_before_decoding(llada, bench_data, tmp_path):
     """The results file is opened before the first batch (`ResultsFile.check_writable`), not when
     the first rows are stored."""

@@ -36,6 +36,7 @@ from dllm.config import GenerationConfig
 from dllm.decode import checkpoint_gen_length, resolve_sampler, with_instances
 from dllm.distributed import Distributed
 from dllm.models.loading import resolve_device
+from dllm.samplers import Sampler
 
 from . import generators, metrics, text_metrics
 from .data import Dataset, Sample, discover, load_generated, load_official
@@ -240,13 +241,17 @@ def cache_identity(cache, cache_kwargs: dict) -> tuple[str, dict]:
     return policy.name, {k: v for k, v in canonical.items() if v != defaults.get(k)}
 
 
-def run_identity(cfg: BenchConfig, model_name: str, sampler_name: str, sampler_args: dict, dataset: Dataset) -> dict:
-    """Everything that decides a run's tokens; its hash is the run id."""
+def run_identity(cfg: BenchConfig, model_name: str, sampler: Sampler, dataset: Dataset) -> dict:
+    """Everything that decides a run's tokens; its hash is the run id. Settings the sampler
+    ignores (steps and tokens_per_step of one that sets its own schedule, block_length of one
+    that decodes the whole generation at once) are left out, so such runs are the run without them."""
     g = cfg.generation
     cache, cache_args = cache_identity(g.cache, g.cache_kwargs)
-    identity = {"model": model_name, "sampler": sampler_name, "sampler_args": sampler_args, "cache": cache,
-                "cache_args": cache_args, "gen_length": g.gen_length, "block_length": g.block_length,
-                "steps": g.steps, "tokens_per_step": g.tokens_per_step, "temperature": g.temperature,
+    steps = (g.steps, g.tokens_per_step) if sampler.uses_steps else (None, None)
+    identity = {"model": model_name, "sampler": sampler.name, "sampler_args": sampler.arguments(), "cache": cache,
+                "cache_args": cache_args, "gen_length": g.gen_length,
+                "block_length": g.block_length if sampler.uses_blocks else None,
+                "steps": steps[0], "tokens_per_step": steps[1], "temperature": g.temperature,
                 "seed": g.seed, "max_forwards": g.max_forwards, "dtype": cfg.dtype, "data_mode": dataset.mode,
                 "data_source": dataset.source, "prediction": PREDICTION}
     default = GenerationConfig()
@@ -350,7 +355,7 @@ def _start_run(cfg: BenchConfig, dist: Distributed, model, tokenizer) -> tuple[_
     model_name = getattr(model, "name_or_path", None) or cfg.model
     sampler = resolve_sampler(model, generation)
     generation = generation.replace(sampler=sampler, gen_length=cfg.for_checkpoint(model).generation.gen_length)
-    identity = run_identity(cfg, str(model_name), sampler.name, sampler.arguments(), dataset)
+    identity = run_identity(cfg, str(model_name), sampler, dataset)
     backends = text_backends(cfg, dataset)
     if backends.grammar is not None:    # scores with and without a grammar checker are not one run
         identity["grammar"] = backends.describe()["grammar"]

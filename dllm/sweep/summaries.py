@@ -24,7 +24,7 @@ def expected_run_id(p: SweepPoint, settings: SweepSettings, dataset, grammar: st
     probe = samplers.get(p.generation.sampler, **p.generation.sampler_kwargs)
     cfg = p.bench_config(settings)
     model_name = str(p.model) if p.model is not None else DEFAULT_MODEL
-    identity = runner.run_identity(cfg, model_name, probe.name, probe.arguments(), dataset)
+    identity = runner.run_identity(cfg, model_name, probe, dataset)
     if grammar is not None:
         identity["grammar"] = grammar
     return provenance.run_id(identity)
