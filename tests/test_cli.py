@@ -139,13 +139,23 @@ def test_write_data_of_a_train_shard_is_a_validation_set(tmp_path, capsys):
     (["--write-data", "w", "--tasks", "puzzle/latin_square_n4", "--model", "m", "--sampler", "threshold",
       "--grammar-server", "http://x"], "--grammar-server, --model, --sampler do(es) not apply"),
     (["--data-dir", "d", "--sort-key", "last_name", "--index-base", "1"],
-     "sort_key, index_base shape(s) the generated records; the official files under data_dir 'd' fix their own"),
+     "--sort-key, --index-base shape(s) the generated records; the official files under --data-dir 'd' fix their own"),
+    # given at its default value is given all the same
+    (["--data-dir", "d", "--names", "open"], "--names shape(s) the generated records"),
 ])
 def test_bench_options_its_mode_would_ignore_are_errors(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
     assert main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_no_progress_is_taken_by_every_mode(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    out.write_text("")
+    assert main(["bench", "--report", "--out", str(out), "--no-progress"]) == 0
+    assert main(["bench", "--write-data", str(tmp_path / "w"), "--tasks", "waiting_line/copy", "--limit", "1",
+                 "--no-progress", "--names", "lists"]) == 0
 
 
 def test_generate_without_a_length_decodes_the_checkpoints(capsys):

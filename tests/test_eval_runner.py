@@ -354,8 +354,15 @@ def test_repair_refuses_a_file_that_is_not_results_and_keeps_a_whole_last_line(t
     assert whole.read_text().endswith('"index": 1}\n') and len(runner.ResultsFile(whole).rows()) == 2
     torn = tmp_path / "torn.jsonl"
     torn.write_text('{"run_id": "a", "task": "t", "index": 0}\n{"run_id": "a", "ta')
+    assert len(runner.ResultsFile(torn).rows()) == 1                # read as it is: the torn line skipped
     assert runner.ResultsFile(torn).repair() == len('{"run_id": "a", "ta')
     assert len(runner.ResultsFile(torn).rows()) == 1
+    # Reading (bench --report) refuses what repairing refuses, rather than dropping the line.
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text('{"run_id": "a", "task": "t", "index": 0}\ngarbage\n{"run_id": "a", "task": "t", "index": 1}\n')
+    for read in (runner.ResultsFile(damaged).rows, runner.ResultsFile(notes).records):
+        with pytest.raises(ValueError, match=r"is not a JSONL results file \(line [12] is not a JSON object\)"):
+            read()
 
 
 def test_a_sweeps_summaries_are_not_result_rows(tmp_path):

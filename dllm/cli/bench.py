@@ -8,7 +8,7 @@ from dllm.distributed import is_main_process
 from dllm.eval import data, generators, leaderboard, report, runner
 from dllm.eval.names import DEFAULT_SOURCE, NAME_SOURCES
 
-from .options import (add_benchmark_options, add_model_option, add_request_options, add_runtime_options,
+from .options import (Given, add_benchmark_options, add_model_option, add_request_options, add_runtime_options,
                       generation_config, given)
 
 
@@ -22,12 +22,12 @@ def add_parser(sub) -> None:
     b.add_argument("--out", default=None, help="results JSONL: one row per sample, appended; a rerun resumes")
     add_request_options(b)
     add_runtime_options(b)
-    b.add_argument("--sort-key", default="full_name", choices=("full_name", "last_name"),
+    b.add_argument("--sort-key", action=Given, default="full_name", choices=("full_name", "last_name"),
                    help="generated Sort labels: by the full name as the official files, or by last name as the "
                         "prompt reads")
-    b.add_argument("--index-base", type=int, default=0, choices=(0, 1),
+    b.add_argument("--index-base", action=Given, type=int, default=0, choices=(0, 1),
                    help="generated *_index positions: 0-based as the official files, or 1-based")
-    b.add_argument("--names", default=DEFAULT_SOURCE, choices=NAME_SOURCES,
+    b.add_argument("--names", action=Given, default=DEFAULT_SOURCE, choices=NAME_SOURCES,
                    help="generated Waiting Line people: the project's word lists (one pool for both splits), or "
                         "Faker's names with the test split drawn from a pool held out of the train split (open), or "
                         "made-up names split the same way (pseudo)")
@@ -90,21 +90,27 @@ def check_report_options(args) -> None:
         raise FileNotFoundError(f"--compare {args.compare!r}: no such folder of leaderboard CSV files")
 
 
+_RECORD_SHAPES = {"sort_key": "--sort-key", "index_base": "--index-base", "names": "--names"}
+
+
 def _decoding_options(args, keep: set[str]) -> list[str]:
     """The options given on the command line that describe a run to decode (model, request,
     runtime, samples), but those in `keep` (destinations)."""
     flags = {"grammar_url": "--grammar-server"}
-    named = [flags.get(d, "--" + d.replace("_", "-")) for d in sorted(given(args) - keep)]
-    named += [flag for flag, value in (("--sampler-arg", args.sampler_arg), ("--cache-arg", args.cache_arg),
-                                       ("--no-progress", args.no_progress)) if value]
+    named = [flags.get(d, "--" + d.replace("_", "-")) for d in sorted(given(args) - keep - set(_RECORD_SHAPES))]
+    named += [flag for flag, value in (("--sampler-arg", args.sampler_arg), ("--cache-arg", args.cache_arg)) if value]
     return named
 
 
 def _record_options(args) -> list[str]:
     """The options given that shape the generated records."""
-    return [flag for flag, value in (("--generated", args.generated), ("--sort-key", args.sort_key != "full_name"),
-                                     ("--index-base", args.index_base != 0), ("--names", args.names != DEFAULT_SOURCE),
-                                     ("--train-shard", args.train_shard is not None)) if value]
+    return [flag for flag, value in (("--generated", args.generated), ("--train-shard", args.train_shard is not None))
+            if value] + _record_shapes(args)
+
+
+def _record_shapes(args) -> list[str]:
+    """The options given that shape each generated record (how its people and labels are made)."""
+    return [flag for dest, flag in _RECORD_SHAPES.items() if dest in given(args)]
 
 
 def check_mode_options(args) -> None:
@@ -122,6 +128,9 @@ def check_mode_options(args) -> None:
         if unused:
             raise ValueError(f"--report prints every run stored in --out; {', '.join(unused)} describe(s) a run to "
                              f"decode and do(es) not apply")
+    elif args.data_dir and _record_shapes(args):
+        raise ValueError(f"{', '.join(_record_shapes(args))} shape(s) the generated records; the official files "
+                         f"under --data-dir {args.data_dir!r} fix their own")
 
 
 def _write_data(args) -> int:

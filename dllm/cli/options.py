@@ -14,7 +14,7 @@ from dllm.config import GenerationConfig
 from dllm.decode import with_instances
 
 
-class _Given(argparse.Action):
+class Given(argparse.Action):
     """Store the value, and remember that the option was given."""
 
     def __call__(self, parser, namespace, values, option_string=None):
@@ -23,7 +23,7 @@ class _Given(argparse.Action):
 
 
 def _flag(group, *names, help: str) -> None:
-    group.add_argument(*names, action=_Given, nargs=0, const=True, default=False, help=help)
+    group.add_argument(*names, action=Given, nargs=0, const=True, default=False, help=help)
 
 
 def given(args: argparse.Namespace) -> set[str]:
@@ -51,7 +51,7 @@ def parse_kv(items: list[str] | None, what: str) -> dict:
 
 
 def add_model_option(p) -> None:
-    p.add_argument("--model", action=_Given, default=None,
+    p.add_argument("--model", action=Given, default=None,
                    help="checkpoint folder, shipped model name or hub id (e.g. GSAI-ML/LLaDA-8B-Instruct); "
                         "default: the shipped llada-pb-tiny")
 
@@ -59,10 +59,10 @@ def add_model_option(p) -> None:
 def add_runtime_options(p) -> None:
     """Where and how the model runs: --dtype, --device, --attention, --cuda-graphs, --compile."""
     g = p.add_argument_group("model runtime")
-    g.add_argument("--dtype", action=_Given, default="auto", help="auto | float32 | float16 | bfloat16")
-    g.add_argument("--device", action=_Given, default="auto",
+    g.add_argument("--dtype", action=Given, default="auto", help="auto | float32 | float16 | bfloat16")
+    g.add_argument("--device", action=Given, default="auto",
                    help="auto (cuda when available) | cpu | cuda | cuda:N")
-    g.add_argument("--attention", action=_Given, default="auto",
+    g.add_argument("--attention", action=Given, default="auto",
                    help="attention backend: auto (the fastest measured: sdpa) | sdpa | eager | triton")
     _flag(g, "--cuda-graphs", help="replay the model's forwards as CUDA graphs, one per input layout (CUDA only)")
     _flag(g, "--compile", help="run the model's forwards through torch.compile, one graph per input layout "
@@ -72,9 +72,9 @@ def add_runtime_options(p) -> None:
 def add_sampling_options(p) -> None:
     """--temperature, --seed, --max-forwards."""
     g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", action=_Given, type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--seed", action=_Given, type=int, default=0, help="seed of every random draw (default 0)")
-    g.add_argument("--max-forwards", action=_Given, type=int, default=None,
+    g.add_argument("--temperature", action=Given, type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--seed", action=Given, type=int, default=0, help="seed of every random draw (default 0)")
+    g.add_argument("--max-forwards", action=Given, type=int, default=None,
                    help="hard cap on forwards; remaining masks are then filled (default: max(steps, gen length), steps "
                         "counting for samplers that use them, "
                         "plus the forwards a sampler that re-masks or edits tokens may add)")
@@ -84,25 +84,25 @@ def add_request_options(p) -> None:
     """The decoding request of `generate` and `bench`: sampler, cache, lengths, schedule,
     guidance and confidence precision, plus the sampling options."""
     g = p.add_argument_group("decoding")
-    g.add_argument("--sampler", action=_Given, default=None,
+    g.add_argument("--sampler", action=Given, default=None,
                    help="sampler name (see `dllm samplers`); default: the checkpoint's or the family's")
     g.add_argument("--sampler-arg", action="append", metavar="KEY=VALUE", help="sampler argument (repeatable)")
-    g.add_argument("--cache", action=_Given, default="none",
+    g.add_argument("--cache", action=Given, default="none",
                    help=f"KV cache policy: {' | '.join(available_policies())} (default none)")
     g.add_argument("--cache-arg", action="append", metavar="KEY=VALUE",
                    help="cache policy argument, e.g. refresh=4, twins=true, guard=0.99 (repeatable)")
-    g.add_argument("--gen-length", action=_Given, type=int, default=None,
+    g.add_argument("--gen-length", action=Given, type=int, default=None,
                    help="tokens to generate (default: the checkpoint's max_new_tokens when its generation "
                         "config names one, else 128 for generate; each task's max_tokens for bench)")
-    g.add_argument("--block-length", action=_Given, type=int, default=None,
+    g.add_argument("--block-length", action=Given, type=int, default=None,
                    help="semi-autoregressive block length (default: one block over the generation)")
     steps = g.add_mutually_exclusive_group()
-    steps.add_argument("--steps", action=_Given, type=int, default=None,
+    steps.add_argument("--steps", action=Given, type=int, default=None,
                        help="denoising steps of fixed schedules (default: the generation length)")
-    steps.add_argument("--tokens-per-step", action=_Given, type=int, default=None, help="k: steps = gen length / k")
-    g.add_argument("--cfg-scale", action=_Given, type=float, default=0.0,
+    steps.add_argument("--tokens-per-step", action=Given, type=int, default=None, help="k: steps = gen length / k")
+    g.add_argument("--cfg-scale", action=Given, type=float, default=0.0,
                    help="classifier-free guidance scale (LLaDA; 0 = off)")
-    g.add_argument("--score-dtype", action=_Given, default="logits", choices=("logits", "float32", "float64"),
+    g.add_argument("--score-dtype", action=Given, default="logits", choices=("logits", "float32", "float64"),
                    help="precision of confidences (logits = the model dtype, as LLaDA)")
     add_sampling_options(p)
 
@@ -110,16 +110,16 @@ def add_request_options(p) -> None:
 def add_benchmark_options(p) -> None:
     """What `bench` and `sweep` evaluate on: tasks, data, samples, batch, text-metric backends."""
     g = p.add_argument_group("benchmark")
-    g.add_argument("--tasks", action=_Given, default=None,
+    g.add_argument("--tasks", action=Given, default=None,
                    help="comma-separated task ids, patterns (puzzle/*) or groups (all, waiting_line, puzzle, text, "
                         "pure); default: the Waiting Line and Puzzle tasks, or every benchmark task in --data-dir")
-    g.add_argument("--data-dir", action=_Given, default=None,
+    g.add_argument("--data-dir", action=Given, default=None,
                    help="folder with the official ParallelBench test files (default: our generators' test split)")
-    g.add_argument("--limit", action=_Given, type=int, default=None, help="the first N samples of each task")
-    g.add_argument("--batch-size", action=_Given, type=int, default=8, help="samples decoded together (default 8)")
-    g.add_argument("--grammar-server", action=_Given, dest="grammar_url", default=None,
+    g.add_argument("--limit", action=Given, type=int, default=None, help="the first N samples of each task")
+    g.add_argument("--batch-size", action=Given, type=int, default=8, help="samples decoded together (default 8)")
+    g.add_argument("--grammar-server", action=Given, dest="grammar_url", default=None,
                    help="LanguageTool server URL for the Text Writing grammar score (or DLLM_LANGUAGETOOL_URL)")
-    g.add_argument("--bertscore-model", action=_Given, default=None,
+    g.add_argument("--bertscore-model", action=Given, default=None,
                    help="local roberta-large folder for BERTScore (optional)")
 
 

@@ -174,8 +174,7 @@ class ResultsFile:
         last = filled[-1]
         bad = [i for i in filled if not _is_json_object(lines[i])]
         if bad and (bad != [last] or not lines[last].lstrip().startswith(b"{")):
-            raise ValueError(f"{str(self.path)!r} is not a JSONL results file (line {bad[0] + 1} is not a JSON "
-                             f"object); give another file")
+            raise self._not_results(bad[0] + 1)
         if bad:                               # the torn last line
             keep = sum(len(line) + 1 for line in lines[:last])
             with self.path.open("r+b") as fh:
@@ -186,22 +185,29 @@ class ResultsFile:
                 fh.write(b"\n")
         return 0
 
+    def _not_results(self, line_number: int) -> ValueError:
+        return ValueError(f"{str(self.path)!r} is not a JSONL results file (line {line_number} is not a JSON "
+                          f"object); give another file")
+
     def records(self) -> list[dict]:
-        """Every JSON object of the file, in order; blank lines and a torn last line are skipped."""
+        """Every JSON object of the file, in order; blank lines and a torn last line (a JSON object
+        begun and not ended, repaired by the main process) are skipped. Any other line that is not
+        a JSON object: the ValueError `repair` raises."""
         if not self.path.is_file():
             return []
-        out = []
         with self.path.open(encoding="utf-8") as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
+            lines = [(number, line.strip()) for number, line in enumerate(fh, 1) if line.strip()]
+        out = []
+        for i, (number, line) in enumerate(lines):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1 and line.startswith("{"):
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue        # a torn last line (repaired by the main process)
-                if isinstance(record, dict):
-                    out.append(record)
+                raise self._not_results(number) from None
+            if not isinstance(record, dict):
+                raise self._not_results(number)
+            out.append(record)
         return out
 
     def rows(self) -> list[dict]:
