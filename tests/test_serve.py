@@ -175,7 +175,7 @@ def test_stop_strings_cut_the_answer(client, shipped):
     ({"seed": True}, "seed"),
     ({"temperature": "0.5"}, "temperature"),
     ({"dllm": {"block_length": True}}, "dllm.block_length"),
-    ({"stream_options": {"include_usage": True}}, None),       # without stream
+    ({"stream_options": {"include_usage": True}}, "stream_options"),       # without stream
     ({"dllm": {"sampler": "learn2pd", "sampler_args": {"filter": "/etc/passwd"}}}, "dllm.sampler_args"),
     ({"dllm": {"sampler": "prophet", "sampler_args": {"base": "learn2pd", "base_kwargs": {"filter": "/etc/passwd"}}}},
      "dllm.sampler_args"),
@@ -218,7 +218,7 @@ def test_prompts_with_the_mask_token_or_unknown_ids_are_refused_and_an_empty_one
         r = httpx.post(server.url + path, json=body, timeout=60)
         error = r.json()["error"]
         assert r.status_code == 400 and error["param"] == param, r.text
-        assert f"the prompt of the {param} contains the mask token id {mask}" in error["message"]
+        assert f"the prompt ({param}) contains the mask token id {mask}" in error["message"]
     vocab = model.config.vocab_size
     r = httpx.post(server.url + "/v1/completions", json={"prompt": [5, vocab + 3]}, timeout=60)
     error = r.json()["error"]
@@ -525,6 +525,34 @@ def test_a_failing_batch_fails_only_its_own_requests(shipped):
         engine.stop()
     assert last["bad"][0] == "error" and last["bad"][1][0] == 500 and "broken on purpose" in last["bad"][1][1]
     assert last["good"][0] == "done" and last["good"][1]["text"] == offline(shipped, copy_messages(QUESTIONS[0])).texts[0]
+
+
+def test_a_length_refusal_met_when_the_batch_is_built_names_a_field_the_request_set(shipped):
+    """gen_length 24 with the server's block length 16 is refused by the sampler when the batch is
+    built: the error names the request's own length field, not the server's block length."""
+    import queue
+
+    from dllm.serve.engine import Engine, Job
+
+    model, tok = shipped
+    engine = Engine(model, tok)
+    engine.start()
+    got = {}
+    try:
+        config = DEFAULTS.replace(gen_length=24, block_length=16)
+        for fields in ((), ("max_completion_tokens",), ("max_completion_tokens", "dllm.block_length")):
+            events = queue.Queue()
+            engine.submit(Job([1, 2, 3], config, lambda kind, payload, q=events: q.put((kind, payload)),
+                              length_field="max_completion_tokens", length_fields=fields))
+            kind, payload = events.get(timeout=60)
+            while kind not in ("done", "error"):
+                kind, payload = events.get(timeout=60)
+            got[fields] = (kind, payload[0], payload[2]) if kind == "error" else kind
+    finally:
+        engine.stop()
+    assert got == {(): ("error", 400, "max_completion_tokens"),
+                   ("max_completion_tokens",): ("error", 400, "max_completion_tokens"),
+                   ("max_completion_tokens", "dllm.block_length"): ("error", 400, "dllm.block_length")}
 
 
 def test_a_row_whose_last_forward_gave_nan_logits_gets_an_error_not_an_answer(shipped):

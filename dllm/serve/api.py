@@ -16,7 +16,7 @@ from ..config import DEFAULT_GEN_LENGTH, GenerationConfig
 from ..decode import checkpoint_gen_length, encode_prompts, prompt_problem
 from .engine import Engine, EngineStopped, Job, QueueFull
 from .metrics import ServerMetrics
-from .schema import ChatRequest, CompletionRequest, RequestError, request_config
+from .schema import ChatRequest, CompletionRequest, RequestError, length_fields_set, request_config
 
 RETRY_AFTER_S = 1          # what a 429 asks the client to wait
 DISCONNECT_CHECK_S = 0.5   # how often a waiting request asks whether its client is still there
@@ -56,7 +56,7 @@ class Server:
                                f"{limit}-token context", field)
         canvas = bool(body.dllm and body.dllm.stream_canvas)
         return Job(prompt, config.replace(gen_length=gen), emit, stop=body.stops(), stream_canvas=canvas,
-                   timeout=self.timeout)
+                   timeout=self.timeout, length_field=field, length_fields=length_fields_set(body, max_tokens, field))
 
     def chat_prompt(self, body: ChatRequest) -> list[int]:
         messages = [m.for_template() for m in body.messages]
@@ -80,7 +80,7 @@ class Server:
         """The prompt's ids, refused (naming the request field) when `dllm.generate` would refuse them."""
         problem = prompt_problem(ids, self.engine.model.config.vocab_size, self.engine.mask_id)
         if problem:
-            raise RequestError(f"the prompt of the {param} {problem}", param)
+            raise RequestError(f"the prompt ({param}) {problem}", param)
         return ids
 
 

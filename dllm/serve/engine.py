@@ -28,7 +28,7 @@ from typing import Callable
 from ..config import GenerationConfig
 from ..decode import (Decoder, answer_length, build_state, resolve_request, resolve_sampler, special_ids,
                       with_instances)
-from .schema import RequestError, param_of
+from .schema import RequestError, refusal_param
 
 # The most forwards a request's settings may allow: MAX_FORWARDS_PER_TOKEN per generated token plus
 # MAX_FORWARDS_EXTRA (its steps, an editing or remasking sampler's extra forwards). A request above
@@ -59,6 +59,8 @@ class Job:
     stop: tuple[str, ...] = ()
     stream_canvas: bool = False
     timeout: float | None = None
+    length_field: str = "max_tokens"          # the request's name of its generation length
+    length_fields: tuple[str, ...] = ()       # the length fields the request set (`schema.length_fields_set`)
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     created: float = field(default_factory=time.monotonic)
     cancelled: bool = False
@@ -214,8 +216,9 @@ class Engine:
             try:
                 self._start_group(key, group_jobs)
             except (ValueError, TypeError) as err:   # the sampler or cache refuses these settings
-                param = err.param if isinstance(err, RequestError) else param_of(str(err))
                 for job in group_jobs:
+                    param = err.param if isinstance(err, RequestError) else refusal_param(
+                        str(err), job.length_fields, job.length_field)
                     job.emit("error", (400, str(err), param))
             except Exception as err:                 # a failing batch fails its own requests only
                 for job in group_jobs:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator, model_validator
 
 from ..cache import available_policies
 from ..config import GenerationConfig
@@ -72,11 +72,13 @@ class _Request(BaseModel):
             raise ValueError(f"expected a number, got {value!r}")
         return value
 
-    @model_validator(mode="after")
-    def _stream_options_need_stream(self):
-        if self.stream_options is not None and not self.stream:
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value, info: ValidationInfo):
+        """Named by its own field (`stream` is validated before it)."""
+        if value is not None and not info.data.get("stream"):
             raise ValueError("stream_options is only allowed when stream is true")
-        return self
+        return value
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -138,6 +140,23 @@ def param_of(message: str, length_field: str = "max_tokens") -> str | None:
     return next((param for word, param in fields if word in words), None)
 
 
+def length_fields_set(body: _Request, max_tokens: int | None, length_field: str = "max_tokens") -> tuple[str, ...]:
+    """The length fields the request itself set (its `max_tokens` and the extension's lengths)."""
+    options = body.dllm or DllmOptions()
+    return tuple(param for param, value in ((length_field, max_tokens), ("dllm.block_length", options.block_length),
+                                            ("dllm.steps", options.steps)) if value is not None)
+
+
+def refusal_param(message: str, set_fields: tuple[str, ...], length_field: str = "max_tokens") -> str | None:
+    """The field a refusal names: for a refusal of the lengths, the length field it mentions when
+    the request set that one, else the first the request set, else `length_field` (the clash is
+    with the server's defaults); otherwise the field its message mentions (`param_of`), or None."""
+    named = param_of(message, length_field)
+    if named not in (length_field, "dllm.block_length", "dllm.steps"):
+        return named
+    return named if named in set_fields else (set_fields[0] if set_fields else length_field)
+
+
 def check_neutral(body: _Request) -> None:
     """Refuse the OpenAI knobs a diffusion sampler does not have, unless they are at their neutral value."""
     if body.n != 1:
@@ -179,10 +198,8 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
     try:
         config.for_length(config.gen_length)
     except ValueError as err:
-        given = [param for param, changes in stages if changes and param in (length_field, "dllm.block_length",
-                                                                              "dllm.steps")]
-        named = param_of(str(err), length_field)
-        raise RequestError(str(err), named if named in given else (given[0] if given else None)) from None
+        raise RequestError(str(err), refusal_param(str(err), length_fields_set(body, max_tokens, length_field),
+                                                   length_field)) from None
     return config
 
 
