@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -117,6 +118,10 @@ def test_write_data_of_a_train_shard_is_a_validation_set(tmp_path, capsys):
                  "--tasks", tasks]) == 0
     with pytest.warns(UserWarning, match="30 records where the benchmark has"):
         ds = data.load_official(tmp_path / "val")
+    # read back, they are generated data (rows say data_mode generated), with how they were made
+    assert ds.mode == "generated" and all(s.source == "generated" for ss in ds.samples.values() for s in ss)
+    assert json.loads(ds.source.split(" (", 1)[1][:-1]) == {"generator": "dllm.eval.generators", "names": "open",
+                                                            "num_samples": 30, "shard": 7, "split": "train"}
     for task in tasks.split(","):
         written = [s.record for s in ds.samples[task]]
         assert written == generators.make_records(task, split="train", shard=7, num_samples=30, names="open")

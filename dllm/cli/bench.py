@@ -139,7 +139,7 @@ def _write_data(args) -> int:
     if args.train_shard is not None:
         opts.update(split="train", shard=args.train_shard, num_samples=args.limit)
     recs = {t: generators.make_records(t, **opts)[:args.limit] for t in runner.generated_tasks(cfg)}
-    folder = data.write_official_layout(args.write_data, recs)
+    folder = data.write_official_layout(args.write_data, recs, generated=opts)
     print(f"wrote {sum(map(len, recs.values()))} records of {len(recs)} task(s) to {folder}")
     return 0
 

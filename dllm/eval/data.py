@@ -23,6 +23,7 @@ from . import generators
 from .metrics import METRICS, compute
 from .tasks import TASKS, Task, get_task, messages
 
+GENERATED_MARKER = "dllm_generated.json"     # beside records our generators wrote in the official layout
 _NESTED = ("dataset/parallel_bench/data/output/test", "data/output/test", "output/test", "test")
 
 
@@ -174,7 +175,11 @@ def load_official(root: str | Path, tasks: list[str] | None = None, limit: int |
     absent = [t for t in chosen if t not in found]
     if absent:
         raise FileNotFoundError(f"no file for task(s) {', '.join(absent)} under {root}; found: {', '.join(found)}")
-    ds = Dataset("official", str(root))
+    marker = root / GENERATED_MARKER
+    if marker.is_file():       # records our generators wrote (`dllm bench --write-data`): not official data
+        ds = Dataset("generated", f"{root} ({marker.read_text(encoding='utf-8').strip()})")
+    else:
+        ds = Dataset("official", str(root))
     for task_id in chosen:
         task = official_task(root, task_id)
         path = root / f"{task_id}.jsonl"
@@ -187,7 +192,7 @@ def load_official(root: str | Path, tasks: list[str] | None = None, limit: int |
         numbered = numbered if limit is None else numbered[:limit]
         for n, record in numbered:
             _check_record(task, record, f"{path}:{n}")
-        ds.samples[task_id] = [Sample(task, i, r, "official") for i, (_, r) in enumerate(numbered)]
+        ds.samples[task_id] = [Sample(task, i, r, ds.mode) for i, (_, r) in enumerate(numbered)]
     return ds
 
 
@@ -204,10 +209,16 @@ def load_generated(tasks: list[str], limit: int | None = None, **options) -> Dat
     return ds
 
 
-def write_official_layout(folder: str | Path, records: dict[str, list[dict]]) -> Path:
+def write_official_layout(folder: str | Path, records: dict[str, list[dict]], generated: dict | None = None) -> Path:
     """Write `{task_id: records}` in the official layout (JSONL + per-category task_config.yaml),
-    so generated data can be read back by `load_official` or by other tools."""
+    so generated data can be read back by `load_official` or by other tools. `generated`: how our
+    generators made the records (their options), written to `GENERATED_MARKER` beside them, so
+    that the data read back is labelled generated, not official."""
     folder = Path(folder)
+    if generated is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / GENERATED_MARKER).write_text(json.dumps({"generator": "dllm.eval.generators", **generated},
+                                                          sort_keys=True) + "\n", encoding="utf-8")
     by_category: dict[str, dict] = {}
     for task_id, recs in records.items():
         task = get_task(task_id)
