@@ -295,17 +295,25 @@ def test_text_tasks_without_grammar_checker_are_unavailable_not_zero(llada, tmp_
 
 def test_a_run_resolves_its_sampler_and_policy_once(llada, bench_data, monkeypatch):
     """Every batch of a run decodes with the sampler and policy built once for the run."""
-    import dllm.decode as decode
+    from dllm.cache import CachePolicy
+    from dllm.samplers import Sampler
+
     model, tok = llada
-    built = []
-    real_sampler, real_policy = decode.samplers.get, decode.get_policy
-    monkeypatch.setattr(decode.samplers, "get", lambda *a, **k: built.append("sampler") or real_sampler(*a, **k))
-    monkeypatch.setattr(decode, "get_policy", lambda *a, **k: built.append("policy") or real_policy(*a, **k))
+    used = []
+    real = dllm.generate
+
+    def recording(model, tok, prompts, config):
+        used.append((config.sampler, config.cache))
+        return real(model, tok, prompts, config)
+    monkeypatch.setattr(dllm, "generate", recording)
     cfg = runner.config_from_dict(dict(data_dir=str(bench_data), limit=3, batch_size=2, sampler="threshold",
                                        cache="dual", block_length=8))
     rows = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     assert len(rows) == 6 and all(r["cache"] == "dual" and r["cache_args"] == {} for r in rows)
-    assert sorted(built) == ["policy", "sampler"]
+    assert len(used) == 4                                   # two tasks, batches of 2 and 1
+    sampler, policy = used[0]
+    assert isinstance(sampler, Sampler) and isinstance(policy, CachePolicy)
+    assert all(s is sampler and p is policy for s, p in used)
 
 
 def test_the_package_exports_what_its_docstring_shows():

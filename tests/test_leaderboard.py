@@ -163,9 +163,14 @@ def test_a_curve_keeps_the_runs_over_the_most_tasks_and_names_the_rest(results, 
 
 
 def test_a_fixed_method_with_a_cache_stays_fixed_when_read_back(tmp_path):
-    curve = leaderboard.Curve("m", "confidence-topk+dual",
-                              [(leaderboard.AVG, 1.0, 90.0), (leaderboard.AVG, 2.0, 75.0), (leaderboard.AVG, 4.0, 50.0)])
+    written = leaderboard.Curve("m", "confidence-topk+dual", [(leaderboard.AVG, 1.0, 90.0), (leaderboard.AVG, 2.0, 75.0),
+                                                              (leaderboard.AVG, 4.0, 50.0)], adaptive=False)
+    leaderboard.write_curves([written], tmp_path)
+    (curve,) = leaderboard.read_curves(tmp_path)                 # no `adaptive`: known from the file's name
+    assert curve.adaptive is None and curve.method == "confidence-topk+dual"
     assert curve.pb(80) == 1.0 and curve.pb(70) == 2.0          # the best point, no interpolation
+    adaptive = leaderboard.Curve("m", "threshold+dual", curve.rows)
+    assert adaptive.pb(70) != 2.0                                # an adaptive method's curve is interpolated
 
 
 def test_model_ids_of_relative_folders_stay_inside_the_output(tmp_path, monkeypatch):

@@ -475,6 +475,9 @@ def test_collect_labels_and_train(llada):
     f1, rep = filter_train.train_filter(records, epochs=30, seed=3, progress=False)
     f2, _ = filter_train.train_filter(records, epochs=30, seed=3, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(f1.state_dict().values(), f2.state_dict().values()))
+    # it learns: the train loss falls from the one of its first epoch (its initial weights)
+    _, first = filter_train.train_filter(records, epochs=1, seed=3, progress=False)
+    assert rep["train_loss"] < first["train_loss"] - 1e-3
     assert sum(rep["split"].values()) == len(records) and rep["split"]["train"] == int(len(records) * 0.8)
     assert sum(p.numel() for p in Learn2PDFilter(32).parameters()) == 2112
     with pytest.raises(ValueError, match="gen_length 12 must be a positive multiple of block_length 8"):
