@@ -133,6 +133,16 @@ def test_llada_loss_weights_a_fixed_mask_by_its_share_of_the_response():
         loss = T.diffusion_loss(_Uniform(50), x, valid, pos, cols, mask_id=49, eps=1e-3, loss="llada",
                                 generator=torch.Generator().manual_seed(seed), fixed=fixed, fixed_rows=rows)
         assert loss.item() == pytest.approx(math.log(50), rel=1e-5)
+    # The prompt's example columns keep the t they were masked at: E of them add E / G log V on average.
+    items = [T.Encoded("t", [1, 2, 3, 4, 5, 6], [8] * 20, ((1, 3),)) for _ in range(4000)]
+    x, valid, pos, cols = T.make_batch(items, pad_id=0)
+    ex_cols, ex_ok = T.example_columns(items, x.shape[1])
+    fixed = torch.zeros(4000, 20, dtype=torch.bool)
+    fixed[:, :5] = True
+    loss = T.diffusion_loss(_Uniform(50), x, valid, pos, cols, mask_id=49, eps=1e-3, loss="llada",
+                            generator=torch.Generator().manual_seed(0), fixed=fixed,
+                            fixed_rows=torch.ones(4000, 1, dtype=torch.bool), extra_cols=ex_cols, extra_ok=ex_ok)
+    assert loss.item() == pytest.approx(math.log(50) * (1 + 2 / 20), rel=0.02)
 
 
 def test_masked_mean_loss_draws_t_as_a_power_of_u():

@@ -102,8 +102,9 @@ def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generat
 
     fixed (B, G) bool with fixed_rows (B, 1) bool: in those rows the response mask is `fixed`
     instead of the random draw (the draws are made for every row all the same). Under the
-    "llada" loss such a row is weighted by 1 / (its masked share of the G response columns), the
-    t its mask stands for, not by the t drawn for it.
+    "llada" loss such a row's response columns are weighted by 1 / (its masked share of the G
+    response columns), the t its mask stands for, not by the t drawn for it; its example columns
+    keep the drawn t they were masked at.
 
     head: None when `model(noisy, cols, position_ids=, key_valid=)` returns logits (B, G', V); else
     `model` returns hidden states (B, G', d) (`hidden_at`) and `head` (`head_logits`) maps only the
@@ -147,10 +148,20 @@ def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generat
     if extra is not None:
         weight = weight * extra
     if loss == "llada":
-        if fixed is not None:
-            t = torch.where(fixed_rows, fixed.sum(1, keepdim=True).clamp(min=1) / G, t)
-        return ((ce * weight / t).sum(1) / G).mean()
+        return ((ce * weight / _column_t(t, G, fixed, fixed_rows, extra_cols)).sum(1) / G).mean()
     return (ce * weight).sum() / weight.sum().clamp(min=1)
+
+
+def _column_t(t: torch.Tensor, G: int, fixed, fixed_rows, extra_cols) -> torch.Tensor:
+    """(B, 1) or (B, E + G): the mask ratio each loss column was masked at under the "llada" loss:
+    the row's drawn t, but for a response under a fixed mask its masked share of the G columns
+    (the prompt's example columns keep the drawn t they were masked at)."""
+    if fixed is None:
+        return t
+    response_t = torch.where(fixed_rows, fixed.sum(1, keepdim=True).clamp(min=1) / G, t)
+    if extra_cols is None:
+        return response_t
+    return torch.cat([t.expand(-1, extra_cols.shape[1]), response_t.expand(-1, G)], dim=1)
 
 
 def _token_loss(logits: torch.Tensor, target: torch.Tensor, smooth: torch.Tensor | None) -> torch.Tensor:
