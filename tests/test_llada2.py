@@ -9,7 +9,7 @@ import dllm
 from dllm.cache import KVCache, get_policy
 from tests.fixtures.checkpoints import (LLADAMOE_TINY_SPECIAL_IDS, drop_weight, edit_config, llada2_config,
                                         load_state_dict, write_llada2_checkpoint)
-from tests.fixtures.compiled import graphs_built
+from tests.fixtures.compiled import forget_graphs, graphs_built
 from tests.reference.arch_ref import llada2_forward_ref
 from tests.reference.samplers_ref import llada21_generate_ref, llada2_generate_ref
 
@@ -333,6 +333,7 @@ def test_compiled_equals_eager(llada2_dir, sampler):
     request = dict(gen_length=40, sampler=sampler, cache="dual", sampler_kwargs={"threshold": 0.6})
     eager = dllm.generate(model, None, PROMPTS2[:2], **request)
     model.set_compile(True)
+    forget_graphs()
     before = graphs_built()
     compiled = dllm.generate(model, None, PROMPTS2[:2], **request)
     assert torch.equal(compiled.sequences, eager.sequences) and compiled.forwards == eager.forwards

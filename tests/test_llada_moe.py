@@ -12,7 +12,7 @@ from dllm.models.moe import Experts, Router, grouped_linear, grouped_mm_runs, li
 from dllm.overhead import DispatchCounter
 from tests.fixtures.checkpoints import (LLADAMOE_TINY_SPECIAL_IDS, drop_weight, edit_config, lladamoe_config,
                                         load_state_dict, write_lladamoe_checkpoint)
-from tests.fixtures.compiled import graphs_built
+from tests.fixtures.compiled import forget_graphs, graphs_built
 from tests.reference.arch_ref import lladamoe_forward_ref
 from tests.reference.samplers_ref import llada_generate_ref
 from tests.test_generate import PROMPTS, PROMPTS4, _batch
@@ -239,6 +239,7 @@ def test_compiled_equals_eager(lladamoe_dir, cache):
     request = dict(gen_length=16, block_length=8, sampler="threshold", cache=cache)
     eager = dllm.generate(model, None, PROMPTS, **request)
     model.set_compile(True)
+    forget_graphs()
     before = graphs_built()
     assert torch.equal(dllm.generate(model, None, PROMPTS, **request).sequences, eager.sequences)
     assert graphs_built() > before                     # the compiled forwards ran
