@@ -113,6 +113,7 @@ def test_settings_a_sampler_ignores_leave_its_run_id_alone(llada, bench_data, tm
         for change in (dict(steps=8), dict(tokens_per_step=4)):
             assert runner.run_bench(cfg.replace(**change), model=model, tokenizer=tok, progress=False) == rows
     assert len(_file_rows(out)) == len(rows) == 4
+    assert all(r["steps_used"] is None and r["steps"] is None for r in rows)
 
 
 def test_a_results_file_that_cannot_be_written_fails_before_decoding(llada, bench_data, tmp_path):

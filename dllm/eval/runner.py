@@ -332,7 +332,10 @@ def _rows_of_batch(run: _Run, batch: list[Sample]) -> list[dict]:
     prompts = [encode_messages(run.tokenizer, s.messages()) for s in batch]
     out = dllm.generate(run.model, run.tokenizer, prompts, request)
     predictions = run.tokenizer.batch_decode(out.generated.tolist(), skip_special_tokens=True)
-    gen, block, steps = request.gen_length, request.resolved_block_length, request.resolved_steps
+    sampler = request.sampler        # what it ignores was not used: the whole generation, no step count
+    gen = request.gen_length
+    block = request.resolved_block_length if sampler.uses_blocks else gen
+    steps = request.resolved_steps if sampler.uses_steps else None
     rows = []
     for i, s in enumerate(batch):
         result = metrics.compute(s.task.metric, predictions[i], s.answer, backends=run.backends)
