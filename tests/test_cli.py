@@ -120,8 +120,18 @@ def test_write_data_of_a_train_shard_is_a_validation_set(tmp_path, capsys):
         ds = data.load_official(tmp_path / "val")
     # read back, they are generated data (rows say data_mode generated), with how they were made
     assert ds.mode == "generated" and all(s.source == "generated" for ss in ds.samples.values() for s in ss)
-    assert json.loads(ds.source.split(" (", 1)[1][:-1]) == {"generator": "dllm.eval.generators", "names": "open",
-                                                            "num_samples": 30, "shard": 7, "split": "train"}
+    options = {"names": "open", "num_samples": 30, "shard": 7, "split": "train"}
+    assert ds.source == f"{tmp_path / 'val'} (dllm.eval.generators {json.dumps({t: options for t in ds.tasks}, sort_keys=True)})"
+    # another write into the folder records its own tasks' options; a selection mixing them with
+    # official files is refused
+    assert main(["bench", "--write-data", str(tmp_path / "val"), "--tasks", "waiting_line/reverse", "--limit", "2",
+                 "--names", "lists"]) == 0
+    with pytest.warns(UserWarning):
+        assert data.load_official(tmp_path / "val", ["waiting_line/reverse"]).source.endswith(
+            '{"waiting_line/reverse": {}})')                # the generators' defaults (names lists)
+    data.write_official_layout(tmp_path / "val", {"waiting_line/sort": generators.make_records("waiting_line/sort")})
+    with pytest.raises(ValueError, match="waiting_line/copy were written by dllm's generators and waiting_line/sort"):
+        data.load_official(tmp_path / "val", ["waiting_line/copy", "waiting_line/sort"])
     for task in tasks.split(","):
         written = [s.record for s in ds.samples[task]]
         assert written == generators.make_records(task, split="train", shard=7, num_samples=30, names="open")

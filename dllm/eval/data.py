@@ -175,9 +175,9 @@ def load_official(root: str | Path, tasks: list[str] | None = None, limit: int |
     absent = [t for t in chosen if t not in found]
     if absent:
         raise FileNotFoundError(f"no file for task(s) {', '.join(absent)} under {root}; found: {', '.join(found)}")
-    marker = root / GENERATED_MARKER
-    if marker.is_file():       # records our generators wrote (`dllm bench --write-data`): not official data
-        ds = Dataset("generated", f"{root} ({marker.read_text(encoding='utf-8').strip()})")
+    made = generated_options(root, chosen)
+    if made:                   # records our generators wrote (`dllm bench --write-data`): not official data
+        ds = Dataset("generated", f"{root} (dllm.eval.generators {json.dumps(made, sort_keys=True)})")
     else:
         ds = Dataset("official", str(root))
     for task_id in chosen:
@@ -209,16 +209,31 @@ def load_generated(tasks: list[str], limit: int | None = None, **options) -> Dat
     return ds
 
 
+def generated_options(root: Path, tasks: list[str]) -> dict[str, dict]:
+    """{task: the generators' options} of the `tasks` our generators wrote under `root` (its
+    `GENERATED_MARKER`); empty for official files. A selection mixing both is a ValueError."""
+    marker = root / GENERATED_MARKER
+    made = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
+    ours = {t: made[t] for t in tasks if t in made}
+    if ours and len(ours) != len(tasks):
+        others = [t for t in tasks if t not in made]
+        raise ValueError(f"under {root}, task(s) {', '.join(ours)} were written by dllm's generators and "
+                         f"{', '.join(others)} were not; read them in separate runs")
+    return ours
+
+
 def write_official_layout(folder: str | Path, records: dict[str, list[dict]], generated: dict | None = None) -> Path:
     """Write `{task_id: records}` in the official layout (JSONL + per-category task_config.yaml),
     so generated data can be read back by `load_official` or by other tools. `generated`: how our
-    generators made the records (their options), written to `GENERATED_MARKER` beside them, so
-    that the data read back is labelled generated, not official."""
+    generators made the records (their options), recorded per task in `GENERATED_MARKER` beside
+    them, so that the data read back is labelled generated, not official."""
     folder = Path(folder)
     if generated is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / GENERATED_MARKER).write_text(json.dumps({"generator": "dllm.eval.generators", **generated},
-                                                          sort_keys=True) + "\n", encoding="utf-8")
+        marker = folder / GENERATED_MARKER
+        made = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
+        made.update({task: generated for task in records})
+        marker.write_text(json.dumps(made, sort_keys=True, indent=1) + "\n", encoding="utf-8")
     by_category: dict[str, dict] = {}
     for task_id, recs in records.items():
         task = get_task(task_id)
