@@ -27,6 +27,8 @@ registered. Later releases load it through the `lm_eval.models` entry point.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
@@ -69,9 +71,16 @@ def request_temperature(gen_kwargs: dict) -> float:
     else 0 (greedy)."""
     if gen_kwargs.get("do_sample") is False:
         return 0.0
-    if gen_kwargs.get("temperature") is not None:
-        return gen_kwargs["temperature"]
-    return 1.0 if gen_kwargs.get("do_sample") is True else 0.0
+    value = gen_kwargs.get("temperature")
+    if value is None:
+        return 1.0 if gen_kwargs.get("do_sample") is True else 0.0
+    try:
+        temperature = float(value)          # lm_eval passes numbers, and text from --gen_kwargs
+    except (TypeError, ValueError):
+        temperature = math.nan
+    if isinstance(value, bool) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"a request's temperature must be a finite number >= 0, got {value!r}")
+    return temperature
 
 
 def _batch_size(value) -> int:
@@ -156,8 +165,9 @@ class DLLMEvalModel(LM):
             config = self.config.replace(gen_length=length, temperature=temperature)
             check_request(self.model, config)
         except ValueError as err:
+            advice = "" if self.config.gen_length else "; give gen_length to decode one length for every request"
             raise ValueError(f"{source} {length} (temperature {temperature!r}) does not fit the model arguments: "
-                             f"{err}; give gen_length to decode one length for every request") from None
+                             f"{err}{advice}") from None
         return config
 
     def _fit_context(self, context: str, length: int) -> list[int]:

@@ -248,7 +248,10 @@ def test_sampled_repeats_differ_and_requests_set_their_temperature(shipped, monk
     from dllm.lmeval import DLLMEvalModel, request_temperature
 
     assert [request_temperature(k) for k in ({}, {"do_sample": False, "temperature": 0.7}, {"temperature": 0.7},
-                                             {"do_sample": True})] == [0.0, 0.0, 0.7, 1.0]
+                                             {"do_sample": True}, {"temperature": "0.5"})] == [0.0, 0.0, 0.7, 1.0, 0.5]
+    for bad in (-1.0, "warm", float("nan"), True):
+        with pytest.raises(ValueError, match=r"a request's temperature must be a finite number >= 0, got"):
+            request_temperature({"temperature": bad})
     lm = DLLMEvalModel(dtype="float32", device="cpu", seed=5, gen_length=8)
     seen = []
     real = dllm.generate
