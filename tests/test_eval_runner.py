@@ -364,6 +364,9 @@ def test_repair_refuses_a_file_that_is_not_results_and_keeps_a_whole_last_line(t
     torn = tmp_path / "torn.jsonl"
     torn.write_text('{"run_id": "a", "task": "t", "index": 0}\n{"run_id": "a", "ta')
     assert len(runner.ResultsFile(torn).rows()) == 1                # read as it is: the torn line skipped
+    cut = tmp_path / "cut.jsonl"                                    # torn inside a two-byte character
+    cut.write_bytes('{"run_id": "a", "task": "t", "index": 0}\n{"run_id": "é'.encode()[:-1])
+    assert len(runner.ResultsFile(cut).rows()) == 1
     assert runner.ResultsFile(torn).repair() == len('{"run_id": "a", "ta')
     assert len(runner.ResultsFile(torn).rows()) == 1
     # Reading (bench --report) refuses what repairing refuses, rather than dropping the line.

@@ -1052,6 +1052,7 @@ def test_optimizer_options_are_checked(option, value, message):
     ({"d_model": 16, "n_heads": 4}, "the built positional heads (prev_token_head, next_token_head, window_heads) "
                                     "need d_model / n_heads >= 6, got 4"),
     ({"bind_mask": 0.5, "hole_mask": 0.5, "span_mask": 1e-13}, "span_mask must be in [0, 1 - bind_mask - hole_mask"),
+    ({"bind_mask": 0.7, "hole_mask": 0.3, "span_mask": 1e-13}, "span_mask must be in [0, 1 - bind_mask - hole_mask"),
     ({"rope_theta": float("inf")}, "rope_theta must be a finite number > 0, got inf"),
 ])
 def test_model_and_mask_options_that_would_fail_later_are_checked(options, message):

@@ -195,14 +195,14 @@ class ResultsFile:
         a JSON object: the ValueError `repair` raises."""
         if not self.path.is_file():
             return []
-        with self.path.open(encoding="utf-8") as fh:
-            lines = [(number, line.strip()) for number, line in enumerate(fh, 1) if line.strip()]
+        lines = [(number, line.strip()) for number, line in enumerate(self.path.read_bytes().split(b"\n"), 1)
+                 if line.strip()]
         out = []
         for i, (number, line) in enumerate(lines):
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                if i == len(lines) - 1 and line.startswith("{"):
+                record = json.loads(line)          # bytes: a line cut inside a character fails here too
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                if i == len(lines) - 1 and line.startswith(b"{"):
                     continue
                 raise self._not_results(number) from None
             if not isinstance(record, dict):

@@ -314,7 +314,7 @@ class TrainConfig:
         if not 0 <= self.hole_mask <= 1 - self.bind_mask:
             raise ValueError(f"hole_mask must be in [0, 1 - bind_mask = {1 - self.bind_mask:g}], got {self.hole_mask}")
         room = 1 - self.bind_mask - self.hole_mask
-        if not 0 <= self.span_mask <= room + 1e-12 or (self.span_mask > 0 and room <= 0):
+        if not 0 <= self.span_mask <= room + 1e-12 or (self.span_mask > 0 and room <= 1e-12):
             raise ValueError(f"span_mask must be in [0, 1 - bind_mask - hole_mask = {room:g}], got {self.span_mask}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
