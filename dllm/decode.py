@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import time
 import warnings
 from dataclasses import dataclass
@@ -143,12 +144,36 @@ def _as_rows(prompts, attention_mask) -> list[list[int]]:
                              f"{tuple(prompts.shape)}")
         return [row[m.bool()].tolist() for row, m in zip(prompts, attention_mask)]
     rows = list(prompts)
-    if rows and all(isinstance(t, int) for t in rows):
+    if rows and all(_token_id(t) is not None for t in rows):
         rows = [rows]
-    for r in rows:
-        if not isinstance(r, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in r):
-            raise ValueError("token-id prompts must be lists of integers")
-    return [list(r) for r in rows]
+    return [_id_row(r, b) for b, r in enumerate(rows)]
+
+
+def _token_id(value) -> int | None:
+    """An integer token id (a Python, numpy or 0-dim torch integer; not a bool) as an int, else None."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() or value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+            return None
+        return int(value)
+    if isinstance(value, (bool, float)) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
+def _id_row(row, b: int) -> list[int]:
+    """Prompt `b` given as token ids (a list or tuple, or a 1-D integer tensor) as a list of ints."""
+    if isinstance(row, torch.Tensor) and row.dim() == 1:
+        row = list(row)
+    if not isinstance(row, (list, tuple)):
+        got = f"a tensor of shape {tuple(row.shape)}" if isinstance(row, torch.Tensor) else \
+            f"{row!r:.60} ({type(row).__name__})"
+        raise ValueError(f"prompt {b} must be a list of token ids (ints) or a 1-D integer tensor, got {got}")
+    ids = [_token_id(t) for t in row]
+    bad = next((i for i, t in enumerate(ids) if t is None), None)
+    if bad is not None:
+        raise ValueError(f"prompt {b}: token {bad} is {row[bad]!r:.40} ({type(row[bad]).__name__}); token ids must "
+                         f"be integers")
+    return ids
 
 
 def prompt_problem(ids: list[int], vocab_size: int, mask_id: int) -> str | None:
@@ -842,6 +867,9 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
         raise ValueError(f"config must be a dllm.GenerationConfig, got {config!r:.80} ({type(config).__name__}; "
                          f"keyword options go as keywords: generate(model, tok, prompts, gen_length=64, ...))")
     cfg = (config or GenerationConfig()).replace(**overrides)
+    if on_step is not None and not callable(on_step):
+        raise ValueError(f"on_step must be a function called with the state after every step, or None, got "
+                         f"{on_step!r:.60} ({type(on_step).__name__})")
     if prompts is None:
         raise ValueError("no prompts given")
     if not isinstance(prompts, (str, list, tuple, torch.Tensor)):

@@ -126,6 +126,9 @@ class AdaBlock(Sampler):
         if outside:
             raise ValueError(f"sampler {self.name!r}: delimiter_ids {outside} are outside the model's vocabulary "
                              f"[0, {state.vocab_size}); such a delimiter could never be decoded")
+        if state.ids.mask in ids:
+            raise ValueError(f"sampler {self.name!r}: delimiter_ids hold the mask token id {state.ids.mask}, which is "
+                             f"never decoded")
         state.extra["adablock"] = dict(
             ids=torch.tensor(ids, dtype=torch.long, device=dev),
             tau_d=float(tau_d),

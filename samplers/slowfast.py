@@ -55,7 +55,8 @@ class SlowFast(Sampler):
             raise ValueError(f"sampler {n!r}: window {window} must be <= explore_steps {explore_steps} (the span "
                              f"is settled from the last `window` estimates of the exploration steps)")
         self.explore_steps, self.window = explore_steps, window
-        self.span_threshold, self.high_threshold, self.std_threshold = span_threshold, high_threshold, std_threshold
+        self.span_threshold, self.high_threshold = span_threshold, high_threshold
+        self.std_threshold = float(std_threshold)       # compared with a tensor: an int past int64 is a float here
         self._args = dict(explore_steps=explore_steps, span_threshold=span_threshold,
                           high_threshold=high_threshold, window=window, std_threshold=std_threshold)
 

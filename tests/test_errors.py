@@ -24,9 +24,13 @@ def tiny_dream():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(gen_length=0), r"gen_length must be a positive integer, got 0"),
     (dict(steps=-2), r"steps must be a positive integer, got -2"),
-    (dict(temperature=-0.5), r"temperature must be a finite number >= 0, got -0.5"),
+    (dict(temperature=-0.5), r"temperature must be a finite number >= 0 \(.*\), got -0.5"),
     (dict(temperature=float("nan")), r"temperature must be a finite number"),
-    (dict(temperature=True), r"temperature must be a finite number >= 0, got True"),
+    (dict(temperature=True), r"temperature must be a finite number >= 0 \(at most 10000, .*\), got True"),
+    (dict(temperature=1e39), r"temperature must be a finite number >= 0 \(at most 10000, past which every draw is "
+                             r"already uniform\), got 1e\+39"),
+    (dict(cfg_scale=1e38), r"cfg_scale must be a finite number >= 0 \(at most 10000, past which guided logits "
+                           r"overflow\), got 1e\+38"),
     (dict(chat="no"), r"chat must be True, False or None \(the model's default\), got 'no'"),
     (dict(trace="no"), r"trace must be True or False, got 'no'"),
     (dict(score_dtype="float16"), r"score_dtype must be 'logits', 'float32' or 'float64', got 'float16'"),
@@ -59,6 +63,8 @@ def test_lengths_are_checked_when_the_request_is_fixed(tiny):
     (dict(prompts=[[5, 6]], config={"gen_length": 4}), r"config must be a dllm.GenerationConfig, got "
                                                        r"\{'gen_length': 4\} \(dict;"),
     (dict(prompts="hi", attention_mask=torch.ones(1, 3)), r"string prompts are tokenized here"),
+    (dict(prompts=[[5, 6]], on_step="x"), r"on_step must be a function called with the state after every step, or "
+                                          r"None, got 'x' \(str\)"),
 ])
 def test_bad_prompt_and_config_arguments(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -314,8 +320,18 @@ def test_bad_input_ids_and_mask(tiny):
         dllm.generate(tiny, None, torch.ones(1, 2, 3, dtype=torch.long), gen_length=4)
     with pytest.raises(ValueError, match=r"attention_mask shape \(2, 3\) != input_ids shape \(2, 4\)"):
         dllm.generate(tiny, None, torch.ones(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 3), gen_length=4)
-    with pytest.raises(ValueError, match=r"token-id prompts must be lists of integers"):
+    with pytest.raises(ValueError, match=r"prompt 0: token 1 is 2.5 \(float\); token ids must be integers"):
         dllm.generate(tiny, None, [[1, 2.5]], gen_length=4)
+    with pytest.raises(ValueError, match=r"prompt 1: token 0 is True \(bool\)"):
+        dllm.generate(tiny, None, [[1, 2], [True]], gen_length=4)
+    with pytest.raises(ValueError, match=r"prompt 0 must be a list of token ids \(ints\) or a 1-D integer tensor, got "
+                                         r"a tensor of shape \(2, 2\)"):
+        dllm.generate(tiny, None, [torch.ones(2, 2, dtype=torch.long)], gen_length=4)
+    # numpy and 0-dim torch integers are token ids, and a row may be a 1-D tensor
+    import numpy as np
+    want = dllm.generate(tiny, None, [[1, 2], [3]], gen_length=4).sequences
+    for rows in ([[1, np.int64(2)], [torch.tensor(3)]], [torch.tensor([1, 2]), torch.tensor([3])]):
+        assert torch.equal(dllm.generate(tiny, None, rows, gen_length=4).sequences, want)
     with pytest.raises(ValueError, match=r"attention_mask marks the padding of input_ids given as a tensor"):
         dllm.generate(tiny, None, [[1, 2, 3]], attention_mask=torch.ones(2, 2), gen_length=4)
     # a 1-D mask goes with 1-D input_ids: the padding it marks is left out

@@ -173,6 +173,14 @@ def test_slowfast_arguments_are_checked():
         samplers.get("slowfast", high_threshold=2)
 
 
+def test_slowfast_takes_a_std_threshold_given_as_a_huge_integer(llada):
+    model, _ = llada
+    kw = dict(gen_length=8, block_length=8, sampler="slowfast")
+    huge = dllm.generate(model, None, [[1, 2]], sampler_kwargs={"std_threshold": 10 ** 30}, **kw)
+    assert torch.equal(huge.sequences, dllm.generate(model, None, [[1, 2]], sampler_kwargs={"std_threshold": 1e30},
+                                                     **kw).sequences)
+
+
 def test_slowfast_hidden_keys_change_the_answer(llada, monkeypatch):
     """Without hiding the keys after the span, the fast phases' logits and tokens differ from the reference's."""
     model = llada[0]

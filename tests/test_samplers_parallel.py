@@ -364,6 +364,9 @@ def test_adablock_delimiters_resolve_through_the_tokenizer(llada):
     V = model.config.vocab_size
     with pytest.raises(ValueError, match=rf"delimiter_ids \[{V}\] are outside the model's vocabulary \[0, {V}\)"):
         dllm.generate(model, tok, PROMPTS, gen_length=8, sampler="adablock", sampler_kwargs={"delimiter_ids": [5, V]})
+    mask = model.config.mask_token_id
+    with pytest.raises(ValueError, match=rf"delimiter_ids hold the mask token id {mask}, which is never decoded"):
+        dllm.generate(model, tok, PROMPTS, gen_length=8, sampler="adablock", sampler_kwargs={"delimiter_ids": [mask]})
 
 
 class ScriptedModel:
