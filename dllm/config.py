@@ -272,6 +272,7 @@ class GenerationConfig:
         divide gen_length); exclusive with `steps`.
     temperature: 0 = greedy; > 0 = sampling: Gumbel-max in float64 for LLaDA-style samplers (as
         LLaDA's reference), Dream's samplers draw from softmax(logits / temperature) as Dream's.
+        At most `LARGEST_SCALE` (1e4), as is `cfg_scale`.
     cfg_scale: unsupervised classifier-free guidance (LLaDA): each step also runs the canvas with
         the prompt masked and uses uncond + (cfg_scale + 1) * (cond - uncond); 0 = off. Not
         allowed with a cache policy that stores K/V.
