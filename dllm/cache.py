@@ -735,7 +735,7 @@ def policy_signature(name: str) -> dict:
     return {p: v.default for p, v in params.items() if p != "self"}
 
 
-def get_policy(name: str | CachePolicy = "none", **kwargs) -> CachePolicy:
+def get_policy(name: str | CachePolicy = "none", /, **kwargs) -> CachePolicy:
     """A cache policy by registered name and keyword arguments, or a policy instance as is.
 
     >>> get_policy("dual"), get_policy("dkv-decode", refresh=4)

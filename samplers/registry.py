@@ -50,7 +50,7 @@ def sampler_class(name: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def get(name: str, **kwargs: Any):
+def get(name: str, /, **kwargs: Any):
     """Build the sampler registered as `name` with keyword arguments.
 
     >>> get("low_confidence")

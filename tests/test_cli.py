@@ -165,6 +165,24 @@ def test_bench_options_its_mode_would_ignore_are_errors(tmp_path, capsys, monkey
     assert not (tmp_path / "w").exists()
 
 
+def test_an_argument_called_name_and_a_bad_key_value_are_usage_errors(capsys):
+    assert main(["generate", "hi", "--sampler", "threshold", "--sampler-arg", "name=x"]) == 2
+    assert "sampler 'threshold' has no argument(s) name" in capsys.readouterr().err
+    assert main(["generate", "hi", "--cache", "dual", "--cache-arg", "name=x"]) == 2
+    assert "cache policy 'dual' has no argument(s) 'name'" in capsys.readouterr().err
+    assert main(["generate", "hi", "--sampler-arg", "tau"]) == 2
+    assert "--sampler-arg 'tau' must look like key=value" in capsys.readouterr().err
+
+
+def test_train_filter_out_must_be_a_safetensors_file(tmp_path, capsys):
+    for out, message in ((tmp_path / "f.json", "must be a .safetensors file"),
+                         (tmp_path / "d.safetensors", "is a folder; give a .safetensors file")):
+        if out.suffix == ".safetensors":
+            out.mkdir()
+        assert main(["train-filter", "--out", str(out), "--tasks", "waiting_line/copy"]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_no_progress_is_taken_by_every_mode(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     out.write_text("")

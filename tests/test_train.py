@@ -318,6 +318,13 @@ def test_a_canvas_past_the_models_length_after_its_prompt_is_refused(tmp_path):
         T.train(T.TrainConfig(out=str(tmp_path / "r"), **{**TINY, "canvas": 1000}), progress=False)
 
 
+def test_an_out_that_cannot_be_a_folder_is_a_usage_error(tmp_path, capsys):
+    from dllm.cli import main
+    (tmp_path / "file").write_text("")
+    assert main(["train", "--out", str(tmp_path / "file"), "--steps", "3", "--compile", "false"]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
 def test_a_multi_process_launch_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"one of 2 launched processes \(WORLD_SIZE=2\)"):
@@ -1054,6 +1061,10 @@ def test_optimizer_options_are_checked(option, value, message):
     ({"bind_mask": 0.5, "hole_mask": 0.5, "span_mask": 1e-13}, "span_mask must be in [0, 1 - bind_mask - hole_mask"),
     ({"bind_mask": 0.7, "hole_mask": 0.3, "span_mask": 1e-13}, "span_mask must be in [0, 1 - bind_mask - hole_mask"),
     ({"rope_theta": float("inf")}, "rope_theta must be a finite number > 0, got inf"),
+    ({"seed": 2 ** 64 - 1}, f"seed must be an integer in [0, {2 ** 63 - 1}), got {2 ** 64 - 1}"),
+    ({"then_seed": (1, 2, 4, 5, -1)}, "seed must be an integer in [0,"),
+    ({"tasks": "words_to_sentence/easy"}, "cannot train on task(s) words_to_sentence/easy; training takes the generated "
+                                          "tasks with one answer each: waiting_line/"),
 ])
 def test_model_and_mask_options_that_would_fail_later_are_checked(options, message):
     with pytest.raises(ValueError) as err:

@@ -29,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except SystemExit as err:    # a bad option value found while reading it (`--sampler-arg tau`): a usage error
+        if isinstance(err.code, str):
+            print(err.code, file=sys.stderr)
+            return 2
+        raise
     except BrokenPipeError:      # the reader of stdout stopped early (`dllm samplers | head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
         return 1

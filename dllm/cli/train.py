@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import dllm
 from dllm import filter_train, train
@@ -49,7 +50,7 @@ def run_train(args) -> int:
     try:
         cfg = train.config_from_args(opts)
         folder = train.train(cfg, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:          # OSError: an --out that cannot be a folder
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"model written to {folder}")
@@ -69,13 +70,23 @@ def _filter_options(args) -> dict:
     return opts
 
 
+def _check_filter_out(out: str) -> None:
+    """The filter's file: a .safetensors path that is not a folder (its metadata goes beside it as .json)."""
+    path = Path(out)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"--out {out!r} must be a .safetensors file (the metadata is written beside it as .json)")
+    if path.is_dir():
+        raise ValueError(f"--out {out!r} is a folder; give a .safetensors file")
+
+
 def run_train_filter(args) -> int:
     try:
         opts = _filter_options(args)
+        _check_filter_out(args.out)
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device)
         path, meta = filter_train.train_filter_for_model(model, tokenizer, args.out, progress=not args.no_progress,
                                                          **opts)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     val, counts = meta["validation"] or {}, meta["counts"]

@@ -31,6 +31,9 @@ DEFAULT_TASK_WEIGHTS = ("waiting_line/copy=1.5,waiting_line/reverse=1.5,waiting_
                         "puzzle/latin_square_n4=2.5,puzzle/sudoku_n4_12=2")
 
 LOSSES = ("masked-mean", "llada")
+MAX_SEED = 2 ** 63 - 1              # seeds and the seed + 1 derived from them fit torch.manual_seed
+# The generated tasks training can render: one answer per record (Text Writing has none).
+TRAINABLE_CATEGORIES = ("waiting_line/", "puzzle/")
 INITS = ("mimetic", "normal")
 PRECISIONS = ("auto", "bf16", "fp32")
 EMBED_UPDATES = ("dense", "lazy", "frozen")
@@ -79,6 +82,12 @@ NO_LATER_PHASES = {name: () for name in THEN_FIELDS}   # the then_ fields of a s
 
 # TrainConfig fields that do not change the trained model: left out of the recorded recipe.
 _NOT_RECIPE = ("out", "threads", "save_every", "name")
+
+
+def check_seed(name: str, seed) -> None:
+    """A seed torch.manual_seed takes, with room for the derived `seed + 1`."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+        raise ValueError(f"{name} must be an integer in [0, {MAX_SEED}), got {seed!r}")
 
 
 def cpu_has_bf16_units() -> bool:
@@ -206,7 +215,8 @@ class TrainConfig:
         self._set_later_phases()
 
     def _check_counts(self) -> None:
-        """The sizes, step counts and the pair curriculum's settings."""
+        """The sizes, step counts, the seed and the pair curriculum's settings."""
+        check_seed("seed", self.seed)
         ints = ("samples_per_task", "vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden", "steps",
                 "batch_size", "save_every")
         for k in ints:
@@ -327,10 +337,11 @@ class TrainConfig:
         """`tasks` as a tuple of generated task ids (comma-separated text is split); checks the task weights."""
         if isinstance(self.tasks, str):
             self.tasks = tuple(t.strip() for t in self.tasks.split(",") if t.strip())
-        bad = [t for t in self.tasks if t not in generators.generator_tasks()]
+        trainable = [t for t in generators.generator_tasks() if t.startswith(TRAINABLE_CATEGORIES)]
+        bad = [t for t in self.tasks if t not in trainable]
         if bad or not self.tasks:
-            raise ValueError(f"cannot train on task(s) {', '.join(bad) or '(none)'}; generated tasks: "
-                             f"{', '.join(generators.generator_tasks())}")
+            raise ValueError(f"cannot train on task(s) {', '.join(bad) or '(none)'}; training takes the generated "
+                             f"tasks with one answer each: {', '.join(trainable)}")
         self.sampling_weights()
 
     def _set_later_phases(self) -> None:
