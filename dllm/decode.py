@@ -163,7 +163,9 @@ def _token_id(value) -> int | None:
 def _id_row(row, b: int) -> list[int]:
     """Prompt `b` given as token ids (a list or tuple, or a 1-D integer tensor) as a list of ints."""
     if isinstance(row, torch.Tensor) and row.dim() == 1:
-        row = list(row)
+        if row.dtype == torch.bool or row.is_floating_point() or row.is_complex():
+            raise ValueError(f"prompt {b} must hold integer token ids, got a tensor of dtype {row.dtype}")
+        return row.tolist()              # one read, not one per token
     if not isinstance(row, (list, tuple)):
         got = f"a tensor of shape {tuple(row.shape)}" if isinstance(row, torch.Tensor) else \
             f"{row!r:.60} ({type(row).__name__})"
@@ -548,6 +550,7 @@ def fill_from_the_end(kept: list[int]) -> list[int]:
 
 NOT_FINITE = ("model produced NaN/inf logits (or every logit -inf) during the decode; check the dtype (float16 "
               "can overflow) and the checkpoint weights")
+
 
 class Decoder:
     """The denoising loop of `request` on `state`, one forward at a time: `step()` runs until the next

@@ -327,6 +327,8 @@ def test_bad_input_ids_and_mask(tiny):
     with pytest.raises(ValueError, match=r"prompt 0 must be a list of token ids \(ints\) or a 1-D integer tensor, got "
                                          r"a tensor of shape \(2, 2\)"):
         dllm.generate(tiny, None, [torch.ones(2, 2, dtype=torch.long)], gen_length=4)
+    with pytest.raises(ValueError, match=r"prompt 0 must hold integer token ids, got a tensor of dtype torch.float32"):
+        dllm.generate(tiny, None, [torch.tensor([1.0, 2.0])], gen_length=4)
     # numpy and 0-dim torch integers are token ids, and a row may be a 1-D tensor
     import numpy as np
     want = dllm.generate(tiny, None, [[1, 2], [3]], gen_length=4).sequences
