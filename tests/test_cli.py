@@ -121,7 +121,8 @@ def test_write_data_of_a_train_shard_is_a_validation_set(tmp_path, capsys):
     # read back, they are generated data (rows say data_mode generated), with how they were made
     assert ds.mode == "generated" and all(s.source == "generated" for ss in ds.samples.values() for s in ss)
     options = {"names": "open", "num_samples": 30, "shard": 7, "split": "train"}
-    assert ds.source == f"{tmp_path / 'val'} (dllm.eval.generators {json.dumps({t: options for t in ds.tasks}, sort_keys=True)})"
+    made = json.dumps({t: options for t in ds.tasks}, sort_keys=True)
+    assert ds.source == f"{tmp_path / 'val'} (dllm.eval.generators {made})"
     # another write into the folder records its own tasks' options; a selection mixing them with
     # official files is refused
     assert main(["bench", "--write-data", str(tmp_path / "val"), "--tasks", "waiting_line/reverse", "--limit", "2",

@@ -163,8 +163,8 @@ def test_a_curve_keeps_the_runs_over_the_most_tasks_and_names_the_rest(results, 
 
 
 def test_a_fixed_method_with_a_cache_stays_fixed_when_read_back(tmp_path):
-    written = leaderboard.Curve("m", "confidence-topk+dual", [(leaderboard.AVG, 1.0, 90.0), (leaderboard.AVG, 2.0, 75.0),
-                                                              (leaderboard.AVG, 4.0, 50.0)], adaptive=False)
+    points = [(leaderboard.AVG, 1.0, 90.0), (leaderboard.AVG, 2.0, 75.0), (leaderboard.AVG, 4.0, 50.0)]
+    written = leaderboard.Curve("m", "confidence-topk+dual", points, adaptive=False)
     leaderboard.write_curves([written], tmp_path)
     (curve,) = leaderboard.read_curves(tmp_path)                 # no `adaptive`: known from the file's name
     assert curve.adaptive is None and curve.method == "confidence-topk+dual"

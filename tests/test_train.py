@@ -1063,8 +1063,8 @@ def test_optimizer_options_are_checked(option, value, message):
     ({"rope_theta": float("inf")}, "rope_theta must be a finite number > 0, got inf"),
     ({"seed": 2 ** 64 - 1}, f"seed must be an integer in [0, {2 ** 63 - 1}), got {2 ** 64 - 1}"),
     ({"then_seed": (1, 2, 4, 5, -1)}, "seed must be an integer in [0,"),
-    ({"tasks": "words_to_sentence/easy"}, "cannot train on task(s) words_to_sentence/easy; training takes the generated "
-                                          "tasks with one answer each: waiting_line/"),
+    ({"tasks": "words_to_sentence/easy"}, "cannot train on task(s) words_to_sentence/easy; training takes the "
+                                          "generated tasks with one answer each: waiting_line/"),
 ])
 def test_model_and_mask_options_that_would_fail_later_are_checked(options, message):
     with pytest.raises(ValueError) as err:

@@ -262,9 +262,10 @@ def _check_sequence_lengths(data: list[Encoded]) -> None:
     maximum sequence length (the exported model could not decode its own canvas after that prompt)."""
     longest = max(data, key=lambda e: len(e.prompt) + len(e.response), default=None)
     if longest is not None and len(longest.prompt) + len(longest.response) > MAX_SEQ_LEN:
+        total = len(longest.prompt) + len(longest.response)
         raise ValueError(f"a {longest.task!r} prompt of {len(longest.prompt)} tokens and its canvas of "
-                         f"{len(longest.response)} take {len(longest.prompt) + len(longest.response)} tokens, more than "
-                         f"the model's maximum sequence length {MAX_SEQ_LEN}; give a smaller canvas")
+                         f"{len(longest.response)} take {total} tokens, more than the model's maximum sequence "
+                         f"length {MAX_SEQ_LEN}; give a smaller canvas")
 
 
 def _build_model(cfg: TrainConfig, tokenizer, start, precision: str) -> LLaDAModel:

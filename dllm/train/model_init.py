@@ -28,8 +28,9 @@ def model_config(cfg: TrainConfig, tokenizer):
     ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in (("mask", MASK), ("eos", EOS), ("bos", BOS), ("eot", EOT))}
     return ModelConfig(family="llada", vocab_size=len(tokenizer), d_model=cfg.d_model, n_layers=cfg.n_layers,
                        n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads, mlp_hidden=cfg.mlp_hidden, norm_eps=1e-5,
-                       rope_theta=cfg.rope_theta, max_seq_len=MAX_SEQ_LEN, mask_token_id=ids["mask"], eos_token_id=ids["eos"],
-                       pad_token_id=ids["eos"], bos_token_id=ids["bos"], eot_token_id=ids["eot"],
+                       rope_theta=cfg.rope_theta, max_seq_len=MAX_SEQ_LEN, mask_token_id=ids["mask"],
+                       eos_token_id=ids["eos"], pad_token_id=ids["eos"], bos_token_id=ids["bos"],
+                       eot_token_id=ids["eot"],
                        qkv_bias=((cfg.prev_token_head and cfg.prev_head_input == "bias") or cfg.next_token_head
                                  or cfg.window_heads > 0),
                        tie_embeddings=cfg.tie_embeddings, rope_fp32=True, logit_shift=False)
