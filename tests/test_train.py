@@ -309,6 +309,7 @@ def test_saved_model_is_a_llada_checkpoint_that_generates(trained):
     assert out_.generated.shape == (1, 8)
     info = json.loads((out / "a" / "train_info.json").read_text())
     assert info["steps"] == TINY["steps"] and info["parameters"] == model.config.n_params
+    assert info["name"] == "pb-tiny"                              # the run's name, outside its recipe
     assert info["precision"] == "fp32"
 
 
@@ -427,7 +428,7 @@ def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
     c, d = weights(third), weights(final)
     assert all(torch.equal(c[k], d[k]) for k in c) and not all(torch.equal(b[k], d[k]) for k in d)
     info = json.loads((tmp_path / "three" / "train_info.json").read_text())
-    assert info["recipe"]["then_steps"] == [2, 1] and info["steps"] == TINY["steps"] + 3
+    assert info["recipe"]["then_steps"] == [2, 1] and info["steps"] == TINY["steps"] + 3 and info["name"] == "pb-tiny"
     assert info["recipe"]["then_task_weights"] == ["puzzle/*=3", ""]
     p1, p2, p3 = info["phases"]
     assert p1["recipe"]["then_steps"] == [] and p1["recipe"]["init_from"] == ""

@@ -79,7 +79,7 @@ def _train_phases(cfg: TrainConfig, progress: bool, stop_after: int | None) -> P
 def phases_record(cfg: TrainConfig, phases: list[dict]) -> dict:
     """The train_info.json of the recipe `cfg` from its phases' own records, in order: the whole
     recipe, the totals (steps, training seconds, batches per task) and every phase's record."""
-    return {"recipe": recipe_fields(cfg), "steps": sum(p["steps"] for p in phases),
+    return {"name": cfg.name, "recipe": recipe_fields(cfg), "steps": sum(p["steps"] for p in phases),
             "train_seconds": round(sum(p["train_seconds"] for p in phases), 1),
             "parameters": phases[-1]["parameters"],
             "batches_per_task": {t: sum(p["batches_per_task"].get(t, 0) for p in phases)
@@ -362,7 +362,7 @@ def _export(run: _Phase, out: Path, total: float, start, dropped: dict[str, int]
     run.model.eval()
     folder = save_pretrained(run.model, run.batches.tokenizer, out / "model", generation_defaults(run.cfg))
     state = run.state
-    info = {"recipe": run.recipe, "steps": state.step, "train_seconds": round(total, 1),
+    info = {"name": run.cfg.name, "recipe": run.recipe, "steps": state.step, "train_seconds": round(total, 1),
             "parameters": run.model.config.n_params,
             "records_per_task": {t: len(v) for t, v in run.batches.by_task.items()},
             "batches_per_task": state.drawn, "pair_batches": state.pair_batches,
