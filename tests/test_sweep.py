@@ -575,6 +575,12 @@ def test_compare_with_tasks_the_leaderboard_lacks_fails_before_decoding(tmp_path
     with pytest.raises(ValueError, match=r"--compare .*: task 'waiting_line_n15/copy' has no leaderboard id"):
         sweep.run_sweep(grid, tmp_path / "o", progress=False, plots=False, compare=str(tmp_path / "figures"))
     assert not (tmp_path / "o" / sweep.ROWS_FILE).exists()
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"leaderboard folder .*afile' is a file, not a folder"):
+        sweep.run_sweep(grid, tmp_path / "o", progress=False, plots=False, compare=str(tmp_path / "afile"))
+    grid = sweep.parse_grid({"tasks": "waiting_line/copy", "limit": 1, "samplers": ["threshold"]})
+    with pytest.raises(ValueError, match=r"--out-dir .*afile' is a file; give a folder"):
+        sweep.run_sweep(grid, tmp_path / "afile", progress=False, plots=False)
 
 
 def test_report_only_needs_the_sweeps_summaries(tmp_path):

@@ -144,7 +144,8 @@ def read_curves(folder: str | os.PathLike) -> list[Curve]:
     """The curves of every `<model>/<method>.csv` (or `<method>.csv`, model "") under `folder`."""
     root = Path(folder)
     if not root.is_dir():
-        raise FileNotFoundError(f"leaderboard folder {str(folder)!r} does not exist")
+        why = "is a file, not a folder" if root.exists() else "does not exist"
+        raise FileNotFoundError(f"leaderboard folder {str(folder)!r} {why}")
     files = sorted(root.rglob("*.csv"))
     if not files:
         raise FileNotFoundError(f"no leaderboard CSV files (<model>/<method>.csv) under {str(folder)!r}")

@@ -173,6 +173,8 @@ def _snapshot(out_dir: Path, dist) -> tuple[dict[str, set], dict[str, dict]]:
     """Repair rows.jsonl (main process), then read which samples each run id has and the stored
     summaries. Every process decides from the same snapshot, taken before anything new is written."""
     results = runner.ResultsFile(out_dir / ROWS_FILE)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out-dir {str(out_dir)!r} is a file; give a folder for the sweep's rows, report and plots")
     if dist.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         results.repair()
