@@ -49,6 +49,9 @@ def run_train(args) -> int:
     opts = {k: v for k, v in vars(args).items() if k in train.TRAIN_FIELDS and v is not None}
     try:
         cfg = train.config_from_args(opts)
+        unused = [f"--{k.replace('_', '-')}" for k in train.THEN_FIELDS if k != "then_steps" and k in opts]
+        if unused and not cfg.then_steps:
+            raise ValueError(f"{', '.join(unused)} set(s) later phases, and --then-steps gives none")
         folder = train.train(cfg, progress=not args.no_progress)
     except (ValueError, OSError) as err:          # OSError: an --out that cannot be a folder
         print(f"error: {err}", file=sys.stderr)
