@@ -253,8 +253,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 DEFAULT_GEN_LENGTH = 128
-# The largest temperature and guidance scale a request takes: logits divided by a larger
-# temperature are uniform to float32's precision already, and a larger guidance overflows them.
+# The largest temperature and guidance scale a request takes: a chosen cap, far past any useful
+# value, below where Dream's draws (logits / temperature) and the guided logits overflow.
 LARGEST_SCALE = 1e4
 
 
@@ -328,16 +328,16 @@ class GenerationConfig:
             raise ValueError(f"give steps ({self.steps}) or tokens_per_step ({self.tokens_per_step}), not both")
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
                 or not 0 <= self.temperature <= LARGEST_SCALE:
-            raise ValueError(f"temperature must be a finite number >= 0 (at most {LARGEST_SCALE:g}, past which every "
-                             f"draw is already uniform), got {self.temperature!r}")
+            raise ValueError(f"temperature must be a finite number >= 0 (at most {LARGEST_SCALE:g}), got "
+                             f"{self.temperature!r}")
         if self.chat is not None and not isinstance(self.chat, bool):
             raise ValueError(f"chat must be True, False or None (the model's default), got {self.chat!r}")
         if not isinstance(self.trace, bool):
             raise ValueError(f"trace must be True or False, got {self.trace!r}")
         if isinstance(self.cfg_scale, bool) or not isinstance(self.cfg_scale, (int, float)) \
                 or not 0 <= self.cfg_scale <= LARGEST_SCALE:
-            raise ValueError(f"cfg_scale must be a finite number >= 0 (at most {LARGEST_SCALE:g}, past which guided "
-                             f"logits overflow), got {self.cfg_scale!r}")
+            raise ValueError(f"cfg_scale must be a finite number >= 0 (at most {LARGEST_SCALE:g}), got "
+                             f"{self.cfg_scale!r}")
         if self.score_dtype not in ("logits", "float32", "float64"):
             raise ValueError(f"score_dtype must be 'logits', 'float32' or 'float64', got {self.score_dtype!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)

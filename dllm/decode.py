@@ -144,7 +144,7 @@ def _as_rows(prompts, attention_mask) -> list[list[int]]:
                              f"{tuple(prompts.shape)}")
         return [row[m.bool()].tolist() for row, m in zip(prompts, attention_mask)]
     rows = list(prompts)
-    if rows and all(_token_id(t) is not None for t in rows):
+    if rows and _token_id(rows[0]) is not None:          # one prompt given as its token ids
         rows = [rows]
     return [_id_row(r, b) for b, r in enumerate(rows)]
 
@@ -853,9 +853,10 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
     """Generate with a masked-diffusion model.
 
     prompts: a string, a list of strings (tokenized, through the chat template when `chat`), a
-        list of token ids, a list of such lists (ragged: left-padded here), or an input_ids tensor
-        (B, L) or (L,) with an optional `attention_mask` of its shape marking its padding (only
-        with a tensor: lists carry their own lengths).
+        list of token ids (Python, numpy or 0-dim torch integers), a list of such lists or of 1-D
+        integer tensors (ragged: left-padded here), or an input_ids tensor (B, L) or (L,) with an
+        optional `attention_mask` of its shape marking its padding (only with a tensor: lists
+        carry their own lengths).
     config: a GenerationConfig; keyword overrides (gen_length=..., sampler=..., cache=...,
         cache_kwargs=...) replace its fields.
     on_step: called with the DecodeState after every step (progress display).

@@ -26,11 +26,9 @@ def tiny_dream():
     (dict(steps=-2), r"steps must be a positive integer, got -2"),
     (dict(temperature=-0.5), r"temperature must be a finite number >= 0 \(.*\), got -0.5"),
     (dict(temperature=float("nan")), r"temperature must be a finite number"),
-    (dict(temperature=True), r"temperature must be a finite number >= 0 \(at most 10000, .*\), got True"),
-    (dict(temperature=1e39), r"temperature must be a finite number >= 0 \(at most 10000, past which every draw is "
-                             r"already uniform\), got 1e\+39"),
-    (dict(cfg_scale=1e38), r"cfg_scale must be a finite number >= 0 \(at most 10000, past which guided logits "
-                           r"overflow\), got 1e\+38"),
+    (dict(temperature=True), r"temperature must be a finite number >= 0 \(at most 10000\), got True"),
+    (dict(temperature=1e39), r"temperature must be a finite number >= 0 \(at most 10000\), got 1e\+39"),
+    (dict(cfg_scale=1e38), r"cfg_scale must be a finite number >= 0 \(at most 10000\), got 1e\+38"),
     (dict(chat="no"), r"chat must be True, False or None \(the model's default\), got 'no'"),
     (dict(trace="no"), r"trace must be True or False, got 'no'"),
     (dict(score_dtype="float16"), r"score_dtype must be 'logits', 'float32' or 'float64', got 'float16'"),
@@ -324,6 +322,8 @@ def test_bad_input_ids_and_mask(tiny):
         dllm.generate(tiny, None, [[1, 2.5]], gen_length=4)
     with pytest.raises(ValueError, match=r"prompt 1: token 0 is True \(bool\)"):
         dllm.generate(tiny, None, [[1, 2], [True]], gen_length=4)
+    with pytest.raises(ValueError, match=r"prompt 0: token 1 is 2.5 \(float\)"):
+        dllm.generate(tiny, None, [1, 2.5], gen_length=4)              # one prompt as a flat list
     with pytest.raises(ValueError, match=r"prompt 0 must be a list of token ids \(ints\) or a 1-D integer tensor, got "
                                          r"a tensor of shape \(2, 2\)"):
         dllm.generate(tiny, None, [torch.ones(2, 2, dtype=torch.long)], gen_length=4)

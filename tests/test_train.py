@@ -1065,8 +1065,8 @@ def test_optimizer_options_are_checked(option, value, message):
     ({"bind_mask": 0.5, "hole_mask": 0.5, "span_mask": 1e-13}, "span_mask must be in [0, 1 - bind_mask - hole_mask"),
     ({"bind_mask": 0.7, "hole_mask": 0.3, "span_mask": 1e-13}, "span_mask must be in [0, 1 - bind_mask - hole_mask"),
     ({"rope_theta": float("inf")}, "rope_theta must be a finite number > 0, got inf"),
-    ({"seed": 2 ** 64 - 1}, f"seed must be an integer in [0, {2 ** 63 - 1}), got {2 ** 64 - 1}"),
-    ({"then_seed": (1, 2, 4, 5, -1)}, "seed must be an integer in [0,"),
+    ({"seed": 2 ** 64 - 1}, f"seed must be an integer in [-2**63, 2**64 - 1), got {2 ** 64 - 1}"),
+    ({"then_seed": (1, 2, 4, 5, 2 ** 64)}, "then_seed[4] must be an integer in [-2**63, 2**64 - 1)"),
     ({"tasks": "words_to_sentence/easy"}, "cannot train on task(s) words_to_sentence/easy; training takes the "
                                           "generated tasks with one answer each: waiting_line/"),
 ])
@@ -1076,4 +1076,5 @@ def test_model_and_mask_options_that_would_fail_later_are_checked(options, messa
     assert message in str(err.value)
     from dllm.train.data import SPECIAL_TOKENS
     assert T.TrainConfig(vocab_size=256 + len(SPECIAL_TOKENS)).vocab_size == 262
+    assert T.TrainConfig(seed=-1, tasks="waiting_line_n15/copy,waiting_line/copy").seed == -1   # one answer each
     assert T.TrainConfig(d_model=16, n_heads=4, prev_token_head=False, next_token_head=False).d_model == 16

@@ -31,9 +31,9 @@ DEFAULT_TASK_WEIGHTS = ("waiting_line/copy=1.5,waiting_line/reverse=1.5,waiting_
                         "puzzle/latin_square_n4=2.5,puzzle/sudoku_n4_12=2")
 
 LOSSES = ("masked-mean", "llada")
-MAX_SEED = 2 ** 63 - 1              # seeds and the seed + 1 derived from them fit torch.manual_seed
-# The generated tasks training can render: one answer per record (Text Writing has none).
-TRAINABLE_CATEGORIES = ("waiting_line/", "puzzle/")
+SEEDS = (-2 ** 63, 2 ** 64 - 1)     # torch.manual_seed's range, less one for the derived seed + 1
+# Generated tasks training cannot render: Text Writing records have no single answer.
+UNTRAINABLE_CATEGORIES = ("words_to_sentence/",)
 INITS = ("mimetic", "normal")
 PRECISIONS = ("auto", "bf16", "fp32")
 EMBED_UPDATES = ("dense", "lazy", "frozen")
@@ -86,8 +86,8 @@ _NOT_RECIPE = ("out", "threads", "save_every", "name")
 
 def check_seed(name: str, seed) -> None:
     """A seed torch.manual_seed takes, with room for the derived `seed + 1`."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
-        raise ValueError(f"{name} must be an integer in [0, {MAX_SEED}), got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEEDS[0] <= seed < SEEDS[1]:
+        raise ValueError(f"{name} must be an integer in [-2**63, 2**64 - 1), got {seed!r}")
 
 
 def cpu_has_bf16_units() -> bool:
@@ -337,7 +337,7 @@ class TrainConfig:
         """`tasks` as a tuple of generated task ids (comma-separated text is split); checks the task weights."""
         if isinstance(self.tasks, str):
             self.tasks = tuple(t.strip() for t in self.tasks.split(",") if t.strip())
-        trainable = [t for t in generators.generator_tasks() if t.startswith(TRAINABLE_CATEGORIES)]
+        trainable = [t for t in generators.generator_tasks() if not t.startswith(UNTRAINABLE_CATEGORIES)]
         bad = [t for t in self.tasks if t not in trainable]
         if bad or not self.tasks:
             raise ValueError(f"cannot train on task(s) {', '.join(bad) or '(none)'}; training takes the generated "
@@ -363,6 +363,8 @@ class TrainConfig:
             elif len(have) != n:
                 raise ValueError(f"{name} has {len(have)} value(s) {list(have)} for {n} later phase(s) "
                                  f"(then_steps {list(self.then_steps)}); give one per phase or one for all")
+        for i, seed in enumerate(self.then_seed):
+            check_seed(f"then_seed[{i}]", seed)
         if any(not 0 <= c <= 1 for c in self.then_cover_share):
             raise ValueError(f"then_cover_share must be numbers in [0, 1], one per later phase, got "
                              f"{list(self.then_cover_share)}")
