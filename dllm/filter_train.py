@@ -302,6 +302,16 @@ def task_prompts(tokenizer, tasks, samples_per_task: int, shard: int = DEFAULT_S
     return ids, lengths
 
 
+def check_filter_path(out) -> None:
+    """`out` names a filter file: a .safetensors path that is not a folder (`save_filter` writes the
+    metadata beside it as .json, so a .json path would lose the weights)."""
+    path = Path(out)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"out {str(out)!r} must be a .safetensors file (the metadata is written beside it as .json)")
+    if path.is_dir():
+        raise ValueError(f"out {str(out)!r} is a folder; give a .safetensors file")
+
+
 def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, samples_per_task: int = 40,
                            shard: int = DEFAULT_SHARD, names: str = DEFAULT_SOURCE, block_length: int = 32,
                            epochs: int = 40000, lr: float = 0.003, seed: int = 0, batch_size: int = 16,
@@ -322,6 +332,7 @@ def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, sample
     if isinstance(block_length, bool) or not isinstance(block_length, int) or block_length < 1:
         raise ValueError(f"block_length must be an integer >= 1, got {block_length!r}")
     check_fit_settings(epochs, lr, seed)        # before the labels, the long part
+    check_filter_path(out)
     tasks = tuple(tasks)
     prompts, lengths = task_prompts(tokenizer, tasks, samples_per_task, shard, names,
                                     checkpoint_gen_length(model))

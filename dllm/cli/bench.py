@@ -128,8 +128,8 @@ def check_mode_options(args) -> None:
         if unused:
             raise ValueError(f"--report prints every run stored in --out; {', '.join(unused)} describe(s) a run to "
                              f"decode and do(es) not apply")
-    elif args.data_dir and _record_shapes(args):
-        raise ValueError(f"{', '.join(_record_shapes(args))} shape(s) the generated records; the official files "
+    elif args.data_dir and (shaping := _record_shapes(args)):
+        raise ValueError(f"{', '.join(shaping)} shape(s) the generated records; the official files "
                          f"under --data-dir {args.data_dir!r} fix their own")
 
 

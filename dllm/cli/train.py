@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import dllm
 from dllm import filter_train, train
@@ -73,19 +72,10 @@ def _filter_options(args) -> dict:
     return opts
 
 
-def _check_filter_out(out: str) -> None:
-    """The filter's file: a .safetensors path that is not a folder (its metadata goes beside it as .json)."""
-    path = Path(out)
-    if path.suffix != ".safetensors":
-        raise ValueError(f"--out {out!r} must be a .safetensors file (the metadata is written beside it as .json)")
-    if path.is_dir():
-        raise ValueError(f"--out {out!r} is a folder; give a .safetensors file")
-
-
 def run_train_filter(args) -> int:
     try:
         opts = _filter_options(args)
-        _check_filter_out(args.out)
+        filter_train.check_filter_path(args.out)          # before the model loads
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device)
         path, meta = filter_train.train_filter_for_model(model, tokenizer, args.out, progress=not args.no_progress,
                                                          **opts)

@@ -209,11 +209,16 @@ def load_generated(tasks: list[str], limit: int | None = None, **options) -> Dat
     return ds
 
 
+def _generated_marker(folder: Path) -> dict[str, dict]:
+    """{task: the generators' options} recorded in `folder`'s GENERATED_MARKER, empty without one."""
+    marker = folder / GENERATED_MARKER
+    return json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
+
+
 def generated_options(root: Path, tasks: list[str]) -> dict[str, dict]:
     """{task: the generators' options} of the `tasks` our generators wrote under `root` (its
     `GENERATED_MARKER`); empty for official files. A selection mixing both is a ValueError."""
-    marker = root / GENERATED_MARKER
-    made = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
+    made = _generated_marker(root)
     ours = {t: made[t] for t in tasks if t in made}
     if ours and len(ours) != len(tasks):
         others = [t for t in tasks if t not in made]
@@ -230,10 +235,8 @@ def write_official_layout(folder: str | Path, records: dict[str, list[dict]], ge
     folder = Path(folder)
     if generated is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        marker = folder / GENERATED_MARKER
-        made = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
-        made.update({task: generated for task in records})
-        marker.write_text(json.dumps(made, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+        made = {**_generated_marker(folder), **{task: generated for task in records}}
+        (folder / GENERATED_MARKER).write_text(json.dumps(made, sort_keys=True, indent=1) + "\n", encoding="utf-8")
     by_category: dict[str, dict] = {}
     for task_id, recs in records.items():
         task = get_task(task_id)
