@@ -10,6 +10,8 @@ from dllm.config import GenerationConfig, ModelConfig
 from dllm.decode import check_request
 from dllm.models.loading import detect_family, load, resolve_dtype
 
+_LLADA_STATED = {"rope": True, "block_type": "llama", "layer_norm_type": "rms", "activation_type": "silu"}
+
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -196,7 +198,7 @@ def test_unknown_family(cfg, match):
 def test_unsupported_llada_key(tmp_path):
     from dllm.models.llada import config_from_hf
     with pytest.raises(ValueError, match=r"LLaDA config key 'alibi' = True is not supported \(supported: False\)"):
-        config_from_hf({"d_model": 64, "n_layers": 1, "n_heads": 4, "alibi": True})
+        config_from_hf({"d_model": 64, "n_layers": 1, "n_heads": 4, "alibi": True, **_LLADA_STATED})
 
 
 def test_bad_dtype():
@@ -231,16 +233,14 @@ def test_corrupt_config(tmp_path):
 
 
 def test_no_weights(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"d_model": 64, "n_layers": 1, "n_heads": 4, "vocab_size": 320, "mask_token_id": 310, "eos_token_id": 301,
-         "weight_tying": False}))
+    (tmp_path / "config.json").write_text(json.dumps(_llada_cfg()))
     with pytest.raises(FileNotFoundError, match=r"no weights in .*expected model.safetensors"):
         load(tmp_path)
 
 
 def _llada_cfg(**extra):
     cfg = {"d_model": 64, "n_layers": 1, "n_heads": 4, "vocab_size": 320, "mask_token_id": 310,
-           "eos_token_id": 301, "weight_tying": False}
+           "eos_token_id": 301, "weight_tying": False, **_LLADA_STATED}
     cfg.update(extra)
     return cfg
 
@@ -256,6 +256,16 @@ def test_pickle_weights_only(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(_llada_cfg()))
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x02")
     with pytest.raises(ValueError, match=r"holds PyTorch pickle weights only; dllm reads safetensors"):
+        load(tmp_path)
+
+
+def test_integer_weight_is_named(tmp_path):
+    from safetensors.torch import save_file
+    (tmp_path / "config.json").write_text(json.dumps(_llada_cfg()))
+    save_file({"model.transformer.wte.weight": torch.zeros(320, 64, dtype=torch.int32)},
+              str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"weight 'model.transformer.wte.weight' in .*model.safetensors is "
+                                         r"torch.int32; weights must be floating point"):
         load(tmp_path)
 
 
@@ -286,10 +296,36 @@ def test_unsupported_dream_config(key, value, match):
         config_from_hf(cfg)
 
 
+_LLADA_SMALL = {"d_model": 64, "n_layers": 1, "n_heads": 4, "mask_token_id": 310, "eos_token_id": 301,
+                "vocab_size": 320, "weight_tying": False, **_LLADA_STATED}
+
+
 def test_llada_config_lacking_keys():
     from dllm.models.llada import config_from_hf
+    cfg = {k: v for k, v in _LLADA_SMALL.items() if k not in ("vocab_size", "weight_tying")}
     with pytest.raises(ValueError, match=r"LLaDA config.json lacks required keys: vocab_size, weight_tying"):
-        config_from_hf({"d_model": 64, "n_layers": 1, "n_heads": 4, "mask_token_id": 310, "eos_token_id": 301})
+        config_from_hf(cfg)
+
+
+@pytest.mark.parametrize("absent", [("rope",), ("layer_norm_type",), ("block_type", "activation_type")])
+def test_llada_config_must_state_keys_defaulting_elsewhere(absent):
+    # LLaDA's config class defaults these to no RoPE, LayerNorm, the sequential block and SwiGLU.
+    from dllm.models.llada import config_from_hf
+    cfg = {k: v for k, v in _LLADA_SMALL.items() if k not in absent}
+    with pytest.raises(ValueError, match=rf"LLaDA config.json lacks {', '.join(absent)}: .* supported: {absent[0]}="):
+        config_from_hf(cfg)
+
+
+@pytest.mark.parametrize("mqa,n_kv,want", [(None, None, 4), (True, None, 1), (False, None, 4), (True, 1, 1),
+                                           (False, 4, 4), (None, 2, 2), (True, 4, None), (False, 2, None)])
+def test_llada_multi_query_attention(mqa, n_kv, want):
+    from dllm.models.llada import config_from_hf
+    cfg = {**_LLADA_SMALL, "multi_query_attention": mqa, "n_kv_heads": n_kv}
+    if want is None:
+        with pytest.raises(ValueError, match=rf"multi_query_attention = {mqa} means .* n_kv_heads = {n_kv}"):
+            config_from_hf(cfg)
+    else:
+        assert config_from_hf(cfg).n_kv_heads == want
 
 
 def test_tokenizer_errors(llada_dir, dream_dir, tmp_path):

@@ -354,3 +354,14 @@ def test_config_keys_read_as_the_published_model_reads_them():
     cfg = config_from_hf(d, tokens)
     assert (cfg.moe.routed_scale, cfg.moe.n_groups, cfg.moe.topk_groups) == (2.5, 8, 4)
     assert (cfg.norm_eps, cfg.rope_theta) == (1e-5, 10000.0)
+
+
+def test_use_bias_must_be_stated():
+    # LLaDA2MoeConfig defaults use_bias to true (a bias on the attention output).
+    from dllm.models.llada2 import config_from_hf
+    from tests.fixtures.checkpoints import llada2_config
+
+    d = llada2_config()
+    d.pop("use_bias")
+    with pytest.raises(ValueError, match=r"LLaDA2 config.json lacks use_bias: .* supported: use_bias=False"):
+        config_from_hf(d, {"<|mask|>": 304, "<|endoftext|>": 301})

@@ -1,6 +1,7 @@
 """LLaDA-MoE: the checkpoint layout, the forward against a plain statement of the published
 modelling code (tests/reference/arch_ref.py), the router and the grouped experts against
 brute-force statements, LLaDA's decoding loop on it, and the errors of bad configs."""
+import json
 import shutil
 
 import pytest
@@ -209,6 +210,16 @@ def test_bad_configs_name_the_key(tmp_path, overrides, message):
     edit_config(folder, **overrides)
     with pytest.raises(ValueError, match=message):
         dllm.load(folder)
+
+
+def test_qk_layernorm_must_be_stated(tmp_path):
+    from dllm.models.llada_moe import config_from_hf
+    config = {**json.loads((write_lladamoe_checkpoint(tmp_path / "m") / "config.json").read_text()), "mask_token_id": 5}
+    assert config_from_hf(config).qk_norm is True
+    assert config_from_hf({**config, "qk_layernorm": None}).qk_norm is False
+    del config["qk_layernorm"]
+    with pytest.raises(ValueError, match="lacks 'qk_layernorm'"):
+        config_from_hf(config)
 
 
 def test_missing_expert_weight_and_mask_token_are_named(tmp_path):

@@ -24,6 +24,15 @@ def check_required(d: dict, required: dict, family: str) -> None:
         raise ValueError(f"{family} config key {key!r} = {value!r} is not supported (supported: {want!r})")
 
 
+def check_stated(d: dict, keys: tuple[str, ...], required: dict, family: str) -> None:
+    """A ValueError naming the `keys` absent from `d`: keys whose default in the family's config
+    class is a value `required` does not allow, so a config.json must state them."""
+    absent = [key for key in keys if key not in d]
+    if absent:
+        raise ValueError(f"{family} config.json lacks {', '.join(absent)}: their defaults in {family}'s config class "
+                         f"are not supported; supported: " + ", ".join(f"{k}={required[k]!r}" for k in absent))
+
+
 def flag(d: dict, key: str, default: bool, family: str) -> bool:
     """`d[key]` as a JSON boolean."""
     value = d.get(key)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .config_json import first_of, flag, integer, number, token_id
+from .config_json import check_stated, first_of, flag, integer, number, token_id
 from .transformer import DiffusionTransformer
 
 # Keys of an OLMo-style config whose values this implementation does not cover, with the value
@@ -21,18 +21,33 @@ _REQUIRED = {
     "include_bias": False, "input_emb_norm": False, "scale_logits": False, "block_group_size": 1,
     "layer_norm_type": "rms", "activation_type": "silu", "clip_qkv": None,
 }
+# Of those, the keys whose default in LLaDA's config class is another value (no RoPE, the
+# sequential block, mean-centred LayerNorm, SwiGLU's halving activation): a config.json must state them.
+_STATED = ("rope", "block_type", "layer_norm_type", "activation_type")
+
+
+def _kv_heads(d: dict[str, Any], n_heads: int) -> int:
+    """The key/value head count as LLaDA's config class derives it from `n_kv_heads` and
+    `multi_query_attention` (both set: they must agree)."""
+    n_kv, mqa = d.get("n_kv_heads"), d.get("multi_query_attention")
+    if mqa is None:
+        return n_heads if n_kv is None else n_kv
+    implied = 1 if mqa else n_heads
+    if n_kv is not None and n_kv != implied:
+        raise ValueError(f"LLaDA config keys disagree: multi_query_attention = {mqa!r} means {implied} "
+                         f"key/value head(s), n_kv_heads = {n_kv!r}; set one of them")
+    return implied
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """ModelConfig from a LLaDA `config.json` (every key read; unsupported values refused)."""
+    check_stated(d, _STATED, _REQUIRED, "LLaDA")
     for key, want in _REQUIRED.items():
         if key in d and d[key] != want and not (want is None and d[key] is None):
             raise ValueError(f"LLaDA config key {key!r} = {d[key]!r} is not supported (supported: {want!r})")
     d_model = first_of(d, "d_model", "hidden_size")
     n_heads = first_of(d, "n_heads", "num_attention_heads")
-    n_kv = d.get("n_kv_heads")
-    if n_kv is None:
-        n_kv = 1 if d.get("multi_query_attention") else n_heads
+    n_kv = _kv_heads(d, n_heads)
     mlp = integer(d, "mlp_hidden_size", None, "LLaDA") or int(number(d, "mlp_ratio", 4, "LLaDA") * d_model)
     missing = [k for k, v in (("d_model", d_model), ("n_layers", first_of(d, "n_layers", "num_hidden_layers")),
                               ("n_heads", n_heads), ("vocab_size", d.get("vocab_size")),

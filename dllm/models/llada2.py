@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, MoEConfig
-from .config_json import check_required, check_sizes, first_of, flag, integer, number, token_id
+from .config_json import check_required, check_sizes, check_stated, first_of, flag, integer, number, token_id
 from .llada_moe import EOS_TOKEN, MASK_TOKEN, special_id
 from .transformer import DiffusionTransformer
 
@@ -38,6 +38,7 @@ _REQUIRED = {"hidden_act": "silu", "rope_scaling": None, "use_qkv_bias": False, 
 
 def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> ModelConfig:
     """ModelConfig from a LLaDA2 `config.json`; `tokens` maps the tokenizer's added tokens to ids."""
+    check_stated(d, ("use_bias",), _REQUIRED, "LLaDA2")   # the config class defaults it to true
     check_required(d, _REQUIRED, "LLaDA2")
     check_sizes(d, ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
                     "moe_intermediate_size", "num_experts", "num_experts_per_tok"), "LLaDA2")

@@ -59,6 +59,10 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     """ModelConfig from a LLaDA-MoE `config.json`; `tokens` maps the tokenizer's added tokens to
     their ids (for the mask id, which the published config lacks)."""
     check_required(d, _REQUIRED, "LLaDA-MoE")
+    if "qk_layernorm" not in d:
+        # Copies of the config class default it to true and to null (no q/k norm): it must be stated.
+        raise ValueError("LLaDA-MoE config.json lacks 'qk_layernorm' (true: a per-head RMSNorm of q and k, as in "
+                         "the published checkpoints; false or null: none)")
     check_sizes(d, ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "num_experts",
                     "num_experts_per_tok", "expert_intermediate_size"), "LLaDA-MoE")
     _moe_layers(d)
@@ -81,7 +85,7 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens), eos_token_id=eos,
         pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
         bos_token_id=d.get("bos_token_id"), tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA-MoE"),
-        rope_fp32=False, logit_shift=False, qk_norm=flag(d, "qk_layernorm", True, "LLaDA-MoE"),
+        rope_fp32=False, logit_shift=False, qk_norm=flag(d, "qk_layernorm", False, "LLaDA-MoE"),
         rotary_dim=int(head_dim * factor), moe=moe,
         clip_qkv=None if d.get("clip_qkv") is None else number(d, "clip_qkv", 0, "LLaDA-MoE"),
     )

@@ -232,7 +232,10 @@ def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None,
                     if key not in names:
                         unexpected.append(key)
                         continue
-                    out[names[key]] = f.get_tensor(key)
+                    out[names[key]] = tensor = f.get_tensor(key)
+                    if not tensor.is_floating_point():
+                        raise ValueError(f"weight {key!r} in {file} is {tensor.dtype}; weights must be "
+                                         f"floating point (float32, bfloat16, float16)")
         except (SafetensorError, OSError, RuntimeError) as err:
             raise ValueError(f"corrupt or unreadable weight file {file}: {err}") from None
         for key in list(out):  # moved outside the reading guard: a device error is not a corrupt file
