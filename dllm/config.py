@@ -263,8 +263,9 @@ class GenerationConfig:
     """One generation request: lengths, schedule, sampler, cache policy and sampling settings.
 
     gen_length: tokens to generate per row (the masked canvas after the prompt). None: the
-        caller's default: `DEFAULT_GEN_LENGTH` (128) in `dllm.generate`, each task's `max_tokens`
-        in `dllm bench` and `dllm sweep`.
+        checkpoint's `max_new_tokens` (generation_config.json) when it names one, else the
+        caller's default: `DEFAULT_GEN_LENGTH` (128) in `dllm.generate` and `dllm serve`, each
+        task's `max_tokens` in `dllm bench` and `dllm sweep`.
     block_length: semi-autoregressive block size for block samplers (default: gen_length, i.e.
         one block); samplers without blocks (Dream's) ignore it.
     steps: denoising steps for fixed-schedule samplers (default: gen_length, one token per step).
@@ -278,8 +279,8 @@ class GenerationConfig:
         allowed with a cache policy that stores K/V.
     sampler: registered sampler name (`dllm.samplers.available()`), or a sampler instance; None
         takes the `alg` of the checkpoint's generation_config.json when it names one (Dream
-        Instruct: `origin`), else the family's reference rule (LLaDA `low_confidence`, Dream
-        `entropy`).
+        Instruct: `origin`), else the family's reference rule (LLaDA and LLaDA-MoE
+        `low_confidence`, Dream `entropy`, LLaDA2 `llada2`).
     sampler_kwargs: keyword arguments for the sampler when it is given by name.
     cache: cache policy name (`dllm.cache.available_policies()`: none, prefix, dual, dkv-decode,
         dkv-greedy, and block for block-causal models) or a `dllm.cache.CachePolicy` instance.

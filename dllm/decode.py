@@ -244,7 +244,8 @@ def resolve_sampler(model, cfg: GenerationConfig) -> Sampler:
     """The request's sampler. Without one: the `alg` of the checkpoint's generation_config.json
     when it names a registered sampler (Dream's published default is `origin`, with the generation
     config's values of the arguments it takes: `eps`, `top_p`, `top_k`), else the family's
-    reference rule (LLaDA `low_confidence`, Dream `entropy`)."""
+    reference rule (`DEFAULT_SAMPLERS`: LLaDA and LLaDA-MoE `low_confidence`, Dream `entropy`,
+    LLaDA2 `llada2`)."""
     cfg = with_instances(cfg)
     if cfg.sampler is not None:
         return cfg.sampler
