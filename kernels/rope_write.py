@@ -71,7 +71,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _rope_write_kernel(Q, K, V, CQ, SQ, CK, SK, KB, VB, ROWS, POS, QO,
-                           n_q, n_p, H, H_KV,
+                           n_q, n_p, H, H_KV, N_ROWS, L,
                            sq_b, sq_p, sq_h, sk_b, sk_p, sk_h, sv_b, sv_p, sv_h,
                            scq_b, scq_p, sck_b, sck_p, sb_b, sb_h, sb_l, srow, spos_b,
                            HALF: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -97,6 +97,8 @@ if HAS_TRITON:
             row = tl.load(ROWS + b * srow).to(tl.int64)
             col = tl.load(POS + b * spos_b + p).to(tl.int64)
             dst = row * sb_b + h * sb_h + col * sb_l + d
+            inside = (row >= 0) & (row < N_ROWS) & (col >= 0) & (col < L)   # outside the buffers: not written
+            m = tl.where(inside, m, False)
             tl.store(KB + dst, o1, mask=m)
             tl.store(KB + dst + HALF, o2, mask=m)
             y = V + b * sv_b + p * sv_p + h * sv_h + d
@@ -127,6 +129,14 @@ def _check(q, k, v, cos_q, sin_q, cos_k, sin_k, kb, vb, rows, positions) -> None
     if tuple(rows.shape) != (B,) or tuple(positions.shape) != (B, P) or positions.stride(-1) != 1:
         problems.append(f"rows must be ({B},) and positions ({B}, {P}) with unit last stride, got "
                         f"{tuple(rows.shape)} and {tuple(positions.shape)}")
+    if rows.dtype not in (torch.int32, torch.int64) or positions.dtype not in (torch.int32, torch.int64):
+        problems.append(f"rows and positions must be int32 or int64, got {rows.dtype} and {positions.dtype}")
+    others = {name: t.device for name, t in (("k", k), ("v", v), ("cos_q", cos_q), ("sin_q", sin_q),
+              ("cos_k", cos_k), ("sin_k", sin_k), ("kb", kb), ("vb", vb), ("rows", rows), ("positions", positions))
+              if t.device != q.device}
+    if others:
+        problems.append(f"every tensor must be on q's device {q.device}, got " +
+                        ", ".join(f"{name} on {device}" for name, device in others.items()))
     if any(t.stride(-1) != 1 for t in (q, k, v)):
         problems.append("q, k and v need a unit last stride")
     if problems:
@@ -138,7 +148,8 @@ def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: 
                       rows: torch.Tensor, positions: torch.Tensor, fp32: bool) -> torch.Tensor:
     """Rotate q (B, Q, H, D) by cos_q/sin_q (B, 1, Q, D) and k (B, P, H_kv, D) by cos_k/sin_k
     (B, 1, P, D); write the rotated k and v (B, P, H_kv, D) into kb, vb (rows, H_kv, L, D) at
-    [rows[b], h, positions[b, p]]. Returns the rotated queries (B, H, Q, D), a transposed view of
+    [rows[b], h, positions[b, p]] (a row or column outside the buffers is not written: no host
+    read checks them; the torch path raises). Returns the rotated queries (B, H, Q, D), a transposed view of
     a (B, Q, H, D) tensor as the torch path's queries are."""
     require_triton(q.device, "the rotary + K/V write kernel")
     _check(q, k, v, cos_q, sin_q, cos_k, sin_k, kb, vb, rows, positions)
@@ -150,7 +161,7 @@ def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: 
         return out.transpose(1, 2)
     with launching("rope_write", q.device):
         _rope_write_kernel[grid](
-            q, k, v, cos_q, sin_q, cos_k, sin_k, kb, vb, rows, positions, out, Q, P, H, H_kv,
+            q, k, v, cos_q, sin_q, cos_k, sin_k, kb, vb, rows, positions, out, Q, P, H, H_kv, kb.shape[0], kb.shape[2],
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), cos_q.stride(0), cos_q.stride(2), cos_k.stride(0),
             cos_k.stride(2), kb.stride(0), kb.stride(1), kb.stride(2), rows.stride(0), positions.stride(0),

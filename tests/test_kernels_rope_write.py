@@ -90,6 +90,22 @@ def test_bad_inputs_are_named():
         rope_write_triton(q, k, k[:, :2], cos[:, :, :2], cos[:, :, :2], cos, cos, kb, kb, rows, positions, True)
     with pytest.raises(ValueError, match=r"kb and vb must be alike"):
         rope_write_triton(q, k, k, cos[:, :, :2], cos[:, :, :2], cos, cos, kb, kb.half(), rows, positions, True)
+    with pytest.raises(ValueError, match=r"rows and positions must be int32 or int64, got torch.float32"):
+        rope_write_triton(q, k, k, cos[:, :, :2], cos[:, :, :2], cos, cos, kb, kb, rows.float(), positions, True)
+
+
+def test_columns_and_rows_outside_the_buffers_are_not_written():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 1, 8, generator=g).to(DEVICE) for _ in range(3))
+    cos, sin = rope_cos_sin(torch.tensor([[0, 1, 2], [0, 1, 2]], device=DEVICE), 8, 10000.0)
+    kb = torch.zeros(2, 1, 4, 8, device=DEVICE)
+    vb = kb.clone()
+    rows = torch.tensor([0, 2], device=DEVICE)                       # row 2 lies past the 2 buffer rows
+    positions = torch.tensor([[1, 4, -1], [0, 1, 2]], device=DEVICE)  # columns 4 and -1 outside L = 4
+    rope_write_triton(q, k, v, cos, sin, cos, sin, kb, vb, rows, positions, True)
+    written = (vb != 0).any(-1)[:, 0]
+    assert written.tolist() == [[False, True, False, False], [False, False, False, False]]
+    assert torch.equal(vb[0, 0, 1], v[0, 0, 0])
 
 
 def test_impl_choice(monkeypatch):
