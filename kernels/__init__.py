@@ -22,7 +22,8 @@ try:  # the kernel modules import it anyway; one that raises ImportError counts 
     HAS_TRITON = True
 except ImportError:
     HAS_TRITON = False
-INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+# Whether Triton runs kernels in its interpreter, as Triton itself reads TRITON_INTERPRET.
+INTERPRET = HAS_TRITON and bool(triton.knobs.runtime.interpret)
 
 
 def triton_runs_on(device: torch.device | str) -> bool:

@@ -54,6 +54,8 @@ def _check(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"hidden (N, d) and weight (V, d) must share d, got {tuple(hidden.shape)} and "
                          f"{tuple(weight.shape)}")
+    if weight.shape[0] == 0:
+        raise ValueError("weight has no vocabulary rows (V = 0)")
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"bias must have one entry per vocabulary row ({weight.shape[0]},), got {tuple(bias.shape)}")
 

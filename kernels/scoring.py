@@ -96,6 +96,8 @@ def token_scores_ref(logits: torch.Tensor, *, temperature: float = 0.0, generato
     unknown = fields - OPTIONAL_FIELDS
     if unknown:
         raise ValueError(f"unknown score field(s) {sorted(unknown)}; valid: {sorted(OPTIONAL_FIELDS)}")
+    if logits.shape[-1] == 0:
+        raise ValueError("logits have an empty vocabulary dimension (V = 0)")
     lf = logits.to(score_dtype)                                           # (B, Q, V)
     top1, argmax = lf.max(dim=-1)                                         # NaN propagates into top1
     if check_finite and lf.numel() and not bool(torch.isfinite(top1).all()):
@@ -138,9 +140,10 @@ if HAS_TRITON:
         top_use = tl.where(top == float("-inf"), 0.0, top)
         live = m > float("-inf")
         diff = tl.where(live, m, top_use[:, None]) - top_use[:, None]          # 0 for empty lanes, no -inf - -inf
+        diff = tl.maximum(diff, -3.0e38)                                       # finite where m - top overflows
         w = tl.where(live, tl.math.exp2(diff * 1.4426950408889634), 0.0)
         s_all = tl.sum(s * w, 1)
-        t_all = tl.sum(w * (t + diff * s), 1)
+        t_all = tl.sum(w * t + (w * diff) * s, 1)
         g_best = tl.max(gsc, 1)
         g_tok = tl.min(tl.where(gsc == g_best[:, None], gtok, BIG), 1)
         g_x = tl.max(tl.where((gtok == g_tok[:, None]) & (gsc == g_best[:, None]), gx, float("-inf")), 1)
@@ -186,9 +189,11 @@ if HAS_TRITON:
             up = x > m
             # d = x - m, made finite where either side is -inf (those entries are masked out below).
             m_safe = tl.where(m > float("-inf"), m, tl.where(valid, x, 0.0))
-            d = tl.where(valid, x, m_safe) - m_safe
+            # Finite even where x - m overflows (logits near the float32 limits of both signs), so
+            # that e * d is 0, not NaN, where e underflows.
+            d = tl.minimum(tl.maximum(tl.where(valid, x, m_safe) - m_safe, -3.0e38), 3.0e38)
             e = tl.math.exp2(-tl.abs(d) * 1.4426950408889634)
-            t = tl.where(up, e * (t - tl.where(s > 0.0, d * s, 0.0)), tl.where(valid, t + e * d, t))
+            t = tl.where(up, e * t - tl.where(s > 0.0, (e * d) * s, 0.0), tl.where(valid, t + e * d, t))
             s = tl.where(up, s * e + 1.0, tl.where(valid, s + e, s))
             m2 = tl.where(up, m, tl.where(x > m2, x, m2))
             i1 = tl.where(up, offs_v[None, :], i1)

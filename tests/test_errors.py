@@ -1,5 +1,8 @@
 """Every bad input the core runtime meets gets a clear error naming the value (docs/contributing.md §2 Errors)."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -406,3 +409,12 @@ def test_the_triton_backend_on_a_cpu_without_the_interpreter_is_refused_at_load(
     with pytest.raises(ValueError, match=r"the triton attention backend runs on CUDA tensors, or on CPU tensors under "
                                          r"TRITON_INTERPRET=1"):
         load(tmp_path, attention="triton", device="cpu")
+
+
+@pytest.mark.parametrize("value, interpreted", [(" 1", False), ("y", True)])
+def test_the_interpreter_gate_reads_triton_interpret_as_triton_does(value, interpreted):
+    pytest.importorskip("triton")
+    code = "import triton, dllm.kernels as k; print(k.INTERPRET, bool(triton.knobs.runtime.interpret))"
+    env = {**os.environ, "TRITON_INTERPRET": value}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(interpreted)] * 2

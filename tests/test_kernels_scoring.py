@@ -103,6 +103,21 @@ def test_minus_inf_is_allowed_and_nan_inf_or_all_minus_inf_raise():
         token_scores_triton(torch.tensor([[[0.0, 1.0], [float("-inf")] * 2]], device=DEVICE))
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # numpy, in the interpreter
+@pytest.mark.parametrize("splits", [1, 3])
+def test_logits_near_the_float32_limits(splits):
+    # x - max overflows to -inf (and max - x to +inf within a lane): the entropy stays finite.
+    logits = torch.full((1, 3, 100), -3e38)
+    logits[0, 0, 7] = 3e38                                   # one huge logit: entropy 0, prob 1
+    logits[0, 1, [5, 90]] = 3e38                              # two: entropy log 2
+    logits[0, 2] = torch.linspace(-3e38, 3e38, 100, dtype=torch.float64).float()   # rising in every lane
+    got = token_scores_fwd(logits.to(DEVICE), num_splits=splits, block_v=16)
+    want = token_scores_ref(logits.double(), score_dtype=torch.float64)
+    assert got[0].tolist() == [[7, 5, 99]]
+    torch.testing.assert_close(got[3].double(), want.entropy, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got[1].double(), want.prob, rtol=0, atol=1e-6)
+
+
 def test_fields_and_score_dtype_follow_the_reference():
     logits = _logits((2, 3, 50), torch.float16, seed=2)
     s = token_scores_triton(logits, fields={"margin"}, score_dtype=torch.float64, keep_logits=True)

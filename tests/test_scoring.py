@@ -67,3 +67,12 @@ def test_gumbel_sampling_is_seeded_and_follows_the_tempered_distribution():
     # A low temperature concentrates on the argmax.
     c = token_scores_ref(logits, temperature=0.05, generator=torch.Generator().manual_seed(3))
     assert (c.token == 0).float().mean() > 0.99
+
+
+def test_empty_vocabulary_is_refused():
+    from dllm.kernels.head_scoring import head_scores_ref
+
+    with pytest.raises(ValueError, match=r"empty vocabulary dimension \(V = 0\)"):
+        token_scores_ref(torch.zeros(1, 2, 0))
+    with pytest.raises(ValueError, match=r"weight has no vocabulary rows \(V = 0\)"):
+        head_scores_ref(torch.zeros(3, 16), torch.zeros(0, 16))
