@@ -106,7 +106,9 @@ def test_compare_puts_the_leaderboard_beside_the_runs(results, tmp_path, capsys)
 
 @pytest.mark.parametrize("text,message", [
     ("task,acc\nx,1\n", "the header must be task,tps,accuracy, got task,acc"),
-    ("task,tps,accuracy\nwaitingline-copy,one,2\n", "line 2: expected task,tps,accuracy with two numbers"),
+    ("task,tps,accuracy\nwaitingline-copy,one,2\n", "line 2: expected task,tps,accuracy with two finite numbers"),
+    ("task,tps,accuracy\navg,1,2\navg,1,nan\n", "line 3: expected task,tps,accuracy with two finite numbers"),
+    ("task,tps,accuracy\navg,inf,50\n", "line 2: expected .* got avg,inf,50"),
     ("task,tps,accuracy\nwaitingline-copy,1,2\n", "no 'avg' rows"),
 ])
 def test_bad_leaderboard_files_are_clear_errors(tmp_path, text, message):

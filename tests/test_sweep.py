@@ -159,6 +159,10 @@ def test_configurations_that_decode_alike_are_one(tmp_path):
     assert [p.label for p in g.points] == ["threshold(tau=1) +dual blk=16", "threshold(tau=1) +dual",
                                            "entropy +dual"]
     assert {p.model for p in g.points} == {str(folder)}
+    # no step count given either way is one configuration
+    g = sweep.parse_grid({"samplers": ["low_confidence", {"name": "low_confidence", "tokens_per_step": [None]}],
+                          "gen_lengths": [16]})
+    assert [p.label for p in g.points] == ["low_confidence gen=16"]
 
 
 def test_labels_name_models_by_the_path_parts_that_tell_them_apart(tmp_path):
@@ -193,6 +197,20 @@ def test_a_command_line_samplers_own_lengths_stay_beside_the_length_axes():
     assert [p.label for p in sweep.grid_from_args(args).points] == ["dus blk=8 gen=64", "low_confidence blk=16 gen=32"]
 
 
+def test_the_per_task_legend_names_every_sampler_when_the_first_panel_is_empty(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure as MplFigure
+
+    shown = []
+    legend = MplFigure.legend
+    monkeypatch.setattr(MplFigure, "legend", lambda fig, *a, **k: (shown.append(list(a[1])), legend(fig, *a, **k))[1])
+    summaries = [{"status": "ok", "label": name, "sampler": name, "cache": "none", "tokens_per_forward": tpf,
+                  "tokens_per_second": 1.0, "average": 50.0,
+                  "accuracy": {"paraphrase_summarize/samsum": None, "waiting_line/copy": 50.0}}
+                 for name, tpf in (("low_confidence", 1.0), ("threshold", 2.0))]
+    sweep.write_plots(summaries, tmp_path)
+    assert {"low_confidence", "threshold"} <= set(shown[-1])
+
+
 BAD_GRIDS = [
     ({"samplers": ["threshold"], "smaplers": []}, r"unknown key\(s\) 'smaplers'; allowed: .*samplers"),
     ({"samplers": ["thresh"]}, r"samplers\[0\]: unknown sampler 'thresh'; valid options: .*threshold"),
@@ -218,6 +236,11 @@ BAD_GRIDS = [
     ({"samplers": ["threshold"], "grids": []}, r"grids must be a non-empty list"),
     ({"caches": ["none"]}, r"no samplers"),
     ({"samplers": [{"name": "threshold", "args": {"tau": []}}]}, r"args.tau: an empty list of values is not allowed"),
+    ({"samplers": [{"name": "threshold", "args": {1: 0.9}}]}, r"samplers\[0\] \(threshold\).args: argument name 1 "
+                                                              r"must be a string"),
+    ({"samplers": ["threshold"], "caches": [{"name": "dkv-decode", "args": {1: 4}}]}, r"caches\[0\] \(dkv-decode\)"
+                                                                                      r".args: argument name 1"),
+    ({"samplers": ["threshold"], "grids": [None]}, r"grid.grids\[0\] must be a mapping with keys models"),
 ]
 
 

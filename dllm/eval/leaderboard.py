@@ -15,6 +15,7 @@ is `report.pb_score` over its `avg` rows, discrete for the top-k methods (fixed 
 from __future__ import annotations
 
 import csv
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -165,9 +166,12 @@ def _read_csv(path: Path, root: Path) -> Curve:
             continue
         try:
             task, tps, acc = line
-            curve.rows.append((task.strip(), float(tps), float(acc)))
+            tps, acc = float(tps), float(acc)
+            if not (math.isfinite(tps) and math.isfinite(acc)):
+                raise ValueError
+            curve.rows.append((task.strip(), tps, acc))
         except ValueError:
-            raise ValueError(f"{path}, line {n}: expected task,tps,accuracy with two numbers, "
+            raise ValueError(f"{path}, line {n}: expected task,tps,accuracy with two finite numbers, "
                              f"got {','.join(line)}") from None
     if not curve.points:
         raise ValueError(f"{path}: no '{AVG}' rows (one per operating point)")

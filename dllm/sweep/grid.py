@@ -170,6 +170,8 @@ def _arg_combos(args, where: str) -> list[dict]:
     names = list(args)
     lists = []
     for k in names:
+        if not isinstance(k, str):
+            raise ValueError(f"{where}.args: argument name {k!r} must be a string")
         alts = _alternatives(args[k])
         if not alts:
             raise ValueError(f"{where}.args.{k}: an empty list of values is not allowed; give at least one value")
@@ -276,7 +278,7 @@ def parse_grid(data: dict, source: str = "grid") -> Grid:
     points: list[SweepPoint] = []
     seen: list[tuple] = []
     for i, sub in enumerate(subs):
-        where = source if len(subs) == 1 and not sub else f"{source}.grids[{i}]"
+        where = source if data.get("grids") is None else f"{source}.grids[{i}]"
         _check_keys(sub, AXES, where)
         axes = {"models": [None], "caches": ["none"], "block_lengths": [None], "gen_lengths": [None], **top, **sub}
         if "samplers" not in axes:
@@ -303,7 +305,7 @@ def parse_grid(data: dict, source: str = "grid") -> Grid:
                                     # Equal as decoded: one model folder however spelled, arguments
                                     # with their defaults filled in and compared as numbers (1 == 1.0).
                                     same = (_model_identity(model), s["name"], combo.resolved, cache_same, gen,
-                                            block, kind, count)
+                                            block, kind if count is not None else None, count)
                                     if same not in seen:
                                         seen.append(same)
                                         points.append(SweepPoint(model=model, generation=request))

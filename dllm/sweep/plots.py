@@ -113,7 +113,11 @@ def write_plots(summaries: list[dict], out_dir: str | os.PathLike, compare=()) -
         ax.tick_params(labelbottom=True)     # shared x: keep the ticks above empty panels
     for k in range(len(tasks), rows_n * cols):
         axes[k // cols][k % cols].set_visible(False)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    legend = {}                              # every panel's entries: the first panel may have no points
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), list(legend)
     fig.legend(handles, labels, loc="outside upper center", ncols=min(8, len(labels)), fontsize=8)
     fig.supxlabel("tokens per forward (log2)", fontsize=9)
     fig.supylabel("accuracy (%)", fontsize=9)
