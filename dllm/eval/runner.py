@@ -366,12 +366,14 @@ def _start_run(cfg: BenchConfig, dist: Distributed, model, tokenizer) -> tuple[_
     generation = generation.replace(sampler=sampler, gen_length=cfg.for_checkpoint(model).generation.gen_length)
     identity = run_identity(cfg, str(model_name), sampler, dataset)
     backends = text_backends(cfg, dataset)
-    if backends.grammar is not None:    # scores with and without a grammar checker are not one run
-        identity["grammar"] = backends.describe()["grammar"]
+    described = backends.describe()
+    for field in ("grammar", "bertscore"):     # scores with and without a scorer are not one run
+        if getattr(backends, field) is not None:
+            identity[field] = described[field]
     run_id = provenance.run_id(identity)
     common = {"version": ROW_VERSION, "run_id": run_id, **identity,
               "schedule": "fixed" if sampler.fixed_schedule else "adaptive",
-              "grammar_backend": backends.describe(), "versions": provenance.versions(),
+              "grammar_backend": described, "versions": provenance.versions(),
               "hardware": provenance.hardware(dist.world)}
     return _Run(cfg, model, tokenizer, generation, common, backends), dataset, run_id
 
