@@ -53,7 +53,8 @@ def prompts_of(tasks: list[str], count: int) -> list[tuple[str, list[dict]]]:
 async def one_request(client, model_name: str, msgs: list[dict]) -> dict:
     start = time.perf_counter()
     first, text, usage = None, "", None
-    stream = await client.chat.completions.create(model=model_name, messages=msgs, stream=True)
+    stream = await client.chat.completions.create(model=model_name, messages=msgs, stream=True,
+                                                  stream_options={"include_usage": True})
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             first = first or time.perf_counter() - start

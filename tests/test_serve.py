@@ -97,15 +97,21 @@ def test_completion_with_the_extension_object(client, shipped):
 
 
 def test_streaming_sends_the_growing_prefix_and_usage_last(client, shipped):
-    chunks = list(client.chat.completions.create(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[2]),
-                                                 stream=True))
+    kwargs = dict(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[2]), stream=True)
+    chunks = list(client.chat.completions.create(**kwargs, stream_options={"include_usage": True}))
     want = offline(shipped, copy_messages(QUESTIONS[2]))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == want.texts[0]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1     # more than one piece
-    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage.completion_tokens == want.answer_lengths[0]
+    # OpenAI's order: the finish reason, then a chunk with no choices that carries the usage
+    assert chunks[-2].choices[0].finish_reason == "stop" and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == want.answer_lengths[0]
     assert all(c.usage is None for c in chunks[:-1])
+    # without stream_options (or with include_usage false) no usage is sent
+    for extra in ({}, {"stream_options": {"include_usage": False}}):
+        plain = list(client.chat.completions.create(**kwargs, **extra))
+        assert all(c.usage is None and c.choices for c in plain) and plain[-1].choices[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize("sampler", ["remdm", "rcr"])
@@ -667,7 +673,8 @@ def test_stopping_the_engine_answers_open_requests_503(shipped):
 
     serve(app, port=0, log_level="warning", on_started=stream_then_stop)
     errors = [json.loads(e[6:])["error"] for e in events if '"error"' in e]
-    assert errors and errors[0]["code"] == 503 and "shutting down" in errors[0]["message"]
+    assert errors and errors[0]["type"] == "service_unavailable" and "shutting down" in errors[0]["message"]
+    assert set(errors[0]) == {"message", "type", "param", "code"} and errors[0]["code"] is None   # as OpenAI's
     assert events[-1] == "data: [DONE]"
 
 

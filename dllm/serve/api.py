@@ -22,12 +22,16 @@ RETRY_AFTER_S = 1          # what a 429 asks the client to wait
 DISCONNECT_CHECK_S = 0.5   # how often a waiting request asks whether its client is still there
 
 
-def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
-    """An OpenAI-style error body."""
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    """An OpenAI-style error body; its `type` tells the HTTP status."""
     kind = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
             408: "timeout_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
-                        status_code=status, headers=headers)
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
+    """An OpenAI-style error response."""
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
 class Server:
@@ -237,7 +241,8 @@ def _count_failure(server: Server, status: int) -> None:
 
 
 async def _stream(events: asyncio.Queue, request: Request, server: Server, job: Job, reply: "_Reply", body):
-    """Server-sent events in the OpenAI chunk format; the last chunk carries the usage."""
+    """Server-sent events in the OpenAI chunk format; with `stream_options.include_usage` a last
+    chunk without choices carries the usage."""
     finished = False
     try:
         yield reply.sse(reply.first_chunk())
@@ -249,12 +254,13 @@ async def _stream(events: asyncio.Queue, request: Request, server: Server, job: 
                 yield reply.sse(reply.canvas_chunk(payload))
             elif event == "error":
                 status, message, param = payload
-                yield reply.sse({"error": {"message": message, "type": "server_error", "param": param, "code": status}})
+                yield reply.sse(error_body(status, message, param))
                 _count_failure(server, status)
                 break
             elif event == "done":
-                include = body.stream_options is None or body.stream_options.include_usage
-                yield reply.sse(reply.last_chunk(payload, include))
+                yield reply.sse(reply.last_chunk(payload))
+                if body.stream_options is not None and body.stream_options.include_usage:
+                    yield reply.sse(reply.usage_chunk(payload))
                 server.metrics.requests.labels("ok").inc()
                 break
         finished = True
@@ -315,8 +321,11 @@ class _Reply:
         body["dllm"] = {"canvas": canvas}
         return body
 
-    def last_chunk(self, result: dict, include_usage: bool) -> dict:
-        body = self._base([self._choice(None if self.kind == "chat" else "", result["finish_reason"], True)], True)
-        if include_usage:
-            body["usage"] = self.usage(result)
+    def last_chunk(self, result: dict) -> dict:
+        return self._base([self._choice(None if self.kind == "chat" else "", result["finish_reason"], True)], True)
+
+    def usage_chunk(self, result: dict) -> dict:
+        """OpenAI's usage chunk: after the finish reason, no choices."""
+        body = self._base([], True)
+        body["usage"] = self.usage(result)
         return body

@@ -45,7 +45,7 @@ class DllmOptions(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: StrictBool = True
+    include_usage: StrictBool = False
 
 
 class _Request(BaseModel):
