@@ -37,6 +37,8 @@ class Sampler:
       score_fields:    TokenScores statistics the sampler reads ("prob", "margin", "entropy",
                        "logit_gap"); the candidate token is always there.
       row_state:       what rows joining a running batch carry (below); None: they cannot join.
+      draws:           it draws from the request's generator at temperature 0 too (a random order):
+                       its tokens then depend on the rows decoded beside it, which share the stream.
       remasks:         the sampler may mask written tokens again (`Decision.remask`), so a row's
                        mask count may grow between steps.
       reaches_back:    its commits and re-masks may also land on generated columns before the
@@ -60,6 +62,7 @@ class Sampler:
     # Whether the sampler may rewrite written tokens (`Decision.edit`): then a finished prefix of
     # the canvas is not final until the whole row is.
     rewrites_tokens: ClassVar[bool] = False
+    draws: ClassVar[bool] = False
     remasks: ClassVar[bool] = False
     reaches_back: ClassVar[bool] = False
     shadow_block: ClassVar[bool] = False

@@ -83,6 +83,7 @@ class _DreamBase(Sampler):
         self.eps, self.top_p, self.top_k, self.alg_temp = eps, top_p, top_k, alg_temp
         if alg_temp:
             self.row_state = None   # the draw over the batch decides which positions a row commits
+            self.draws = True
         self._args = dict(eps=eps, top_p=top_p, top_k=top_k, alg_temp=alg_temp)
 
     def setup(self, state):
@@ -181,6 +182,7 @@ class Origin(_DreamBase):
     """Dream `origin`: reveal each masked position with probability 1 - s/t."""
 
     name = "origin"
+    draws = True
 
     def __init__(self, *, eps: float = 1e-3, top_p: float | None = None, top_k: int | None = None):
         super().__init__(eps=eps, top_p=top_p, top_k=top_k)

@@ -125,6 +125,7 @@ class RandomRemasking(LowConfidence):
 
     name = "random"
     row_state = None     # its random draw covers the whole batch
+    draws = True
 
     def scores_for(self, state, rows, positions, valid, scores):
         # One (B, L) float32 draw per step over the whole canvas, as the reference draws it, so a

@@ -105,6 +105,7 @@ class Prophet(Sampler):
         self.uses_blocks, self.fixed_schedule = b.uses_blocks, b.fixed_schedule
         self.needs_logits, self.gumbel_candidates = b.needs_logits, b.gumbel_candidates
         self.rewrites_tokens, self.remasks, self.reaches_back = b.rewrites_tokens, b.remasks, b.reaches_back
+        self.draws = b.draws
         self.score_fields = frozenset(b.score_fields) | {"logit_gap"}
         self._args = dict(base=b.name, base_kwargs=b.arguments(), thresholds=list(self.thresholds),
                           switches=list(self.switches), answer_start=answer_start, answer_length=answer_length)

@@ -54,6 +54,13 @@ def test_summaries_average_within_then_across_tasks_and_skip_unavailable():
     assert "n/a" in report.format_run(s)
 
 
+def test_rows_lacking_a_field_the_summary_reads_are_named():
+    rows = _rows("r1", "threshold", {"a/x": [1, 0]}, 2.0)
+    del rows[1]["nfe"], rows[1]["tokens_per_forward"]
+    with pytest.raises(ValueError, match=r"result row 2 lacks tokens_per_forward, nfe; rows come from dllm bench"):
+        report.summarize(rows)
+
+
 def test_a_points_tokens_per_forward_covers_the_tasks_its_average_does():
     """An unscored task (Text Writing without a grammar checker) leaves both averages, so the
     table's PB@X equals the leaderboard files' (whose avg rows average the scored tasks)."""

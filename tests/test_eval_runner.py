@@ -465,3 +465,20 @@ def test_a_bertscore_backend_makes_another_run(llada, tmp_path, monkeypatch):
     assert without["metrics"]["bertscore"] is None and scored["metrics"]["bertscore"] == 0.5
     assert scored["run_id"] != without["run_id"] and scored["bertscore"] == "bert_score"
     assert len(_file_rows(tmp_path / "r.jsonl")) == 2
+
+
+def test_runs_that_draw_name_their_batch_size(llada, bench_data, tmp_path):
+    """Rows of a batch share one random stream: a sampled run at another batch size is another run;
+    a greedy run of a sampler that draws nothing is the same run at any batch size."""
+    model, tok = llada
+    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(bench_data), limit=3, out=str(tmp_path / "r.jsonl"),
+                                       tokens_per_step=4))
+
+    def run_id(**change):
+        (row, *_) = runner.run_bench(cfg.replace(**change), model=model, tokenizer=tok, progress=False)
+        return row["run_id"], row.get("run_batch_size")
+
+    assert run_id(batch_size=1) == run_id(batch_size=3)[:1] + (None,)
+    for change in (dict(temperature=1.0), dict(sampler="random")):
+        (one, size_one), (three, size_three) = run_id(batch_size=1, **change), run_id(batch_size=3, **change)
+        assert one != three and (size_one, size_three) == (1, 3)

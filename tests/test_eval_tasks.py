@@ -89,6 +89,9 @@ def test_select_tasks_patterns_groups_and_errors():
         T.select_tasks("puzle/*", avail)
     with pytest.raises(ValueError, match="empty task selection"):
         T.select_tasks(" , ", avail)
+    for bad in (5, [5], ("waiting_line/copy", None)):
+        with pytest.raises(ValueError, match=r"tasks must be a comma-separated string or a list of strings"):
+            T.select_tasks(bad, avail)
 
 
 def test_encode_messages_uses_the_chat_template(llada):

@@ -83,6 +83,11 @@ def summarize(rows: Iterable[dict]) -> list[RunSummary]:
     after its data changed) counts once, with its last row."""
     runs: dict[str, RunSummary] = {}
     by_task: dict[tuple[str, str], list[dict]] = {}
+    rows = list(rows)
+    for i, r in enumerate(rows):
+        lacking = [k for k in ("run_id", "task", "tokens_per_forward", "nfe") if k not in r]
+        if lacking:
+            raise ValueError(f"result row {i + 1} lacks {', '.join(lacking)}; rows come from dllm bench")
     last = {(r["run_id"], r["task"], r.get("index", i)): r for i, r in enumerate(rows)}
     for r in last.values():
         rid = r["run_id"]

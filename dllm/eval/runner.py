@@ -250,7 +250,8 @@ def cache_identity(cache, cache_kwargs: dict) -> tuple[str, dict]:
 def run_identity(cfg: BenchConfig, model_name: str, sampler: Sampler, dataset: Dataset) -> dict:
     """Everything that decides a run's tokens; its hash is the run id. Settings the sampler
     ignores (steps and tokens_per_step of one that sets its own schedule, block_length of one
-    that decodes the whole generation at once) are left out, so such runs are the run without them."""
+    that decodes the whole generation at once) are left out, so such runs are the run without them;
+    the batch size is in it when the run draws random numbers (temperature > 0, `Sampler.draws`)."""
     g = cfg.generation
     cache, cache_args = cache_identity(g.cache, g.cache_kwargs)
     steps = (g.steps, g.tokens_per_step) if sampler.uses_steps else (None, None)
@@ -264,6 +265,8 @@ def run_identity(cfg: BenchConfig, model_name: str, sampler: Sampler, dataset: D
     for name in _LATER_IDENTITY_FIELDS:
         if getattr(g, name) != getattr(default, name):
             identity[name] = getattr(g, name)
+    if g.temperature != 0 or sampler.draws:   # a batch shares one random stream: its rows' draws depend on it
+        identity["run_batch_size"] = cfg.batch_size   # a row's `batch_size` is its own batch's
     return identity
 
 

@@ -160,6 +160,10 @@ def select_tasks(spec: str | list[str] | None, available: list[str] | tuple[str,
     """
     if spec is None:
         return list(available)
+    listed = isinstance(spec, (list, tuple)) and all(isinstance(s, str) for s in spec)
+    if not isinstance(spec, str) and not listed:
+        raise ValueError(f"tasks must be a comma-separated string or a list of strings (task ids, patterns, "
+                         f"groups), got {spec!r}")
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     if not items:
         raise ValueError("empty task selection; give task ids, patterns like 'puzzle/*', or a group "
