@@ -482,3 +482,13 @@ def test_runs_that_draw_name_their_batch_size(llada, bench_data, tmp_path):
     for change in (dict(temperature=1.0), dict(sampler="random")):
         (one, size_one), (three, size_three) = run_id(batch_size=1, **change), run_id(batch_size=3, **change)
         assert one != three and (size_one, size_three) == (1, 3)
+
+
+def test_arguments_equal_as_numbers_are_one_run(llada, bench_data, tmp_path):
+    model, tok = llada
+    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(bench_data), limit=1, sampler="threshold",
+                                       out=str(tmp_path / "r.jsonl")))
+    ids = {runner.run_bench(cfg.replace(sampler_kwargs=kwargs, temperature=temperature), model=model, tokenizer=tok,
+                            progress=False)[0]["run_id"]
+           for kwargs, temperature in (({"tau": 1}, 0), ({"tau": 1.0}, 0.0))}
+    assert len(ids) == 1

@@ -30,7 +30,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 import dllm
-from dllm import provenance
+from dllm import provenance, samplers
 from dllm.cache import CachePolicy, get_policy
 from dllm.config import GenerationConfig
 from dllm.decode import checkpoint_gen_length, resolve_sampler, with_instances
@@ -247,6 +247,17 @@ def cache_identity(cache, cache_kwargs: dict) -> tuple[str, dict]:
     return policy.name, {k: v for k, v in canonical.items() if v != defaults.get(k)}
 
 
+def sampler_identity(sampler: Sampler) -> dict:
+    """A run's sampler arguments as its identity holds them: resolved, and an integer given for an
+    argument whose default is a float as that float, so that `tau=1` and `tau=1.0` are one run."""
+    try:
+        defaults = samplers.signature(sampler.name)
+    except ValueError:      # an unregistered sampler instance: its arguments as they are
+        defaults = {}
+    return {k: float(v) if type(v) is int and isinstance(defaults.get(k), float) else v
+            for k, v in sampler.arguments().items()}
+
+
 def run_identity(cfg: BenchConfig, model_name: str, sampler: Sampler, dataset: Dataset) -> dict:
     """Everything that decides a run's tokens; its hash is the run id. Settings the sampler
     ignores (steps and tokens_per_step of one that sets its own schedule, block_length of one
@@ -255,10 +266,10 @@ def run_identity(cfg: BenchConfig, model_name: str, sampler: Sampler, dataset: D
     g = cfg.generation
     cache, cache_args = cache_identity(g.cache, g.cache_kwargs)
     steps = (g.steps, g.tokens_per_step) if sampler.uses_steps else (None, None)
-    identity = {"model": model_name, "sampler": sampler.name, "sampler_args": sampler.arguments(), "cache": cache,
+    identity = {"model": model_name, "sampler": sampler.name, "sampler_args": sampler_identity(sampler), "cache": cache,
                 "cache_args": cache_args, "gen_length": g.gen_length,
                 "block_length": g.block_length if sampler.uses_blocks else None,
-                "steps": steps[0], "tokens_per_step": steps[1], "temperature": g.temperature,
+                "steps": steps[0], "tokens_per_step": steps[1], "temperature": float(g.temperature),
                 "seed": g.seed, "max_forwards": g.max_forwards, "dtype": cfg.dtype, "data_mode": dataset.mode,
                 "data_source": dataset.source, "prediction": PREDICTION}
     default = GenerationConfig()
