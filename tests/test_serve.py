@@ -426,6 +426,31 @@ def test_cancelling_a_queued_request_frees_its_place(shipped):
     engine.submit(Job([5, 6], DEFAULTS, lambda kind, payload: None))
 
 
+def test_requests_whose_batch_is_being_built_hold_their_rows(shipped):
+    """A request arriving while the engine builds the batches of those it took from the queue
+    finds their rows taken: one row and a queue of one hold two requests, not three."""
+    from dllm.serve.engine import Engine, Job, QueueFull
+
+    model, tok = shipped
+    engine = Engine(model, tok, max_batch_rows=1, max_queue=1)
+    arrivals = []
+    admit = engine._admit
+
+    def admit_while_others_arrive(jobs):
+        for _ in range(2):
+            try:
+                engine.submit(Job([5, 6], DEFAULTS, lambda kind, payload: None))
+                arrivals.append("queued")
+            except QueueFull:
+                arrivals.append("refused")
+        admit(jobs)
+
+    engine._admit = admit_while_others_arrive
+    engine.submit(Job([5, 6], DEFAULTS.replace(gen_length=8, block_length=8), lambda kind, payload: None))
+    engine.run(keep_running=lambda: not arrivals)
+    assert arrivals == ["queued", "refused"]
+
+
 def test_batches_of_a_policy_given_as_an_instance_keep_their_own(shipped):
     """Defaults naming a cache policy instance: a request joining a running batch, and another
     batch beside it, decode with copies of it and give their offline answers."""

@@ -108,6 +108,7 @@ class Engine:
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._admitting = 0          # requests taken from the queue whose batches are being built
         ids = special_ids(model)
         self.stop_ids, self.mask_id = ids.stop_ids, ids.mask
 
@@ -131,7 +132,7 @@ class Engine:
         with self._wake:
             if self._stopping:
                 raise EngineStopped("the server is shutting down")
-            free = max(0, self.max_batch_rows - self.running_rows)
+            free = max(0, self.max_batch_rows - self.running_rows - self._admitting)
             if len(self.queue) >= self.max_queue + free:
                 raise QueueFull(f"{len(self.queue)} requests are queued for {free} free row(s) "
                                 f"(max_queue {self.max_queue})")
@@ -174,7 +175,10 @@ class Engine:
                     if self._stopping:
                         break
                     admitted = self._take_admissible()
+                    self._admitting = len(admitted)
                 self._admit(admitted)
+                with self._wake:
+                    self._admitting = 0
                 admitted = []
                 for group in list(self.groups):
                     self._turn(group)
