@@ -325,7 +325,7 @@ def test_an_out_that_cannot_be_a_folder_is_a_usage_error(tmp_path, capsys):
     assert main(["train", "--out", str(tmp_path / "file"), "--steps", "3", "--compile", "false"]) == 2
     assert "error:" in capsys.readouterr().err
     assert main(["train", "--out", str(tmp_path / "o"), "--then-steps", "0", "--then-lr", "5"]) == 2
-    assert "--then-lr set(s) later phases, and --then-steps gives none" in capsys.readouterr().err
+    assert "then_lr set(s) later phases, and then_steps gives none" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
@@ -455,7 +455,8 @@ def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
                         then_task_weights="puzzle/*=2;", then_cover_share="0,0.5")
     assert [getattr(two, k) for k in T.THEN_FIELDS] == [
         (5, 7), (1e-3, 1e-3), (1e-4, 1e-4), (3, 4), ("puzzle/*=2", ""), (0.0, 0.5)]
-    assert T.TrainConfig(then_steps=0, then_lr=5.0).then_steps == ()   # then_ values act only with then_steps
+    with pytest.raises(ValueError, match=r"then_lr set\(s\) later phases, and then_steps gives none"):
+        T.TrainConfig(then_steps=0, then_lr=5.0)                        # then_ values act only with then_steps
     # ... so a single-phase run records none, and its checkpoint resumes as the first phase of a longer recipe
     single = T.recipe_fields(T.TrainConfig(then_steps=0))
     assert single == T.recipe_fields(T.phase_configs(T.TrainConfig())[0])

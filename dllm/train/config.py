@@ -349,6 +349,11 @@ class TrainConfig:
         for name, kind in THEN_FIELDS.items():
             setattr(self, name, _then_values(name, getattr(self, name), kind))
         if not self.then_steps:   # no later phase: the other then_ values would change nothing
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            given = [name for name, kind in THEN_FIELDS.items() if name != "then_steps"
+                     and getattr(self, name) not in ((), _then_values(name, defaults[name], kind))]
+            if given:
+                raise ValueError(f"{', '.join(given)} set(s) later phases, and then_steps gives none")
             for name in THEN_FIELDS:
                 setattr(self, name, ())
             return
