@@ -88,6 +88,11 @@ def test_leaderboard_groups_runs_into_methods():
     assert board["low_confidence"]["PB80"] == 2.0 and board["low_confidence"]["runs"] == 2
     text = report.format_leaderboard(list(board.values()), (80, 70))
     assert "PB@80" in text and "3.00" in text
+    # a method whose average covers other tasks is another row, told apart by its task count
+    more = rows + _rows("e", "threshold", {"t": [1] * 9 + [0], "u": [1] * 10}, 2.0)
+    lines = report.format_leaderboard(report.leaderboard(report.summarize(more), (80,)), (80,)).splitlines()
+    assert lines[0].split()[4] == "tasks"
+    assert sorted(line.split()[4] for line in lines[1:] if " threshold " in line) == ["1", "2"]
 
 
 def test_markdown_table_has_a_column_per_run():

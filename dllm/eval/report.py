@@ -173,13 +173,13 @@ def format_run(s: RunSummary) -> str:
 def format_leaderboard(board: list[dict], levels=(80, 70, 60)) -> str:
     if not board:
         return "no scored runs"
-    head = f"{'model':<28} {'sampler':<16} {'cache':<10} {'data':<9} {'runs':>4} " + \
+    head = f"{'model':<28} {'sampler':<16} {'cache':<10} {'data':<9} {'tasks':>5} {'runs':>4} " + \
         " ".join(f"{'PB@' + format(x, 'g'):>7}" for x in levels)
     lines = [head]
-    for b in board:
+    for b in board:   # methods that differ only in the tasks their averages cover differ in `tasks`
         model = b["model"] if len(b["model"]) <= 28 else "…" + b["model"][-27:]
-        lines.append(f"{model:<28} {b['sampler']:<16} {b['cache']:<10} {b['data_mode']:<9} {b['runs']:>4} "
-                     + " ".join(f"{format_number(b[f'PB{x:g}'], '.2f'):>7}" for x in levels))
+        lines.append(f"{model:<28} {b['sampler']:<16} {b['cache']:<10} {b['data_mode']:<9} {b['tasks']:>5} "
+                     f"{b['runs']:>4} " + " ".join(f"{format_number(b[f'PB{x:g}'], '.2f'):>7}" for x in levels))
     return "\n".join(lines)
 
 
