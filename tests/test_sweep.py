@@ -633,3 +633,39 @@ def test_a_missing_device_fails_the_sweep_once_before_any_configuration(tmp_path
     with pytest.raises(ValueError, match="CUDA is not available on this machine"):
         sweep.run_sweep(sweep.grid_from_args(args), tmp_path / "o", progress=False, plots=False)
     assert not (tmp_path / "o" / sweep.SUMMARIES_FILE).exists()
+
+
+def test_a_sweep_with_a_bertscore_model_knows_its_run_ids(model_dir, tmp_path, monkeypatch):
+    """The sweep computes the run id the runner gives, text scorers included, so a rerun skips."""
+    import warnings
+
+    from dllm.eval import data, text_metrics
+
+    class FixedBert(text_metrics.BertScorer):
+        name, version, source = "bert_score", "0", "fixed"
+
+        def __init__(self):
+            pass
+
+        def score(self, candidate, reference):
+            return 0.5
+
+    def resolve(grammar_url=None, *, bertscore_model=None):
+        return text_metrics.Backends(bertscore=FixedBert() if bertscore_model else None,
+                                     bertscore_reason=None if bertscore_model else "no model given")
+
+    monkeypatch.setattr(text_metrics.Backends, "resolve", staticmethod(resolve))
+    monkeypatch.delenv("DLLM_LANGUAGETOOL_URL", raising=False)
+    recs = {"paraphrase_summarize/chatgpt-paraphrases": [{"input": {"text": "The cat sat on the mat."},
+                                                          "answer": {"text": "The cat sat on the mat."},
+                                                          "metadata": {}}]}
+    folder = data.write_official_layout(tmp_path / "d", recs)
+    grid = sweep.parse_grid({"data_dir": str(folder), "bertscore_model": "roberta", "gen_lengths": [8],
+                             "dtype": "float32", "models": [str(model_dir)], "samplers": ["low_confidence"]})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = sweep.run_sweep(grid, tmp_path / "out", progress=False, plots=False).summaries[0]
+        again = sweep.run_sweep(grid, tmp_path / "out", progress=False, plots=False).summaries[0]
+    assert not [w for w in caught if "run id" in str(w.message)]   # "the runner gave run id ..., the sweep expected"
+    assert first["status"] == again["status"] == "ok" and first["run_id"] == again["run_id"]
+    assert len(_lines(tmp_path / "out" / sweep.ROWS_FILE)) == 1

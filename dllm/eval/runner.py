@@ -308,6 +308,13 @@ def generator_options(cfg: BenchConfig) -> dict:
     return options
 
 
+def scorer_identity(backends: text_metrics.Backends) -> dict:
+    """The run identity's share of the text scorers: the name of each one present (grammar,
+    bertscore), since scores with and without a scorer are not one run."""
+    described = backends.describe()
+    return {field: described[field] for field in ("grammar", "bertscore") if getattr(backends, field) is not None}
+
+
 def text_backends(cfg: BenchConfig, dataset: Dataset) -> text_metrics.Backends:
     """Grammar / BERTScore backends, looked up only when a Text Writing task is in the run."""
     if not any(s.task.headline == "grammar" for ss in dataset.samples.values() for s in ss[:1]):
@@ -380,14 +387,11 @@ def _start_run(cfg: BenchConfig, dist: Distributed, model, tokenizer) -> tuple[_
     generation = generation.replace(sampler=sampler, gen_length=cfg.for_checkpoint(model).generation.gen_length)
     identity = run_identity(cfg, str(model_name), sampler, dataset)
     backends = text_backends(cfg, dataset)
-    described = backends.describe()
-    for field in ("grammar", "bertscore"):     # scores with and without a scorer are not one run
-        if getattr(backends, field) is not None:
-            identity[field] = described[field]
+    identity.update(scorer_identity(backends))
     run_id = provenance.run_id(identity)
     common = {"version": ROW_VERSION, "run_id": run_id, **identity,
               "schedule": "fixed" if sampler.fixed_schedule else "adaptive",
-              "grammar_backend": described, "versions": provenance.versions(),
+              "grammar_backend": backends.describe(), "versions": provenance.versions(),
               "hardware": provenance.hardware(dist.world)}
     return _Run(cfg, model, tokenizer, generation, common, backends), dataset, run_id
 

@@ -223,9 +223,8 @@ def _plan(grid: Grid, out_dir: Path, dist) -> _Plan:
     dataset = _grid_dataset(grid)
     # a row counts for the sample decoded from the same prompt (as run_bench reuses rows)
     expected = {(t, s.index, prompt_id(s.messages())) for t in dataset.tasks for s in dataset.samples[t]}
-    backends = runner.text_backends(template, dataset)
-    grammar = backends.describe()["grammar"] if backends.grammar is not None else None
-    run_ids = [expected_run_id(p, settings, dataset, grammar) for p in points]
+    scorers = runner.scorer_identity(runner.text_backends(template, dataset))
+    run_ids = [expected_run_id(p, settings, dataset, scorers) for p in points]
     sids = [summary_id(r, dataset.tasks, settings.limit) for r in run_ids]
     done_pairs, stored = _snapshot(out_dir, dist)
     return _Plan(settings, points, dataset, expected, run_ids, sids, out_dir / ROWS_FILE, out_dir / SUMMARIES_FILE,

@@ -19,14 +19,14 @@ ROWS_FILE = "rows.jsonl"
 SUMMARIES_FILE = "summaries.jsonl"
 
 
-def expected_run_id(p: SweepPoint, settings: SweepSettings, dataset, grammar: str | None = None) -> str:
-    """The bench run id `run_bench` will give this configuration (computed without loading the model)."""
+def expected_run_id(p: SweepPoint, settings: SweepSettings, dataset, scorers: dict | None = None) -> str:
+    """The bench run id `run_bench` will give this configuration (computed without loading the
+    model); `scorers`: the text scorers' share of it (`runner.scorer_identity`)."""
     probe = samplers.get(p.generation.sampler, **p.generation.sampler_kwargs)
     cfg = p.bench_config(settings)
     model_name = str(p.model) if p.model is not None else DEFAULT_MODEL
     identity = runner.run_identity(cfg, model_name, probe, dataset)
-    if grammar is not None:
-        identity["grammar"] = grammar
+    identity.update(scorers or {})
     return provenance.run_id(identity)
 
 
