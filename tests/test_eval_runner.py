@@ -492,3 +492,18 @@ def test_arguments_equal_as_numbers_are_one_run(llada, bench_data, tmp_path):
                             progress=False)[0]["run_id"]
            for kwargs, temperature in (({"tau": 1}, 0), ({"tau": 1.0}, 0.0))}
     assert len(ids) == 1
+
+
+@pytest.mark.parametrize("name, given, same", [
+    ("entropy", {"alg_temp": 1}, {"alg_temp": 1.0}),                   # a float argument whose default is None
+    ("adablock", {"tau_d": 1}, {"tau_d": 1.0}),
+    ("prophet", {"base": "threshold", "base_kwargs": {"tau": 1}}, {"base": "threshold", "base_kwargs": {"tau": 1.0}}),
+])
+def test_sampler_identity_reads_integers_for_float_arguments_as_floats(name, given, same):
+    from dllm import samplers
+
+    def hashed(kwargs):     # as the run id hashes it (1 == 1.0 in Python, not in JSON)
+        return json.dumps(runner.sampler_identity(samplers.get(name, **kwargs)), sort_keys=True)
+
+    assert hashed(given) == hashed(same)
+    assert runner.sampler_identity(samplers.get("adablock", window=3))["window"] == 3     # an int argument stays

@@ -20,6 +20,7 @@ sorted, and only the main process writes, so N processes store exactly the rows 
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -249,13 +250,25 @@ def cache_identity(cache, cache_kwargs: dict) -> tuple[str, dict]:
 
 def sampler_identity(sampler: Sampler) -> dict:
     """A run's sampler arguments as its identity holds them: resolved, and an integer given for an
-    argument whose default is a float as that float, so that `tau=1` and `tau=1.0` are one run."""
+    argument annotated as a float as that float (also in prophet's `base_kwargs`), so that `tau=1`
+    and `tau=1.0` are one run."""
+    return _canonical_arguments(sampler.name, sampler.arguments())
+
+
+def _canonical_arguments(name: str, arguments: dict) -> dict:
     try:
-        defaults = samplers.signature(sampler.name)
+        params = inspect.signature(samplers.sampler_class(name).__init__).parameters
     except ValueError:      # an unregistered sampler instance: its arguments as they are
-        defaults = {}
-    return {k: float(v) if type(v) is int and isinstance(defaults.get(k), float) else v
-            for k, v in sampler.arguments().items()}
+        return dict(arguments)
+    out = {}
+    for key, value in arguments.items():
+        annotation = str(params[key].annotation) if key in params else ""
+        if type(value) is int and "float" in annotation:
+            value = float(value)
+        elif key == "base_kwargs" and isinstance(value, dict) and isinstance(arguments.get("base"), str):
+            value = _canonical_arguments(arguments["base"], value)
+        out[key] = value
+    return out
 
 
 def run_identity(cfg: BenchConfig, model_name: str, sampler: Sampler, dataset: Dataset) -> dict:
