@@ -22,8 +22,20 @@ try:  # the kernel modules import it anyway; one that raises ImportError counts 
     HAS_TRITON = True
 except ImportError:
     HAS_TRITON = False
-# Whether Triton runs kernels in its interpreter, as Triton itself reads TRITON_INTERPRET.
-INTERPRET = HAS_TRITON and bool(triton.knobs.runtime.interpret)
+
+
+def _interpreted() -> bool:
+    """Whether Triton runs kernels in its interpreter, as Triton itself reads TRITON_INTERPRET
+    (`triton.knobs`; a Triton older than 3.4 has none and takes exactly "1")."""
+    if not HAS_TRITON:
+        return False
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+INTERPRET = _interpreted()
 
 
 def triton_runs_on(device: torch.device | str) -> bool:

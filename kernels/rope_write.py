@@ -148,8 +148,9 @@ def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: 
                       rows: torch.Tensor, positions: torch.Tensor, fp32: bool) -> torch.Tensor:
     """Rotate q (B, Q, H, D) by cos_q/sin_q (B, 1, Q, D) and k (B, P, H_kv, D) by cos_k/sin_k
     (B, 1, P, D); write the rotated k and v (B, P, H_kv, D) into kb, vb (rows, H_kv, L, D) at
-    [rows[b], h, positions[b, p]] (a row or column outside the buffers is not written: no host
-    read checks them; the torch path raises). Returns the rotated queries (B, H, Q, D), a transposed view of
+    [rows[b], h, positions[b, p]] (a row or column outside the buffers, negative ones included, is
+    not written: no host read checks them; the torch path's indexed write raises for one past the
+    end and counts a negative one from the end). Returns the rotated queries (B, H, Q, D), a transposed view of
     a (B, Q, H, D) tensor as the torch path's queries are."""
     require_triton(q.device, "the rotary + K/V write kernel")
     _check(q, k, v, cos_q, sin_q, cos_k, sin_k, kb, vb, rows, positions)

@@ -418,3 +418,13 @@ def test_the_interpreter_gate_reads_triton_interpret_as_triton_does(value, inter
     env = {**os.environ, "TRITON_INTERPRET": value}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == [str(interpreted)] * 2
+
+
+def test_the_interpreter_gate_with_a_triton_without_knobs(monkeypatch):
+    triton = pytest.importorskip("triton")
+    from dllm import kernels
+
+    monkeypatch.delattr(triton, "knobs")
+    for value, interpreted in (("1", True), ("true", False), ("0", False)):   # as Triton before 3.4 reads it
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert kernels._interpreted() is interpreted

@@ -325,7 +325,7 @@ def test_an_out_that_cannot_be_a_folder_is_a_usage_error(tmp_path, capsys):
     assert main(["train", "--out", str(tmp_path / "file"), "--steps", "3", "--compile", "false"]) == 2
     assert "error:" in capsys.readouterr().err
     assert main(["train", "--out", str(tmp_path / "o"), "--then-steps", "0", "--then-lr", "5"]) == 2
-    assert "then_lr set(s) later phases, and then_steps gives none" in capsys.readouterr().err
+    assert "--then-lr set(s) later phases, and --then-steps gives none" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -47,10 +47,10 @@ def add_parsers(sub) -> None:
 def run_train(args) -> int:
     opts = {k: v for k, v in vars(args).items() if k in train.TRAIN_FIELDS and v is not None}
     try:
-        cfg = train.config_from_args(opts)
         unused = [f"--{k.replace('_', '-')}" for k in train.THEN_FIELDS if k != "then_steps" and k in opts]
-        if unused and not cfg.then_steps:
+        if unused and "then_steps" in opts and not train.then_values("then_steps", opts["then_steps"], int):
             raise ValueError(f"{', '.join(unused)} set(s) later phases, and --then-steps gives none")
+        cfg = train.config_from_args(opts)
         folder = train.train(cfg, progress=not args.no_progress)
     except (ValueError, OSError) as err:          # OSError: an --out that cannot be a folder
         print(f"error: {err}", file=sys.stderr)

@@ -16,7 +16,7 @@ recipe, why each part exists, and how the shipped model was made.
 from .config import (DEFAULT_TASK_WEIGHTS, DEFAULT_TASKS, EMBED_UPDATES, INITS, LAST_TASK_WEIGHTS, LOSSES,
                      NO_LATER_PHASES, PRECISIONS, PREV_HEAD_INPUTS, THEN_FIELDS, THEN_TASK_WEIGHTS, TRAIN_FIELDS,
                      TrainConfig, add_train_arguments, complete_recipe, config_from_args, cpu_has_bf16_units,
-                     phase_configs, recipe_fields, step_precision)
+                     phase_configs, recipe_fields, step_precision, then_values)
 from .data import (BOS, CHAT_TEMPLATE, COPY_WARMUP_LENGTHS, EOS, EOT, GPT2_SPLIT, HEADER_END, HEADER_START, MASK,
                    PAIR_BIND_ROWS, SPECIAL_TOKENS, WHOLE_NAME, Encoded, answer_text, build_tokenizer, copy_example,
                    copy_vocab, encode_records, example_columns, example_spans, global_pairing, make_batch,
@@ -40,6 +40,6 @@ __all__ = [
     "generation_defaults", "global_pairing", "hole_rows", "init_weights", "lr_at", "make_batch", "mask_distances",
     "model_config", "name_sides", "next_token_head", "pair_example", "phase_configs", "phases_record",
     "previous_token_head", "recipe_fields", "record_people", "render_prompt", "response_sides", "save_pretrained",
-    "smoothing_at", "span_rows", "start_model", "step_precision", "tokenizer_texts", "train", "training_records",
-    "window_heads",
+    "smoothing_at", "span_rows", "start_model", "step_precision", "then_values", "tokenizer_texts", "train",
+    "training_records", "window_heads",
 ]

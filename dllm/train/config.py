@@ -111,7 +111,7 @@ def _finite(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _then_values(name: str, value, kind: type) -> tuple:
+def then_values(name: str, value, kind: type) -> tuple:
     """A then_ field as a tuple of `kind`, one value per later phase, from a tuple or list, one value,
     or command-line text (numbers comma-separated, task weights semicolon-separated). then_steps 0
     (or nothing) means no later phase."""
@@ -347,11 +347,11 @@ class TrainConfig:
     def _set_later_phases(self) -> None:
         """Each then_ field as one value per later phase (a single value serves every phase), checked."""
         for name, kind in THEN_FIELDS.items():
-            setattr(self, name, _then_values(name, getattr(self, name), kind))
+            setattr(self, name, then_values(name, getattr(self, name), kind))
         if not self.then_steps:   # no later phase: the other then_ values would change nothing
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
             given = [name for name, kind in THEN_FIELDS.items() if name != "then_steps"
-                     and getattr(self, name) not in ((), _then_values(name, defaults[name], kind))]
+                     and getattr(self, name) not in ((), then_values(name, defaults[name], kind))]
             if given:
                 raise ValueError(f"{', '.join(given)} set(s) later phases, and then_steps gives none")
             for name in THEN_FIELDS:
