@@ -370,7 +370,7 @@ CONFIG_KEY = ("preset", "model", "batch", "prompt_length", "gen_length", "block_
               "attention", "device", "score_dtype", "ref_softmax_dtype", "cuda_graphs", "compile", "init_std", "seed")
 # What identifies a --caches configuration (its rows, one per policy, are skipped together).
 CACHE_CONFIG_KEY = ("preset", "batch", "prompt_length", "gen_length", "block_length", "dtype", "device", "attention",
-                    "cuda_graphs", "compile", "init_std", "seed")
+                    "cuda_graphs", "compile", "init_std", "seed", "steps", "score_dtype")
 
 
 def config_key(row: dict) -> tuple:
@@ -494,6 +494,7 @@ class CacheBenchRow(Provenance):
     gen_length: int
     block_length: int
     dtype: str
+    score_dtype: str
     attention: str
     cuda_graphs: bool
     compile: bool
@@ -581,9 +582,8 @@ def bench_caches(name: str, p: BenchPreset, batch: int, args, env: dict, device:
     base_env = dict(env, load_avg_1m=None, cpu_busy=None)
     common = dict(preset=name, model=p.model, family=cfg.family, n_params=cfg.n_params, batch=batch,
                   prompt_length=p.prompt_length, gen_length=p.gen_length, block_length=p.block_length,
-                  dtype=args.dtype, attention=args.attention, cuda_graphs=args.cuda_graphs, compile=args.compile,
-                  init_std=args.init_std,
-                  seed=args.seed)
+                  dtype=args.dtype, score_dtype=args.score_dtype, attention=args.attention,
+                  cuda_graphs=args.cuda_graphs, compile=args.compile, init_std=args.init_std, seed=args.seed)
 
     def row(comparison, out, secs, full, flops, sampler, sampler_args, steps, baseline_name, base_out, base_secs,
             base_flops, goal):
@@ -688,8 +688,9 @@ def main_caches(args, device) -> int:
     headline_preset = next((n for n, _ in presets if n in HEADLINE_PRESETS), None) if args.headline else None
     for name, p in presets:
         for batch in args.batches:
+            steps = p.gen_length // p.block_length * min(args.cache_steps_per_block, p.block_length)
             key = (name, batch, p.prompt_length, p.gen_length, p.block_length, args.dtype, device.type, args.attention,
-                   args.cuda_graphs, args.compile, args.init_std, args.seed)
+                   args.cuda_graphs, args.compile, args.init_std, args.seed, steps, args.score_dtype)
             runs = dllm.cache.policies_for(ModelConfig.from_name(p.model))
             wanted = {c for c in args.policies if args.policies_given or c in runs}   # as bench_caches runs them
             if wanted <= stored.get(key, set()):

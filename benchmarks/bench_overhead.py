@@ -16,7 +16,7 @@ events around each forward on CUDA); the row gives the fastest decode's time out
 per step (`loop_us`, microseconds), its `decode_s`, `forwards_s` and `decode_over_forwards` (the
 whole decode against the sum of its forwards). Models are built with random weights on
 `--device` (CPU by default) in `--dtype`; the prompt is `--prompt-length` tokens, the same in every
-row. A Triton kernel launch counts as one operation; rows name the rotary + K/V write path the
+row (ids from 1 up without the special ones, repeated past the vocabulary; row b rotated by b). A Triton kernel launch counts as one operation; rows name the rotary + K/V write path the
 cached forwards took (`rope_write`: DLLM_ROPE_WRITE resolved for the model's device and dtype;
 "triton" on a CPU runs the kernel through Triton's interpreter, which needs TRITON_INTERPRET=1
 before dllm is imported).
@@ -170,9 +170,10 @@ def device_busy_us(events) -> float:
 
 def row(preset: str, batch: int, sampler: str, cache: str, args, model) -> dict:
     """Count one configuration: a batch of `batch` equal-length prompts."""
-    vocab = model.config.vocab_size
-    special = {model.config.mask_token_id, model.config.pad_token_id}
-    tokens = [t for t in range(1, vocab) if t not in special][:args.prompt_length]
+    c = model.config
+    special = {c.mask_token_id, c.pad_token_id, c.eos_token_id, c.bos_token_id, c.eot_token_id}
+    pool = [t for t in range(1, c.vocab_size) if t not in special]
+    tokens = (pool * (args.prompt_length // len(pool) + 1))[:args.prompt_length]   # no special id, cycled
     prompts = [tokens[b:] + tokens[:b] for b in range(batch)]
     config = GenerationConfig(gen_length=args.gen_length, block_length=args.block_length, sampler=sampler,
                               cache=cache, seed=0)
@@ -249,6 +250,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.time < 0:
         raise SystemExit(f"error: --time {args.time} must be a number of decodes >= 0")
+    for flag, value in (("--prompt-length", args.prompt_length), ("--gen-length", args.gen_length),
+                        ("--block-length", args.block_length)):
+        if value < 1:
+            raise SystemExit(f"error: {flag} {value} must be >= 1")
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        raise SystemExit(f"error: --device {args.device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
     if args.profile and not args.time:
         raise SystemExit("error: --profile needs --time N (it profiles one more decode after the timed ones)")
     if args.threads is not None:

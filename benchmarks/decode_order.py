@@ -67,6 +67,12 @@ def main(argv=None) -> int:
     p.add_argument("--sampler", default="low_confidence")
     p.add_argument("--batch-size", type=int, default=8)
     args = p.parse_args(argv)
+    if args.limit < 1:
+        p.error(f"--limit {args.limit} must be >= 1")
+    if args.gen_length < 1:
+        p.error(f"--gen-length {args.gen_length} must be >= 1")
+    if args.batch_size < 1:
+        p.error(f"--batch-size {args.batch_size} must be >= 1")
     with torch.no_grad():
         counts = decode_counts(args.model, args.task, args.limit, args.names, args.gen_length, args.sampler,
                                args.batch_size)

@@ -75,6 +75,12 @@ def main(argv=None) -> int:
     p.add_argument("--cache", default="dual")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
+    if args.prompts < 1:
+        p.error(f"--prompts {args.prompts} must be >= 1")
+    if args.gen_length < 1:
+        p.error(f"--gen-length {args.gen_length} must be >= 1")
+    if args.block_length < 1:
+        p.error(f"--block-length {args.block_length} must be >= 1")
     model, tokenizer, prompts, config = load_and_config(args)
     timed_round(model, tokenizer, prompts[:1], config)                     # warm up
     rounds = [("main thread", timed_round(model, tokenizer, prompts, config)),
