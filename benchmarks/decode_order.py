@@ -17,6 +17,7 @@ import sys
 import torch
 
 import dllm
+from dllm.cli.options import positive_int
 from dllm.eval import runner
 from dllm.eval.names import NAME_SOURCES
 from dllm.eval.tasks import encode_messages
@@ -61,18 +62,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--task", default="waiting_line/copy")
-    p.add_argument("--limit", type=int, default=24)
+    p.add_argument("--limit", type=positive_int, default=24)
     p.add_argument("--names", default="open", choices=NAME_SOURCES)
-    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--gen-length", type=positive_int, default=64)
     p.add_argument("--sampler", default="low_confidence")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8)
     args = p.parse_args(argv)
-    if args.limit < 1:
-        p.error(f"--limit {args.limit} must be >= 1")
-    if args.gen_length < 1:
-        p.error(f"--gen-length {args.gen_length} must be >= 1")
-    if args.batch_size < 1:
-        p.error(f"--batch-size {args.batch_size} must be >= 1")
     with torch.no_grad():
         counts = decode_counts(args.model, args.task, args.limit, args.names, args.gen_length, args.sampler,
                                args.batch_size)

@@ -22,6 +22,7 @@ import time
 import torch
 
 import dllm
+from dllm.cli.options import positive_int
 from dllm.eval import generators
 from dllm.eval.tasks import encode_messages, messages
 
@@ -69,18 +70,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model folder or name (default: the shipped model)")
     p.add_argument("--task", default="waiting_line/copy")
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--gen-length", type=int, default=64)
-    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--prompts", type=positive_int, default=8)
+    p.add_argument("--gen-length", type=positive_int, default=64)
+    p.add_argument("--block-length", type=positive_int, default=32)
     p.add_argument("--cache", default="dual")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
-    if args.prompts < 1:
-        p.error(f"--prompts {args.prompts} must be >= 1")
-    if args.gen_length < 1:
-        p.error(f"--gen-length {args.gen_length} must be >= 1")
-    if args.block_length < 1:
-        p.error(f"--block-length {args.block_length} must be >= 1")
     model, tokenizer, prompts, config = load_and_config(args)
     timed_round(model, tokenizer, prompts[:1], config)                     # warm up
     rounds = [("main thread", timed_round(model, tokenizer, prompts, config)),

@@ -26,6 +26,17 @@ def _flag(group, *names, help: str) -> None:
     group.add_argument(*names, action=Given, nargs=0, const=True, default=False, help=help)
 
 
+def positive_int(text: str) -> int:
+    """An argparse `type`: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
 def given(args: argparse.Namespace) -> set[str]:
     """The destinations of the shared options given on the command line."""
     return set(getattr(args, "given", set()))
