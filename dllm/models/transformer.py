@@ -341,8 +341,9 @@ class DiffusionTransformer(nn.Module):
     def set_compile(self, enabled: bool = True, max_layouts: int = 64) -> None:
         """Run the transformer body of inference forwards (no autograd) through `torch.compile`
         (inductor, static shapes): one compiled graph per input layout (canvas width, recomputed
-        columns, batch rows, how the cache is written), at most `max_layouts` (torch._dynamo's
-        recompile limit is raised to it); later layouts run eagerly. The LM head and the choice of
+        columns, batch rows, how the cache is written), up to torch._dynamo's recompile limit,
+        which `max_layouts` raises and never lowers (the limit is the process's, shared by every
+        compiled model); later layouts run eagerly. The LM head and the choice of
         scored columns stay eager, so the number of scored columns never recompiles. A layout's
         first forward compiles it. Combines with `set_cuda_graphs`: a captured forward replays the
         compiled kernels. Training forwards stay eager."""
