@@ -219,13 +219,14 @@ def _figures(filt, X, y, threshold: float) -> dict | None:
 
 
 def check_fit_settings(epochs, lr, seed) -> None:
-    """The fit's settings: epochs an integer >= 1, lr a number in (0, 1), seed an integer."""
+    """The fit's settings: epochs an integer >= 1, lr a number in (0, 1), seed an integer torch's
+    generators take, in [-2**63, 2**64)."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not 0 < lr < 1:
         raise ValueError(f"lr must be a number in (0, 1), got {lr!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 64:
+        raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {seed!r}")
 
 
 def train_filter(records: LabelRecords, epochs: int = 40000, lr: float = 0.003, seed: int = 0, *,

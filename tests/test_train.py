@@ -359,6 +359,10 @@ def test_interrupted_run_resumes_to_the_same_weights(trained, tmp_path):
     resumed = T.train(cfg, progress=False)
     a, b = load_file(str(folder / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # the smoothed loss goes on from where it stood: the steps both logs hold have the same loss
+    whole, cut = ({e["step"]: e["loss"] for e in json.loads((f.parent / "train_info.json").read_text())["loss_log"]}
+                  for f in (folder, resumed))
+    assert {6, 7} <= set(whole) & set(cut) and all(whole[k] == cut[k] for k in set(whole) & set(cut))
 
 
 def _check_export_of_checkpoint(checkpoint, out):
@@ -383,6 +387,21 @@ def test_a_canvas_recipe_names_its_canvas_as_the_generation_length(trained, tmp_
     T.save_pretrained(model, tok, tmp_path / "m", T.generation_defaults(T.TrainConfig(canvas=48)))
     again, _ = dllm.load(tmp_path / "m", dtype="float32")
     assert checkpoint_gen_length(again) == 48
+
+
+def test_a_run_whose_start_weights_changed_does_not_resume(trained, tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    _, folder = trained
+    start = shutil.copytree(folder, tmp_path / "start")
+    cfg = T.TrainConfig(out=str(tmp_path / "ft"), **{**TINY, "init_from": str(start)})
+    assert T.train(cfg, progress=False, stop_after=1) is None
+    weights = load_file(str(start / "model.safetensors"))
+    save_file({k: v + 1 for k, v in weights.items()}, str(start / "model.safetensors"))   # same path and shape
+    with pytest.raises(ValueError, match=r"made with other settings \(init_from \(its weights changed\)\)"):
+        T.train(cfg, progress=False)
 
 
 def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):

@@ -147,6 +147,7 @@ class _Progress:
     seconds: float = 0.0
     log: list = field(default_factory=list)
     pair_batches: int = 0
+    loss_avg: float | None = None         # the smoothed loss the log records
 
     @classmethod
     def fresh(cls, cfg: TrainConfig, tasks: list[str]) -> _Progress:
@@ -290,8 +291,11 @@ def _resume(run: _Phase) -> None:
     ck = torch.load(run.ckpt_path, weights_only=False)
     recorded = complete_recipe(ck["recipe"])
     diff = sorted(k for k in run.recipe if run.recipe[k] != recorded.get(k))
+    same_start = run.start_sha256 is None or ck.get("init_from_sha256") in (None, run.start_sha256)
     if diff == ["init_from"] and run.start_sha256 is not None and ck.get("init_from_sha256") == run.start_sha256:
         diff = []           # the same start weights under another path (--out spelled otherwise, a moved run)
+    elif not diff and not same_start:     # the same path, other weights
+        diff = ["init_from (its weights changed)"]
     if diff:
         raise ValueError(f"{run.ckpt_path} was made with other settings ({', '.join(diff)}); use another --out "
                          f"or the same settings")
@@ -305,6 +309,7 @@ def _resume(run: _Phase) -> None:
     state.step, state.seconds, state.log = ck["step"], ck["seconds"], ck["log"]
     state.drawn = ck.get("drawn", state.drawn)
     state.pair_batches = ck.get("pair_batches", 0)
+    state.loss_avg = ck.get("loss_avg")
 
 
 def _save_checkpoint(run: _Phase, seconds: float) -> None:
@@ -315,7 +320,8 @@ def _save_checkpoint(run: _Phase, seconds: float) -> None:
                 "embed_optimizer": optim.emb_opt.state_dict() if optim.emb_opt is not None else None,
                 "generator": state.gen.get_state(), "rng": state.rng.getstate(), "step": state.step,
                 "seconds": seconds, "log": state.log, "drawn": state.drawn,
-                "pair_batches": state.pair_batches, "init_from_sha256": run.start_sha256}, tmp)
+                "pair_batches": state.pair_batches, "init_from_sha256": run.start_sha256,
+                "loss_avg": state.loss_avg}, tmp)
     tmp.replace(run.ckpt_path)
 
 
@@ -326,7 +332,7 @@ def _run_steps(run: _Phase, progress: bool, stop_after: int | None) -> float:
     cfg, model, state = run.cfg, run.model, run.state
     mcfg = model.config
     bar = tqdm(total=cfg.steps, initial=state.step, desc="train", unit="step", file=sys.stderr) if progress else None
-    tokens_seen, t0, loss_avg = 0, time.perf_counter(), None
+    tokens_seen, t0 = 0, time.perf_counter()
     while state.step < cfg.steps:
         items, pair_batch = run.batches.draw(state)
         x, valid, pos, cols = make_batch(items, mcfg.pad_token_id)
@@ -341,7 +347,7 @@ def _run_steps(run: _Phase, progress: bool, stop_after: int | None) -> float:
         state.step += 1
         tokens_seen += int(valid.sum())
         value = loss.item()
-        loss_avg = value if loss_avg is None else 0.98 * loss_avg + 0.02 * value
+        loss_avg = state.loss_avg = value if state.loss_avg is None else 0.98 * state.loss_avg + 0.02 * value
         elapsed = time.perf_counter() - t0
         if bar is not None:
             bar.update(1)
