@@ -389,6 +389,16 @@ def test_a_canvas_recipe_names_its_canvas_as_the_generation_length(trained, tmp_
     assert checkpoint_gen_length(again) == 48
 
 
+def test_a_later_phase_made_with_other_settings_is_refused_before_any_phase_trains(tmp_path):
+    two = dict(TINY, then_steps=(1,), then_seed=(5,), then_lr=1e-3, then_min_lr=1e-4, then_task_weights="",
+               then_cover_share=0.0)
+    T.train(T.TrainConfig(out=str(tmp_path / "r"), **two), progress=False)
+    three = T.TrainConfig(out=str(tmp_path / "r"), **{**two, "then_steps": (1, 1), "then_seed": (5, 6)})
+    with pytest.raises(ValueError, match=r"r/checkpoint.pt was made with other settings \(init_from, seed\)"):
+        T.train(three, progress=False)
+    assert not (tmp_path / "r" / "phase2").exists()          # nothing trained before the refusal
+
+
 def test_a_run_whose_start_weights_changed_does_not_resume(trained, tmp_path):
     import shutil
 

@@ -61,6 +61,11 @@ def _train_phases(cfg: TrainConfig, progress: bool, stop_after: int | None) -> P
     then holds the whole recipe, the totals and every phase's record. `stop_after` counts the
     steps of all phases together."""
     runs = phase_configs(cfg)
+    for run in runs:     # a phase's checkpoint made with other settings is refused before any phase trains
+        ckpt_path = Path(run.out) / "checkpoint.pt"
+        if ckpt_path.is_file():   # its start weights (the phase before's model) are compared when it resumes
+            recorded = torch.load(ckpt_path, weights_only=False)["recipe"]
+            _refuse_other_settings(ckpt_path, recipe_fields(run), recorded, same_start=True, same_start_weights=True)
     done = 0
     for run in runs:
         left = None if stop_after is None else stop_after - done
@@ -283,22 +288,32 @@ def _build_model(cfg: TrainConfig, tokenizer, start, precision: str) -> LLaDAMod
     return model
 
 
+def _refuse_other_settings(ckpt_path: Path, recipe: dict, recorded: dict, same_start: bool,
+                           same_start_weights: bool = False) -> None:
+    """A ValueError naming the recipe fields in which `recorded` (a checkpoint's, completed with
+    defaults) differs from `recipe`. `init_from` counts as the same when `same_start_weights` (the
+    start weights' sha256 is the one recorded, under another path); with `same_start` False the
+    start weights changed under the same path."""
+    recorded = complete_recipe(recorded)
+    diff = sorted(k for k in recipe if recipe[k] != recorded.get(k))
+    if diff == ["init_from"] and same_start_weights:
+        diff = []           # the same start weights under another path (--out spelled otherwise, a moved run)
+    elif not diff and not same_start:
+        diff = ["init_from (its weights changed)"]
+    if diff:
+        raise ValueError(f"{ckpt_path} was made with other settings ({', '.join(diff)}); use another --out "
+                         f"or the same settings")
+
+
 def _resume(run: _Phase) -> None:
     """Restore the weights, optimizer states, random streams and progress of `run.ckpt_path`; a
     ValueError names the recipe fields when it was made with other settings (a field its recipe
     lacks counts as that field's default). An `init_from` path counts as the same when the start
     weights' sha256 is the one the checkpoint recorded."""
     ck = torch.load(run.ckpt_path, weights_only=False)
-    recorded = complete_recipe(ck["recipe"])
-    diff = sorted(k for k in run.recipe if run.recipe[k] != recorded.get(k))
     same_start = run.start_sha256 is None or ck.get("init_from_sha256") in (None, run.start_sha256)
-    if diff == ["init_from"] and run.start_sha256 is not None and ck.get("init_from_sha256") == run.start_sha256:
-        diff = []           # the same start weights under another path (--out spelled otherwise, a moved run)
-    elif not diff and not same_start:     # the same path, other weights
-        diff = ["init_from (its weights changed)"]
-    if diff:
-        raise ValueError(f"{run.ckpt_path} was made with other settings ({', '.join(diff)}); use another --out "
-                         f"or the same settings")
+    _refuse_other_settings(run.ckpt_path, run.recipe, ck["recipe"], same_start,
+                           run.start_sha256 is not None and ck.get("init_from_sha256") == run.start_sha256)
     run.model.load_state_dict(ck["model"])
     run.optim.opt.load_state_dict(ck["optimizer"])
     if run.optim.emb_opt is not None:
