@@ -16,7 +16,8 @@ events around each forward on CUDA); the row gives the fastest decode's time out
 per step (`loop_us`, microseconds), its `decode_s`, `forwards_s` and `decode_over_forwards` (the
 whole decode against the sum of its forwards). Models are built with random weights on
 `--device` (CPU by default) in `--dtype`; the prompt is `--prompt-length` tokens, the same in every
-row (ids from 1 up without the special ones, repeated past the vocabulary; row b rotated by b). A Triton kernel launch counts as one operation; rows name the rotary + K/V write path the
+row (ids from 1 up without the special ones, repeated past the vocabulary; row b rotated by b).
+A Triton kernel launch counts as one operation; rows name the rotary + K/V write path the
 cached forwards took (`rope_write`: DLLM_ROPE_WRITE resolved for the model's device and dtype;
 "triton" on a CPU runs the kernel through Triton's interpreter, which needs TRITON_INTERPRET=1
 before dllm is imported).
