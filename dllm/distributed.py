@@ -9,7 +9,15 @@ import torch
 
 def world_size() -> int:
     """Processes of this launch (WORLD_SIZE; 1 outside a launcher)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    text = os.environ.get("WORLD_SIZE", "1")
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(f"the environment variable WORLD_SIZE={text!r} must be a process count >= 1 "
+                         f"(set by torchrun / accelerate launch)")
+    return size
 
 
 def is_main_process() -> bool:

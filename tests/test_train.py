@@ -334,6 +334,9 @@ def test_a_multi_process_launch_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"one of 2 launched processes \(WORLD_SIZE=2\)"):
         T.train(T.TrainConfig(out=str(tmp_path / "r"), **TINY), progress=False)
     assert not (tmp_path / "r").exists()
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    with pytest.raises(ValueError, match=r"WORLD_SIZE='abc' must be a process count >= 1"):
+        T.train(T.TrainConfig(out=str(tmp_path / "r"), **TINY), progress=False)
 
 
 def test_a_tokenizer_left_without_a_checkpoint_is_not_reused(tmp_path):
