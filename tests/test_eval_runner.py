@@ -12,6 +12,7 @@ import pytest
 
 import dllm
 from dllm.eval import data, runner
+from tests.fixtures.scorers import PARAPHRASE_RECORDS, use_fixed_bertscore
 
 # Fields that legitimately differ between two runs of the same configuration.
 VOLATILE = {"timestamp", "seconds", "batch_seconds", "batch_size", "hardware"}
@@ -437,28 +438,9 @@ def test_a_prediction_is_the_whole_generation_region_without_special_tokens(llad
 
 def test_a_bertscore_backend_makes_another_run(llada, tmp_path, monkeypatch):
     """Rows scored without BERTScore are not reused once a BERTScore model is given."""
-    from dllm.eval import text_metrics
-
-    class FixedBert(text_metrics.BertScorer):
-        name, version, source = "bert_score", "0", "fixed"
-
-        def __init__(self):
-            pass
-
-        def score(self, candidate, reference):
-            return 0.5
-
-    def resolve(grammar_url=None, *, bertscore_model=None):
-        return text_metrics.Backends(bertscore=FixedBert() if bertscore_model else None,
-                                     bertscore_reason=None if bertscore_model else "no model given")
-
-    monkeypatch.setattr(text_metrics.Backends, "resolve", staticmethod(resolve))
-    monkeypatch.delenv("DLLM_LANGUAGETOOL_URL", raising=False)
+    use_fixed_bertscore(monkeypatch)
     model, tok = llada
-    recs = {"paraphrase_summarize/chatgpt-paraphrases": [{"input": {"text": "The cat sat on the mat."},
-                                                          "answer": {"text": "The cat sat on the mat."},
-                                                          "metadata": {}}]}
-    folder = data.write_official_layout(tmp_path / "d", recs)
+    folder = data.write_official_layout(tmp_path / "d", PARAPHRASE_RECORDS)
     cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(folder), gen_length=8, out=str(tmp_path / "r.jsonl")))
     (without,) = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     (scored,) = runner.run_bench(cfg.replace(bertscore_model="roberta"), model=model, tokenizer=tok, progress=False)

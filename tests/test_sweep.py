@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dllm import samplers, sweep
+from tests.fixtures.scorers import PARAPHRASE_RECORDS, use_fixed_bertscore
 
 ROOT = Path(__file__).resolve().parents[1]
 # Fields that legitimately differ between two runs of the same configuration.
@@ -639,27 +640,10 @@ def test_a_sweep_with_a_bertscore_model_knows_its_run_ids(model_dir, tmp_path, m
     """The sweep computes the run id the runner gives, text scorers included, so a rerun skips."""
     import warnings
 
-    from dllm.eval import data, text_metrics
+    from dllm.eval import data
 
-    class FixedBert(text_metrics.BertScorer):
-        name, version, source = "bert_score", "0", "fixed"
-
-        def __init__(self):
-            pass
-
-        def score(self, candidate, reference):
-            return 0.5
-
-    def resolve(grammar_url=None, *, bertscore_model=None):
-        return text_metrics.Backends(bertscore=FixedBert() if bertscore_model else None,
-                                     bertscore_reason=None if bertscore_model else "no model given")
-
-    monkeypatch.setattr(text_metrics.Backends, "resolve", staticmethod(resolve))
-    monkeypatch.delenv("DLLM_LANGUAGETOOL_URL", raising=False)
-    recs = {"paraphrase_summarize/chatgpt-paraphrases": [{"input": {"text": "The cat sat on the mat."},
-                                                          "answer": {"text": "The cat sat on the mat."},
-                                                          "metadata": {}}]}
-    folder = data.write_official_layout(tmp_path / "d", recs)
+    use_fixed_bertscore(monkeypatch)
+    folder = data.write_official_layout(tmp_path / "d", PARAPHRASE_RECORDS)
     grid = sweep.parse_grid({"data_dir": str(folder), "bertscore_model": "roberta", "gen_lengths": [8],
                              "dtype": "float32", "models": [str(model_dir)], "samplers": ["low_confidence"]})
     with warnings.catch_warnings(record=True) as caught:
