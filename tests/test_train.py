@@ -507,6 +507,8 @@ def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
     for bad, msg in [(dict(then_steps=-1), r"then_steps must be integers >= 1.*got \[-1\]"),
                      (dict(then_steps="4,x"), "then_steps must be int values.*'4,x'"),
                      (dict(then_steps=2.5), "then_steps must be int values.*2.5"),
+                     (dict(then_steps="5,"), "then_steps has an empty entry in '5,'"),
+                     (dict(one, then_lr="1e-3,,5e-4"), "then_lr has an empty entry"),
                      (dict(then_steps=2), r"then_lr has 5 value\(s\) \[0.0008, 0.0005, 0.0003, 0.0003, 0.0003\] for 1 later"),
                      (dict(one, then_lr=0.0, then_min_lr=0.0), "need 0 < then_lr < 1"),
                      (dict(one, then_lr=1e-4, then_min_lr=1e-3), "then_min_lr <= then_lr"),

@@ -118,7 +118,10 @@ def then_values(name: str, value, kind: type) -> tuple:
     if value is None:
         return ()
     if isinstance(value, str):
-        parts = value.split(";") if kind is str else [v for v in value.split(",") if v.strip()]
+        parts = value.split(";") if kind is str else value.split(",") if value.strip() else []
+        if kind is not str and any(not v.strip() for v in parts):
+            raise ValueError(f"{name} has an empty entry in {value!r}; give {kind.__name__} values, comma-separated, "
+                             f"one per later phase")
         try:
             values = tuple(v.strip() if kind is str else kind(v.strip()) for v in parts)
         except ValueError:
