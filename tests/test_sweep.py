@@ -352,12 +352,16 @@ def test_dry_run_marks_configurations_that_decode_the_same_run(capsys):
                      "--no-plots"]) == 2
     assert "--dry-run lists the configurations and exits; --compare, --no-plots do(es) not apply" in \
         capsys.readouterr().err
-    # Without the data the configurations are still listed.
-    code = cli_main(["sweep", "--out-dir", "unused", "--data-dir", "no/such/data", "--sampler", "threshold",
-                     "--dry-run"])
-    out = capsys.readouterr().out.splitlines()
-    assert code == 0 and out[0] == "threshold"
-    assert out[1].startswith("1 configuration(s) (distinct runs not counted: ") and "no/such/data" in out[1]
+    # Without the data (or with tasks that match none) the configurations are listed and the error
+    # the run would stop at is named.
+    for flags, named in [(["--data-dir", "no/such/data"], "no/such/data"),
+                         (["--tasks", "nope/xyz"], "task selection 'nope/xyz' matches none")]:
+        code = cli_main(["sweep", "--out-dir", "unused", *flags, "--sampler", "threshold", "--dry-run"])
+        out, err = capsys.readouterr()
+        assert code == 2 and out.splitlines() == ["threshold", "1 configuration(s)"]
+        assert err.startswith("error: ") and named in err
+    assert cli_main(["sweep", "--out-dir", "unused", "--device", "bogus", "--sampler", "threshold", "--dry-run"]) == 2
+    assert "device 'bogus' is not allowed" in capsys.readouterr().err
 
 
 # -- Pareto front ---------------------------------------------------------------------------------

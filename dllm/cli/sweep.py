@@ -62,8 +62,7 @@ def run(args) -> int:
             if unused:
                 raise ValueError(f"--dry-run lists the configurations and exits; {', '.join(unused)} do(es) not "
                                  f"apply")
-            print_configurations(grid)
-            return 0
+            return print_configurations(grid)
         result = run_sweep(grid, args.out_dir, progress=not args.no_progress, plots=not args.no_plots,
                            report_only=args.report_only, compare=args.compare)
     except CONFIG_ERRORS as err:
@@ -76,16 +75,19 @@ def run(args) -> int:
     return 0
 
 
-def print_configurations(grid) -> None:
+def print_configurations(grid) -> int:
     """`--dry-run`: each configuration's label, marking those that decode the same run as an
-    earlier one (the sweep runs it once), then the counts."""
+    earlier one (the sweep runs it once), then the counts; returns the exit status (2 when the
+    tasks' samples, needed for the run ids, cannot be loaded: the run would stop there too)."""
     try:
         first = same_run_as(grid)
-    except (ValueError, OSError) as err:          # the data is needed only for the run ids
+    except CONFIG_ERRORS as err:
         for p in grid.points:
             print(p.label)
-        print(f"{len(grid.points)} configuration(s) (distinct runs not counted: {error_text(err)})")
-        return
+        print(f"{len(grid.points)} configuration(s)")
+        print(f"error: {error_text(err)}", file=sys.stderr)
+        return 2
     for i, p in enumerate(grid.points):
         print(p.label if first[i] == i else f"{p.label}  (the same run as {grid.points[first[i]].label})")
     print(f"{len(grid.points)} configuration(s), {len(set(first))} distinct run(s)")
+    return 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
 import yaml
 
 from dllm import samplers
@@ -73,8 +74,9 @@ class SweepSettings:
         for name in ("cuda_graphs", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} {getattr(self, name)!r} is not allowed; give true or false")
-        if not isinstance(self.device, str):
-            raise ValueError(f"device {self.device!r} is not allowed; give 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        if not isinstance(self.device, str) or not _is_device_name(self.device):
+            raise ValueError(f"device {self.device!r} is not allowed; give 'auto', 'cpu', 'cuda', 'cuda:N' or "
+                             f"another torch device")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed {self.seed!r} is not allowed; give an integer or null")
         temp = self.temperature
@@ -86,6 +88,17 @@ class SweepSettings:
             raise ValueError(f"levels {self.levels!r} is not allowed; give accuracy levels between 0 and 100, "
                              f"e.g. [80, 70, 60]")
         self.levels = tuple(float(x) for x in levels)
+
+
+def _is_device_name(name: str) -> bool:
+    """Whether `name` is "auto" or names a torch device (on this machine or another)."""
+    if name == "auto":
+        return True
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError):
+        return False
+    return True
 
 
 @dataclass
