@@ -428,3 +428,16 @@ def test_the_interpreter_gate_with_a_triton_without_knobs(monkeypatch):
     for value, interpreted in (("1", True), ("true", False), ("0", False)):   # as Triton before 3.4 reads it
         monkeypatch.setenv("TRITON_INTERPRET", value)
         assert kernels._interpreted() is interpreted
+
+
+def test_float8_checkpoint_asks_for_a_dtype(tmp_path):
+    from safetensors.torch import save_file
+    from tests.fixtures.checkpoints import load_state_dict, write_llada_checkpoint
+    path = write_llada_checkpoint(tmp_path / "f8")
+    state = load_state_dict(path)
+    save_file({k: v.to(torch.float8_e4m3fn) for k, v in state.items()}, str(path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"weights are torch.float8_e4m3fn, which dllm does not compute in; pass "
+                                         r"dtype \(--dtype\) float32, bfloat16 or float16"):
+        load(path)
+    model, _ = load(path, dtype="float32")
+    assert next(model.parameters()).dtype == torch.float32

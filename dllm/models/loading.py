@@ -317,6 +317,9 @@ def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "auto
     return model.eval()
 
 
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 def one_parameter_dtype(tensors: dict[str, torch.Tensor], parameters: set[str]) -> None:
     """Cast, in place, the floating tensors stored in another dtype than most of the parameters'
     entries to that one, as Hugging Face's dtype "auto" loads a model: a checkpoint keeping e.g.
@@ -329,6 +332,9 @@ def one_parameter_dtype(tensors: dict[str, torch.Tensor], parameters: set[str]) 
     if not counts:
         return
     common = max(counts, key=counts.get)
+    if common not in COMPUTE_DTYPES:
+        raise ValueError(f"the checkpoint's weights are {common}, which dllm does not compute in; pass dtype "
+                         f"(--dtype) float32, bfloat16 or float16 to load them converted")
     for name, t in tensors.items():
         if t.is_floating_point() and t.dtype != common:
             tensors[name] = t.to(common)
