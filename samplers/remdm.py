@@ -32,12 +32,15 @@ from dllm.state import Decision
 REVISION_AT = 7 / 8      # the share of the block length after which the revision steps come
 
 
+def revision_start(block_length: int, steps_per_block: int) -> int:
+    """The block step at which the revision steps begin (after that many regular steps)."""
+    return min(max(min(int(block_length * REVISION_AT), block_length - 1), 1), steps_per_block)
+
+
 def revision_schedule(block_length: int, steps_per_block: int, remdm_steps: int) -> list[bool]:
     """One entry per forward of a block: True for a revision step."""
-    at = max(min(int(block_length * REVISION_AT), block_length - 1), 1)
-    kinds = [False] * steps_per_block
-    kinds[at:at] = [True] * remdm_steps
-    return kinds
+    at = revision_start(block_length, steps_per_block)
+    return [False] * at + [True] * remdm_steps + [False] * (steps_per_block - at)
 
 
 class ReMDM(LowConfidence):
@@ -57,12 +60,8 @@ class ReMDM(LowConfidence):
 
     def setup(self, state):
         super().setup(state)
-        kinds = revision_schedule(state.block_length, state.extra["steps_per_block"], self.remdm_steps)
-        dev = state.x.device
-        revision = torch.tensor(kinds + [False], dtype=torch.bool, device=dev)     # one past the end: none
-        state.extra["remdm_revision"] = revision
-        state.extra["remdm_regular"] = (torch.cumsum(~revision, 0) - 1).clamp(min=0)  # index into the counts
-        state.extra["remdm_conf"] = torch.full(state.x.shape, float("inf"), dtype=torch.float64, device=dev)
+        state.extra["remdm_at"] = revision_start(state.block_length, state.extra["steps_per_block"])
+        state.extra["remdm_conf"] = torch.full(state.x.shape, float("inf"), dtype=torch.float64, device=state.x.device)
 
     def forward_allowance(self, state) -> int:
         return self.remdm_steps * (state.gen_length // state.block_length)
@@ -77,14 +76,17 @@ class ReMDM(LowConfidence):
 
     def step(self, state, rows, positions, valid, scores):
         ex = state.extra
-        t = state.step_in_block[rows].clamp(max=len(ex["remdm_revision"]) - 2)
-        regular = ex["counts"][rows].gather(1, ex["remdm_regular"][t][:, None]).squeeze(1)
-        k = torch.where(ex["remdm_revision"][t], self.remdm_number, regular)           # (B',)
+        at, last = ex["remdm_at"], ex["steps_per_block"] + self.remdm_steps - 1
+        t = state.step_in_block[rows].clamp(max=last)
+        revising = (t >= at) & (t < at + self.remdm_steps)                             # (B',)
+        regular_index = t - (t - at + 1).clamp(0, self.remdm_steps)                    # regular steps before t
+        regular = ex["counts"][rows].gather(1, regular_index.clamp(min=0)[:, None]).squeeze(1)
+        k = torch.where(revising, self.remdm_number, regular)                          # (B',)
         score = self.scores_for(state, rows, positions, valid, scores).double().masked_fill(~valid, float("-inf"))
         commit = top_k_mask(score, k) & valid
         conf = ex["remdm_conf"][rows]                                                  # (B', L)
         conf = conf.scatter(1, positions, torch.where(commit, score, conf.gather(1, positions)))
-        before = ex["remdm_revision"][t + 1]                                           # (B',) next step revises
+        before = (t + 1 >= at) & (t + 1 < at + self.remdm_steps) & (t < last)         # (B',) next step revises
         remask = top_k_mask(-conf, torch.full_like(k, self.remdm_number)) & conf.isfinite() & before[:, None]
         ex["remdm_conf"][rows] = conf.masked_fill(remask, float("inf"))
         return Decision(commit=commit, remask=remask)

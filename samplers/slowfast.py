@@ -65,8 +65,14 @@ class SlowFast(Sampler):
         zeros = lambda: torch.zeros(B, dtype=torch.long, device=dev)  # noqa: E731
         state.extra.update(sf_last=zeros(), sf_cur=zeros(), sf_slow=zeros(), sf_fast=zeros(), sf_count=zeros(),
                            sf_settled=torch.zeros(B, dtype=torch.bool, device=dev),
-                           sf_history=torch.zeros(B, self.window, dtype=torch.float64, device=dev))
+                           sf_history=torch.zeros(B, self._history_width(state), dtype=torch.float64, device=dev))
         self.begin_blocks(state, torch.arange(B, device=dev), torch.ones(B, dtype=torch.bool, device=dev))
+
+    def _history_width(self, state) -> int:
+        """The estimates kept: the last `window`. A sub-cycle stays in one block and commits a token
+        per step, so it counts at most the canvas's length of estimates; a longer window never fills
+        (never settles early) and keeps no more than that."""
+        return min(self.window, state.length)
 
     def begin_blocks(self, state, rows, opening) -> None:
         """A new block: last 0, cur the block length, a fresh sub-cycle."""

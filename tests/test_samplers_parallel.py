@@ -658,12 +658,19 @@ def test_loop_invariants_under_adversarial_scores(name, family, pattern, seed, G
 
 def test_oversized_window_and_history_arguments_decode_as_their_largest_useful_value(llada):
     """A LocalLeap radius past the canvas covers what the canvas's length covers, and a KLASS history
-    longer than the canvas never settles, as one just past it: both decode alike, without the
-    memory or time the raw values would take."""
+    or SlowFast window longer than the canvas never fills, as one just past it: they decode alike,
+    without the memory or time the raw values would take."""
     model, tok = llada
     kw = dict(gen_length=16, block_length=8)
     for name, big, useful in (("localleap", dict(radius=2 ** 31 - 1), dict(radius=64)),
-                              ("klass", dict(kl_history_length=2 ** 31 - 1), dict(kl_history_length=17))):
+                              ("klass", dict(kl_history_length=2 ** 31 - 1), dict(kl_history_length=17)),
+                              ("slowfast", dict(window=2 ** 31 - 1, explore_steps=2 ** 31 - 1),
+                               dict(window=17, explore_steps=2 ** 31 - 1))):
         want = dllm.generate(model, tok, PROMPTS, sampler=name, sampler_kwargs=useful, **kw)
         got = dllm.generate(model, tok, PROMPTS, sampler=name, sampler_kwargs=big, **kw)
         assert torch.equal(got.sequences, want.sequences) and got.nfe == want.nfe, name
+    # ReMDM's revision steps are forwards: up to a forward cap, any count past it decodes alike.
+    kw = dict(gen_length=8, block_length=8, steps=8, max_forwards=10, sampler="remdm")
+    want = dllm.generate(model, tok, PROMPTS, sampler_kwargs=dict(remdm_steps=3), **kw)
+    got = dllm.generate(model, tok, PROMPTS, sampler_kwargs=dict(remdm_steps=2 ** 31 - 1), **kw)
+    assert torch.equal(got.sequences, want.sequences) and got.nfe == want.nfe == [10] * 3
