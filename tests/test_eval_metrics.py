@@ -616,3 +616,24 @@ def test_bertscore_unavailable(tmp_path):
 def test_metric_module_docstrings_run():
     import doctest
     assert doctest.testmod(metrics).failed == 0
+
+
+def test_bench_and_sweep_name_a_missing_score_package_without_a_traceback(monkeypatch, tmp_path, capsys):
+    import sys
+
+    from dllm.cli import main
+    from dllm.eval import data, text_metrics
+    from tests.fixtures.scorers import PARAPHRASE_RECORDS
+    data.write_official_layout(tmp_path / "pb", PARAPHRASE_RECORDS)
+    text_metrics._bleu.cache_clear()
+    monkeypatch.setitem(sys.modules, "sacrebleu", None)
+    monkeypatch.setitem(sys.modules, "sacrebleu.metrics", None)
+    try:
+        for argv in (["bench", "--out", str(tmp_path / "r.jsonl")],
+                     ["sweep", "--out-dir", str(tmp_path / "s"), "--sampler", "threshold", "--dry-run"]):
+            assert main([*argv, "--data-dir", str(tmp_path / "pb"), "--limit", "1"]) == 2, argv[0]
+            err = capsys.readouterr().err
+            assert err.startswith("error: ") and "the BLEU score needs the 'sacrebleu' package" in err
+            assert "Traceback" not in err
+    finally:
+        text_metrics._bleu.cache_clear()

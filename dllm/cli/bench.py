@@ -176,7 +176,8 @@ def run(args) -> int:
             for task in runner.load_dataset(bench_config(args)).tasks:
                 leaderboard.task_id(task)
         rows = runner.run_bench(bench_config(args), progress=not args.no_progress)
-    except (ValueError, OSError, FloatingPointError, RuntimeError) as err:   # OSError: files it cannot read or write
+    except (ValueError, OSError, FloatingPointError, RuntimeError, ImportError) as err:
+        # OSError: files it cannot read or write; ImportError: an optional package a task's score needs
         print(f"error: {err}", file=sys.stderr)
         return 2
     if not is_main_process():

@@ -25,7 +25,7 @@ from .summaries import (ROWS_FILE, SUMMARIES_FILE, expected_run_id, failed_summa
                         summary_id, write_summary)
 
 # Errors a configuration can raise that mean "this configuration cannot run", not "the sweep is broken".
-CONFIG_ERRORS = (ValueError, FileNotFoundError, FloatingPointError, RuntimeError, OSError)
+CONFIG_ERRORS = (ValueError, FileNotFoundError, FloatingPointError, RuntimeError, OSError, ImportError)
 
 
 def error_text(err: BaseException) -> str:
