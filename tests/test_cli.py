@@ -47,6 +47,8 @@ def test_parse_kv():
     assert parse_kv(["a=null", "b=NULL", "filter=none"], "--sampler-arg") == {"a": None, "b": None, "filter": "none"}
     with pytest.raises(SystemExit, match="must look like key=value"):
         parse_kv(["tau"], "--sampler-arg")
+    with pytest.raises(SystemExit, match=r"--sampler-arg 'tau' is given twice \('tau=0.1'\); give each key once"):
+        parse_kv(["tau=0.9", "tau=0.1"], "--sampler-arg")
 
 
 @pytest.mark.parametrize("module", ["dllm.cli", "dllm"])

@@ -54,6 +54,8 @@ def parse_kv(items: list[str] | None, what: str) -> dict:
         key = key.strip().replace("-", "_")
         if not key:
             raise SystemExit(f"error: {what} {item!r} has an empty key")
+        if key in out:
+            raise SystemExit(f"error: {what} {key!r} is given twice ({item!r}); give each key once")
         try:
             out[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
