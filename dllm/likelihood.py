@@ -5,9 +5,11 @@ Only the target (the continuation's tokens) is ever masked. The estimate runs `m
 rounds of `batch_size` rows. A round draws k uniformly from 1..L (L the target length); row i of the
 round masks m_i = round(k + i * L / batch_size), wrapped into 1..L, target positions picked by a
 random permutation; the round's loss is the mean over its rows of (L / m_i) times the summed
-cross-entropy of the masked tokens. The estimate is minus the mean of the rounds' losses: a lower
-bound of log p(target | prefix), summed over the target's tokens, exact when L = 1 (an empty
-prefix scores the target alone). With
+cross-entropy of the masked tokens. The estimate is minus the mean of the rounds' losses: an
+estimate of the lower bound of log p(target | prefix) (the bound holds for counts spread evenly
+over 1..L; the rounding, half to even as in the reference, spreads them not quite evenly for some
+L and batch_size), summed over the target's tokens, exact when L = 1 (an empty prefix scores the
+target alone). With
 `cfg_scale` > 0 the logits are u + (cfg_scale + 1)(c - u), u those of a copy whose prefix is all
 masks.
 

@@ -84,6 +84,16 @@ def request_temperature(gen_kwargs: dict) -> float:
     return temperature
 
 
+def request_length(gen_kwargs: dict) -> int:
+    """The tokens a request asks to generate: its `max_gen_toks` (an integer, a whole float or digit
+    text, as lm_eval passes it from a task or --gen_kwargs), 256 when it gives none."""
+    value = gen_kwargs.get("max_gen_toks", 256)
+    text = str(_whole(value)).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise ValueError(f"a request's max_gen_toks must be a positive integer, got {value!r}")
+    return int(text)
+
+
 def _batch_size(value) -> int:
     """lm_eval's --batch_size (an integer, or its text): requests decoded together."""
     text = str(value).strip()
@@ -139,7 +149,7 @@ class DLLMEvalModel(LM):
             kwargs = dict(request.args[1])
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            length = self.config.gen_length or int(kwargs.get("max_gen_toks", 256))
+            length = self.config.gen_length or request_length(kwargs)
             temperature = request_temperature(kwargs) if self.temperature is None else self.temperature
             groups.setdefault((length, tuple(until), temperature), []).append(i)
         configs = {key: self._request_config(key[0], key[2]) for key in groups}    # every setting checked first
@@ -182,7 +192,7 @@ class DLLMEvalModel(LM):
         out = []
         for request in requests:
             prefix, target = self.encode_pair(*request.args)
-            if not target:              # log p(nothing) = 0, and greedy decoding of nothing matches
+            if not target:              # an empty continuation: log p(nothing) = 0, and greedy decoding matches
                 out.append((0.0, True))
                 continue
             prefix, target = fit_window(prefix, target, self.model.config.max_seq_len)
@@ -202,7 +212,9 @@ class DLLMEvalModel(LM):
         spaces moved to the continuation and the continuation's ids taken from the joint encoding
         after the context's length (as LLaDA's evaluation and lm_eval's HF models do). A context
         empty once its spaces moved is lm_eval's prefix token (the BOS, else the end token) and the
-        continuation is encoded alone (its first token is the prefix when it is that token)."""
+        continuation is encoded alone (its first token is the prefix when it is that token). A
+        continuation the joint encoding merges into the context's last token ("th" + "e") is encoded
+        alone after the context: only an empty continuation has no tokens."""
         spaces = len(context) - len(context.rstrip())
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
@@ -213,7 +225,10 @@ class DLLMEvalModel(LM):
             return (target[:1], target[1:]) if target[:1] == [prefix] else ([prefix], target)
         whole = self.tokenizer(context + continuation)["input_ids"]
         prefix = self.tokenizer(context)["input_ids"]
-        return prefix, whole[len(prefix):]
+        target = whole[len(prefix):]
+        if not target and continuation:
+            target = self.tokenizer(continuation, add_special_tokens=False)["input_ids"]
+        return prefix, target
 
     # -- chat templates and data parallel ----------------------------------------------------------
     @property

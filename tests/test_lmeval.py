@@ -151,6 +151,69 @@ def test_estimator_counts_and_greedy_check(shipped, monkeypatch):
     assert mc_loglikelihood(model, [], [60], mc_num=2, batch_size=1) == pytest.approx(alone, rel=1e-5)
 
 
+class _ContextFree(torch.nn.Module):
+    """A model whose logits are one fixed vector at every position, whatever the canvas: each
+    target token is independent of the rest, so log p(target) is the sum of its tokens'
+    log-probabilities, and for a target repeating one token every masked subset's loss, weighted
+    by L / m, equals it exactly."""
+
+    def __init__(self, vocab_size=11, mask_token_id=10):
+        super().__init__()
+        self.config = type("Config", (), dict(vocab_size=vocab_size, mask_token_id=mask_token_id, max_seq_len=64))
+        self.logits = torch.linspace(-2.0, 3.0, vocab_size)
+        self.device = torch.device("cpu")
+
+    def forward(self, x):
+        return self.logits.expand(*x.shape, -1)
+
+
+def test_estimator_weights_each_row_by_its_mask_count():
+    model = _ContextFree()
+    exact = F.log_softmax(model.logits, dim=-1)[7].item()
+    for length in (2, 3, 5):
+        for batch in (1, 2, 3, 4):
+            got = mc_loglikelihood(model, [1, 2], [7] * length, mc_num=2 * batch, batch_size=batch,
+                                   generator=torch.Generator().manual_seed(length + batch))
+            assert got == pytest.approx(length * exact, rel=1e-6), (length, batch)
+            guided = mc_loglikelihood(model, [1, 2], [7] * length, mc_num=batch, batch_size=batch, cfg_scale=0.5)
+            assert guided == pytest.approx(length * exact, rel=1e-6), (length, batch)   # u = c: guidance keeps c
+
+
+def test_stop_strings_cut_at_the_earliest_one(shipped):
+    assert cut_at_stops("a, b. c", [".", ","]) == "a" and cut_at_stops("a, b", ["", "x"]) == "a, b"
+    assert cut_at_stops("ab", "b") == "a" and cut_at_stops("abc", ["bc", "c"]) == "a"
+    from dllm.lmeval import DLLMEvalModel
+
+    lm = DLLMEvalModel(dtype="float32", device="cpu", gen_length=16)
+    context = "Copy the list: Ann Lee, Bo Chan\nAnswer:"
+    (whole,) = lm.generate_until([_generation(context)])
+    assert whole.find(" Je") > 0
+    (cut,) = lm.generate_until([_generation(context, until=["never there", " Je", "e J"])])
+    assert cut == whole[:whole.find(" Je")]
+    for bad in ("abc", None, 8.7, True, 0):
+        with pytest.raises(ValueError, match=rf"a request's max_gen_toks must be a positive integer, got {bad!r}"):
+            DLLMEvalModel(dtype="float32", device="cpu").generate_until([_generation("Copy: a", max_gen_toks=bad)])
+
+
+def test_adapter_guidance_and_greedy_check_equal_the_estimator_run_directly(shipped):
+    from dllm.lmeval import DLLMEvalModel
+
+    lm = DLLMEvalModel(dtype="float32", device="cpu", mc_num=2, mc_batch_size=2, seed=3, cfg=0.5,
+                       is_check_greedy=True)
+    context = "Copy: Ann Lee, Bo Chan\nAnswer:"
+    prefix = lm.tokenizer(context)["input_ids"]
+    first = dllm.generate(lm.model, None, [prefix], gen_length=1, steps=1, sampler="low_confidence", chat=False,
+                          cfg_scale=0.5).generated[0].tolist()
+    pairs = [(context, lm.tokenizer.decode(first)), (context, " Bo Chan")]
+    got = lm.loglikelihood([_request(*pair) for pair in pairs])
+    for (ctx, continuation), (ll, greedy) in zip(pairs, got):
+        p, t = lm.encode_pair(ctx, continuation)
+        assert ll == mc_loglikelihood(lm.model, p, t, mc_num=2, batch_size=2, cfg_scale=0.5,
+                                      generator=torch.Generator().manual_seed(3))
+        assert greedy is greedy_matches(lm.model, p, t, cfg_scale=0.5)
+    assert lm.encode_pair(*pairs[0])[1] == first and got[0][1] is True and got[1][1] is False
+
+
 def test_estimator_takes_tensors_as_the_reference_and_names_bad_ids(shipped):
     model, _ = shipped
     prefix, target = [5, 17, 33, 40], [60, 61]
@@ -190,8 +253,13 @@ def test_pairs_condition_on_the_context_encoded_alone(shipped):
     start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     assert lm.encode_pair("", "Sudoku") == ([start], tok("Sudoku", add_special_tokens=False)["input_ids"])
     assert lm.encode_pair(" \n", "Sudoku") == ([start], tok(" \nSudoku", add_special_tokens=False)["input_ids"])
-    (empty_target, empty_context) = lm.loglikelihood([_request("Q:", ""), _request("", "Sudoku")])
-    assert empty_target == (0.0, True)
+    # A continuation the joint encoding merges into the context's last token is encoded alone.
+    merged = tok("Answer: th")["input_ids"]
+    assert tok("Answer: the")["input_ids"][len(merged):] == []
+    assert lm.encode_pair("Answer: th", "e") == (merged, tok("e", add_special_tokens=False)["input_ids"])
+    (empty_target, empty_context, merged_target) = lm.loglikelihood(
+        [_request("Q:", ""), _request("", "Sudoku"), _request("Answer: th", "e")])
+    assert empty_target == (0.0, True) and merged_target[0] < 0
     ids = tok("Sudoku", add_special_tokens=False)["input_ids"]
     assert empty_context[0] == mc_loglikelihood(lm.model, [start], ids, mc_num=2, batch_size=2,
                                                 generator=torch.Generator().manual_seed(3))
