@@ -16,7 +16,8 @@ model when absent), sampler, sampler_kwargs and cache_kwargs (`key=value` pairs 
 values read as in `--sampler-arg`), cache, gen_length (default: each request's `max_gen_toks`),
 block_length, steps, tokens_per_step, temperature (None: the request's), seed, chat (False:
 contexts are used as given; lm_eval's `--apply_chat_template` goes through the tokenizer's
-template), dtype, mc_num (128),
+template; True: each context is rendered as the user turn of the template, for generations and
+log-likelihoods alike), dtype, mc_num (128),
 mc_batch_size (32), cfg (0), is_check_greedy (False), checked before the model loads. Under
 `accelerate launch` each process takes its share of the requests, as lm_eval expects (rank,
 world size, gather, barrier); lm_eval's default CUDA device falls back to the CPU on a machine
@@ -214,7 +215,12 @@ class DLLMEvalModel(LM):
         empty once its spaces moved is lm_eval's prefix token (the BOS, else the end token) and the
         continuation is encoded alone (its first token is the prefix when it is that token). A
         continuation the joint encoding merges into the context's last token ("th" + "e") is encoded
-        alone after the context: only an empty continuation has no tokens."""
+        alone after the context: only an empty continuation has no tokens. With the `chat` model
+        argument the context is the user turn of the chat template, as `generate_until` renders it,
+        and the continuation is encoded alone after it."""
+        if self.config.chat:
+            prefix = encode_prompts(self.tokenizer, [context], True)[0]
+            return prefix, self.tokenizer(continuation, add_special_tokens=False)["input_ids"]
         spaces = len(context) - len(context.rstrip())
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation

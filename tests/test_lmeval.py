@@ -212,6 +212,11 @@ def test_adapter_guidance_and_greedy_check_equal_the_estimator_run_directly(ship
                                       generator=torch.Generator().manual_seed(3))
         assert greedy is greedy_matches(lm.model, p, t, cfg_scale=0.5)
     assert lm.encode_pair(*pairs[0])[1] == first and got[0][1] is True and got[1][1] is False
+    # With chat the context is the user turn of the template, for log-likelihoods as for generations.
+    chat = DLLMEvalModel(dtype="float32", device="cpu", mc_num=2, mc_batch_size=2, chat=True)
+    prompt = chat._fit_context("Copy: Ann", 8)
+    assert prompt != lm.tokenizer("Copy: Ann")["input_ids"]
+    assert chat.encode_pair("Copy: Ann", " Ann") == (prompt, lm.tokenizer(" Ann", add_special_tokens=False)["input_ids"])
 
 
 def test_estimator_takes_tensors_as_the_reference_and_names_bad_ids(shipped):
