@@ -8,6 +8,7 @@ from typing import Any
 
 from . import samplers
 from .cache import CachePolicy, policy_class
+from .state import MAX_INTEGER_ARGUMENT
 
 
 def check_fields(cls, options, what: str) -> None:
@@ -323,8 +324,10 @@ class GenerationConfig:
     def __post_init__(self):
         for name in ("gen_length", "block_length", "steps", "tokens_per_step", "max_forwards"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"GenerationConfig.{name} must be a positive integer, got {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 < value <= MAX_INTEGER_ARGUMENT):
+                raise ValueError(f"GenerationConfig.{name} must be a positive integer (at most "
+                                 f"{MAX_INTEGER_ARGUMENT}), got {value!r}")
         if self.steps is not None and self.tokens_per_step is not None:
             raise ValueError(f"give steps ({self.steps}) or tokens_per_step ({self.tokens_per_step}), not both")
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
@@ -379,16 +382,24 @@ class GenerationConfig:
     def for_length(self, gen_length: int | None = None) -> "GenerationConfig":
         """This request with its generation length fixed (`gen_length`, default
         `DEFAULT_GEN_LENGTH`, where the config left it None) and checked against the block length
-        and tokens per step. `dllm.generate` runs this first; a grid of lengths can hold
+        (unless the sampler is known to ignore it) and tokens per step. `dllm.generate` runs this first; a grid of lengths can hold
         combinations that only fail here."""
         cfg = self
         if cfg.gen_length is None:
             cfg = cfg.replace(gen_length=DEFAULT_GEN_LENGTH if gen_length is None else gen_length)
-        if cfg.block_length is not None and cfg.block_length > cfg.gen_length:
+        if cfg.block_length is not None and cfg.block_length > cfg.gen_length and cfg.may_use_blocks():
             raise ValueError(f"block_length {cfg.block_length} exceeds gen_length {cfg.gen_length}")
         if cfg.tokens_per_step is not None and cfg.gen_length % cfg.tokens_per_step:
             raise ValueError(f"tokens_per_step {cfg.tokens_per_step} does not divide gen_length {cfg.gen_length}")
         return cfg
+
+    def may_use_blocks(self) -> bool:
+        """False when the sampler is known to decode the whole generation region at once (it then
+        ignores block_length); True for a block sampler and for one chosen per model (None)."""
+        sampler = self.sampler
+        if isinstance(sampler, str) and sampler in samplers.available():
+            return samplers.sampler_class(sampler).uses_blocks
+        return getattr(sampler, "uses_blocks", True)
 
     @property
     def resolved_block_length(self) -> int:

@@ -282,9 +282,13 @@ def checkpoint_gen_length(model) -> int | None:
 def resolve_request(model, cfg: GenerationConfig) -> Request:
     """Resolve `cfg` once for `model`: its length (when None, the checkpoint's
     `checkpoint_gen_length`, else `DEFAULT_GEN_LENGTH`), sampler and cache policy."""
-    cfg = with_instances(cfg.for_length(checkpoint_gen_length(model)))
+    block = model.config.attention_block
+    if block is not None and cfg.block_length == block:
+        cfg = cfg.replace(block_length=None)        # the model's own blocks, whatever gen_length
+    cfg = with_instances(cfg)
     sampler = resolve_sampler(model, cfg)
-    if model.config.attention_block is not None:
+    cfg = cfg.replace(sampler=sampler, sampler_kwargs={}).for_length(checkpoint_gen_length(model))
+    if block is not None:
         return _block_causal_request(model, cfg, sampler)
     if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):
         warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region at once; "

@@ -27,8 +27,9 @@ def tiny_dream():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(gen_length=0), r"gen_length must be a positive integer, got 0"),
-    (dict(steps=-2), r"steps must be a positive integer, got -2"),
+    (dict(gen_length=0), r"gen_length must be a positive integer \(at most 2147483647\), got 0"),
+    (dict(steps=2 ** 40), r"steps must be a positive integer \(at most 2147483647\), got 1099511627776"),
+    (dict(steps=-2), r"steps must be a positive integer \(at most 2147483647\), got -2"),
     (dict(temperature=-0.5), r"temperature must be a finite number >= 0 \(.*\), got -0.5"),
     (dict(temperature=float("nan")), r"temperature must be a finite number"),
     (dict(temperature=True), r"temperature must be a finite number >= 0 \(at most 10000\), got True"),
@@ -40,7 +41,7 @@ def tiny_dream():
     (dict(seed="7"), r"seed must be an integer in \[-2\*\*63, 2\*\*64\) \(what torch.Generator takes\) or None, "
                      r"got '7'"),
     (dict(seed=2 ** 64), r"seed must be an integer in .* got 18446744073709551616"),
-    (dict(max_forwards=0), r"max_forwards must be a positive integer, got 0"),
+    (dict(max_forwards=0), r"max_forwards must be a positive integer \(at most 2147483647\), got 0"),
     (dict(sampler="low_conf"), r"unknown sampler 'low_conf'; valid options: .*low_confidence"),
     (dict(sampler=5), r"sampler must be a registered name or a Sampler instance, got 5 \(int\)"),
     (dict(cache="nope"), r"unknown cache policy 'nope'"),

@@ -126,6 +126,12 @@ def test_dream_samplers_run_on_llada_and_llada_sampler_on_dream(llada, dream, sa
     with pytest.warns(UserWarning, match=rf"sampler '{sampler}' decodes the whole generation region at once; "
                                          r"block_length 4 is ignored"):
         dllm.generate(llada[0], None, PROMPTS, gen_length=8, block_length=4, steps=8, sampler=sampler)
+    # ... a block length past the generation too (a grid's fixed block length on a short task)
+    want = dllm.generate(llada[0], None, PROMPTS, gen_length=8, steps=8, sampler=sampler)
+    with pytest.warns(UserWarning, match=r"block_length 32 is ignored"):
+        got = dllm.generate(llada[0], None, PROMPTS, gen_length=8, block_length=32, steps=8, sampler=sampler)
+    assert torch.equal(got.sequences, want.sequences)
+    assert dllm.GenerationConfig(block_length=32, sampler=sampler).for_length(8).block_length == 32
 
 
 def test_a_schedule_the_sampler_does_not_use_is_warned_about(llada):

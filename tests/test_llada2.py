@@ -229,6 +229,13 @@ def test_block_length_and_sampler_are_checked(llada2_dir):
     model, _ = dllm.load(llada2_dir, dtype="float32")
     with pytest.raises(ValueError, match="block_length 16 differs from the 32-column attention blocks"):
         dllm.generate(model, None, [[5, 6]], gen_length=32, block_length=16)
+    # The model's own block length may be given whatever gen_length, as leaving it out gives it.
+    want = dllm.generate(model, None, [[5, 6]], gen_length=20)
+    got = dllm.generate(model, None, [[5, 6]], gen_length=20, block_length=32)
+    assert torch.equal(got.sequences, want.sequences) and got.nfe == want.nfe
+    with pytest.raises(ValueError, match="block_length 20 differs from the 32-column attention blocks of llada2; "
+                                         "leave it out"):
+        dllm.generate(model, None, [[5, 6]], gen_length=20, block_length=20)
     with pytest.raises(ValueError, match="sampler 'entropy' decodes the whole generation region at once"):
         dllm.generate(model, None, [[5, 6]], gen_length=32, sampler="entropy")
     with pytest.raises(ValueError, match="steps 40 per block exceeds block_length 32"):
