@@ -115,6 +115,17 @@ def test_settings_a_sampler_ignores_leave_its_run_id_alone(llada, bench_data, tm
             assert runner.run_bench(cfg.replace(**change), model=model, tokenizer=tok, progress=False) == rows
     assert len(_file_rows(out)) == len(rows) == 4
     assert all(r["steps_used"] is None and r["steps"] is None for r in rows)
+    # entropy decodes the whole generation at once: a block length given to it is not part of its run
+    whole = runner.run_bench(cfg.replace(sampler="entropy"), model=model, tokenizer=tok, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # "block_length 4 is ignored"
+        blocks = runner.run_bench(cfg.replace(sampler="entropy", block_length=4), model=model, tokenizer=tok,
+                                  progress=False)
+        apart = runner.run_bench(cfg.replace(sampler="entropy", block_length=4, out=str(tmp_path / "apart.jsonl")),
+                                 model=model, tokenizer=tok, progress=False)
+    assert blocks == whole and len(_file_rows(out)) == 8
+    assert [r["run_id"] for r in apart] == [r["run_id"] for r in whole]
+    assert all(r["block_length_used"] == r["gen_length_used"] > 4 for r in whole + apart)
 
 
 def test_a_results_file_that_cannot_be_written_fails_before_decoding(llada, bench_data, tmp_path):
@@ -166,6 +177,8 @@ def test_config_errors():
     assert runner.cache_identity("dual", {}) == runner.cache_identity("dual", {"twins": False, "guard": None}) \
         == ("dual", {})
     assert runner.cache_identity("dual", {"guard": 0.9}) == ("dual", {"guard": 0.9})
+    one, one_point_zero = (json.dumps(runner.cache_identity("dual", {"guard": g})) for g in (1, 1.0))
+    assert one == one_point_zero
     assert runner.cache_identity(dllm.cache.get_policy("dkv-greedy", window=4), {}) == ("dkv-greedy", {})
     official = runner.BenchConfig(model="m").replace(data_dir="data")     # the data source follows data_dir
     assert official.data_dir == "data" and not official.generated
@@ -461,9 +474,11 @@ def test_runs_that_draw_name_their_batch_size(llada, bench_data, tmp_path):
         return row["run_id"], row.get("run_batch_size")
 
     assert run_id(batch_size=1) == run_id(batch_size=3)[:1] + (None,)
-    for change in (dict(temperature=1.0), dict(sampler="random")):
+    for change in (dict(temperature=1.0), dict(sampler="random"), dict(sampler="origin"),
+                   dict(sampler="entropy", sampler_kwargs={"alg_temp": 0.5}),
+                   dict(sampler="prophet", sampler_kwargs={"base": "random"})):
         (one, size_one), (three, size_three) = run_id(batch_size=1, **change), run_id(batch_size=3, **change)
-        assert one != three and (size_one, size_three) == (1, 3)
+        assert one != three and (size_one, size_three) == (1, 3), change
 
 
 def test_arguments_equal_as_numbers_are_one_run(llada, bench_data, tmp_path):
