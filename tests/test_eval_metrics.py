@@ -244,8 +244,9 @@ def test_latin_accepted_variants(prediction):
     "H,4,C,A\n4,C,A,H\nC,A,H,4",                             # three rows
     "H,4,C,A,4,C,A,H,C,A,H,4,A,H,4,C",                       # one line
     "H,4,C,X\n4,C,X,H\nC,X,H,4\nX,H,4,C",                    # a foreign symbol
+    "\u2028".join(SQUARE),                                    # one line: only \n breaks lines
 ], ids=["row-repeat", "column-repeat", "header", "case", "quoted", "space-separated", "three-rows",
-        "one-line", "foreign-symbol"])
+        "one-line", "foreign-symbol", "line-separator"])
 def test_latin_rejected(prediction):
     assert scores(latin_square_score(prediction, LATIN)) == (0.0, 0.0)
 

@@ -108,8 +108,8 @@ def test_streaming_sends_the_growing_prefix_and_usage_last(client, shipped):
     assert chunks[-2].choices[0].finish_reason == "stop" and chunks[-1].choices == []
     assert chunks[-1].usage.completion_tokens == want.answer_lengths[0]
     assert all(c.usage is None for c in chunks[:-1])
-    # without stream_options (or with include_usage false) no usage is sent
-    for extra in ({}, {"stream_options": {"include_usage": False}}):
+    # without stream_options (or with include_usage absent or false) no usage is sent
+    for extra in ({}, {"stream_options": {}}, {"stream_options": {"include_usage": False}}):
         plain = list(client.chat.completions.create(**kwargs, **extra))
         assert all(c.usage is None and c.choices for c in plain) and plain[-1].choices[0].finish_reason == "stop"
 
