@@ -106,3 +106,19 @@ def test_top1_picks_the_first_of_equal_maxima_among_valid_entries():
     want = torch.zeros_like(valid)
     want[0, 1] = want[1, 2] = True                    # row 2 has no valid entry: nothing
     assert torch.equal(top1(conf, valid), want)
+
+
+def test_attention_blocks_are_counted_from_each_rows_first_real_token():
+    """`to_attention_blocks` against the blocks listed one by one: [pad + k size, pad + (k + 1) size)."""
+    gen, size = 24, 4
+    x = torch.full((4, 8 + gen), IDS.mask, dtype=torch.long)
+    state = DecodeState(x=x, gen_start=8, gen_length=gen, block_length=8,
+                        pad_len=torch.tensor([0, 1, 3, 6]), ids=IDS)
+    for first in range(8, 8 + gen):
+        for end in range(first + 1, 8 + gen + 1):
+            starts, ends = state.to_attention_blocks(torch.full((4,), first), torch.full((4,), end), size)
+            for r, pad in enumerate(state.pad_len.tolist()):
+                blocks = [(b, b + size) for b in range(pad, 8 + gen + size, size)]
+                want_start = next(b for b, e in blocks if b <= first < e)
+                want_end = next(e for b, e in blocks if b <= end - 1 < e)
+                assert (starts[r].item(), ends[r].item()) == (want_start, want_end), (first, end, pad)
