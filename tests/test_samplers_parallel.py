@@ -656,11 +656,15 @@ def test_loop_invariants_under_adversarial_scores(name, family, pattern, seed, G
             assert stalls <= allowance, (b, stalls)
 
 
-def test_oversized_window_and_history_arguments_decode_as_their_largest_useful_value(llada):
+def test_oversized_window_and_history_arguments_decode_as_their_largest_useful_value(llada, monkeypatch):
     """A LocalLeap radius past the canvas covers what the canvas's length covers, and a KLASS history
     or SlowFast window longer than the canvas never fills, as one just past it: they decode alike,
     without the memory or time the raw values would take."""
     model, tok = llada
+    import dllm.samplers.localleap as localleap
+    widths, pool = [], localleap.F.max_pool1d
+    monkeypatch.setattr(localleap.F, "max_pool1d", lambda x, kernel_size, **kw: widths.append(kernel_size) or
+                        pool(x, kernel_size, **kw))
     kw = dict(gen_length=16, block_length=8)
     for name, big, useful in (("localleap", dict(radius=2 ** 31 - 1), dict(radius=64)),
                               ("klass", dict(kl_history_length=2 ** 31 - 1), dict(kl_history_length=17)),
@@ -669,6 +673,7 @@ def test_oversized_window_and_history_arguments_decode_as_their_largest_useful_v
         want = dllm.generate(model, tok, PROMPTS, sampler=name, sampler_kwargs=useful, **kw)
         got = dllm.generate(model, tok, PROMPTS, sampler=name, sampler_kwargs=big, **kw)
         assert torch.equal(got.sequences, want.sequences) and got.nfe == want.nfe, name
+    assert widths and max(widths) <= 2 * (max(map(len, PROMPTS)) + 16) + 1       # the pool spans the canvas at most
     # ReMDM's revision steps are forwards: up to a forward cap, any count past it decodes alike.
     kw = dict(gen_length=8, block_length=8, steps=8, max_forwards=10, sampler="remdm")
     want = dllm.generate(model, tok, PROMPTS, sampler_kwargs=dict(remdm_steps=3), **kw)
