@@ -382,8 +382,8 @@ class GenerationConfig:
     def for_length(self, gen_length: int | None = None) -> "GenerationConfig":
         """This request with its generation length fixed (`gen_length`, default
         `DEFAULT_GEN_LENGTH`, where the config left it None) and checked against the block length
-        (unless the sampler is known to ignore it) and tokens per step. `dllm.generate` runs this first; a grid of lengths can hold
-        combinations that only fail here."""
+        (unless the sampler is known to ignore it) and tokens per step. `dllm.generate` runs this
+        first; a grid of lengths can hold combinations that only fail here."""
         cfg = self
         if cfg.gen_length is None:
             cfg = cfg.replace(gen_length=DEFAULT_GEN_LENGTH if gen_length is None else gen_length)
