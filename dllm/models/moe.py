@@ -18,12 +18,14 @@ import torch.nn.functional as F
 from ..config import ModelConfig, MoEConfig
 
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+_GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def grouped_mm_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether torch's grouped GEMM takes `x` (A, in) and `weight` (E, out, in): one float dtype,
-    any on CPU and bfloat16 on CUDA, with rows of `in` and `out` elements a multiple of 16 bytes."""
-    if _GROUPED_MM is None or x.dtype != weight.dtype:
+    """Whether torch's grouped GEMM takes `x` (A, in) and `weight` (E, out, in): one dtype,
+    float32, bfloat16 or float16 on CPU and bfloat16 on CUDA, with rows of `in` and `out` elements a
+    multiple of 16 bytes."""
+    if _GROUPED_MM is None or x.dtype != weight.dtype or x.dtype not in _GROUPED_DTYPES:
         return False
     if any(n * x.element_size() % 16 for n in weight.shape[1:]):
         return False
