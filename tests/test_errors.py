@@ -311,6 +311,22 @@ def test_llada_config_lacking_keys():
         config_from_hf(cfg)
 
 
+@pytest.mark.parametrize("change,match", [
+    ({"layer_norm_with_affine": False}, r"'layer_norm_with_affine' = False is not supported \(supported: True\)"),
+    ({"bias_for_layer_norm": True}, r"'bias_for_layer_norm' = True is not supported \(supported: False\)"),
+    ({"d_model": None}, r"LLaDA config.json lacks required keys: d_model"),
+    ({"d_model": "64"}, r"LLaDA config key 'd_model' = '64' must be a positive integer"),
+    ({"n_heads": 0}, r"LLaDA config key 'n_heads' = 0 must be a positive integer"),
+    ({"embedding_size": 300}, r"'embedding_size' = 300 is smaller than vocab_size 320"),
+])
+def test_llada_config_values_llada_does_not_run_are_named(change, match):
+    from dllm.models.llada import config_from_hf
+    with pytest.raises(ValueError, match=match):
+        config_from_hf({**_LLADA_SMALL, **change})
+    # null is the class default where it is the supported value
+    assert config_from_hf({**_LLADA_SMALL, "bias_for_layer_norm": None, "alibi": None}).d_model == 64
+
+
 @pytest.mark.parametrize("absent", [("rope",), ("layer_norm_type",), ("block_type", "activation_type")])
 def test_llada_config_must_state_keys_defaulting_elsewhere(absent):
     # LLaDA's config class defaults these to no RoPE, LayerNorm, the sequential block and SwiGLU.

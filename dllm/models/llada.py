@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .config_json import check_stated, first_of, flag, integer, number, token_id
+from .config_json import check_sizes, check_stated, first_of, flag, integer, number, token_id
 from .transformer import DiffusionTransformer
 
 # Keys of an OLMo-style config whose values this implementation does not cover, with the value
@@ -19,7 +19,8 @@ from .transformer import DiffusionTransformer
 _REQUIRED = {
     "rope": True, "alibi": False, "block_type": "llama", "attention_layer_norm": False,
     "include_bias": False, "input_emb_norm": False, "scale_logits": False, "block_group_size": 1,
-    "layer_norm_type": "rms", "activation_type": "silu", "clip_qkv": None,
+    "layer_norm_type": "rms", "activation_type": "silu", "clip_qkv": None, "layer_norm_with_affine": True,
+    "bias_for_layer_norm": False,
 }
 # Of those, the keys whose default in LLaDA's config class is another value (no RoPE, the
 # sequential block, mean-centred LayerNorm, SwiGLU's halving activation): a config.json must state them.
@@ -43,25 +44,30 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """ModelConfig from a LLaDA `config.json` (every key read; unsupported values refused)."""
     check_stated(d, _STATED, _REQUIRED, "LLaDA")
     for key, want in _REQUIRED.items():
-        if key in d and d[key] != want and not (want is None and d[key] is None):
+        # null is the class default: refused where it is not the supported value (false and null alike)
+        if key in d and d[key] != want and not (want in (None, False) and d[key] is None):
             raise ValueError(f"LLaDA config key {key!r} = {d[key]!r} is not supported (supported: {want!r})")
-    d_model = first_of(d, "d_model", "hidden_size")
-    n_heads = first_of(d, "n_heads", "num_attention_heads")
-    n_kv = _kv_heads(d, n_heads)
-    mlp = integer(d, "mlp_hidden_size", None, "LLaDA") or int(number(d, "mlp_ratio", 4, "LLaDA") * d_model)
-    missing = [k for k, v in (("d_model", d_model), ("n_layers", first_of(d, "n_layers", "num_hidden_layers")),
-                              ("n_heads", n_heads), ("vocab_size", d.get("vocab_size")),
-                              ("mask_token_id", d.get("mask_token_id")), ("eos_token_id", d.get("eos_token_id")),
-                              ("weight_tying", d.get("weight_tying")))
+    sizes = {"d_model": first_of(d, "d_model", "hidden_size"), "n_layers": first_of(d, "n_layers", "num_hidden_layers"),
+             "n_heads": first_of(d, "n_heads", "num_attention_heads"), "vocab_size": d.get("vocab_size")}
+    missing = [k for k, v in (*sizes.items(), ("mask_token_id", d.get("mask_token_id")),
+                              ("eos_token_id", d.get("eos_token_id")), ("weight_tying", d.get("weight_tying")))
                if v is None]
     if missing:
         raise ValueError(f"LLaDA config.json lacks required keys: {', '.join(missing)}")
+    check_sizes(sizes, tuple(sizes), "LLaDA")
+    d_model, n_heads = sizes["d_model"], sizes["n_heads"]
+    n_kv = _kv_heads(d, n_heads)
+    mlp = integer(d, "mlp_hidden_size", None, "LLaDA") or int(number(d, "mlp_ratio", 4, "LLaDA") * d_model)
+    embedding = integer(d, "embedding_size", None, "LLaDA")
+    if embedding is not None and embedding < sizes["vocab_size"]:
+        raise ValueError(f"LLaDA config key 'embedding_size' = {embedding} is smaller than vocab_size "
+                         f"{sizes['vocab_size']} (it must be at least as large: the embedding holds every token)")
     eos = token_id(d["eos_token_id"])
     return ModelConfig(
         family="llada",
         # The logit width is `embedding_size` (the embedding may be padded past the tokenizer vocab).
         vocab_size=first_of(d, "embedding_size", "vocab_size"),
-        d_model=d_model, n_layers=first_of(d, "n_layers", "num_hidden_layers"), n_heads=n_heads, n_kv_heads=n_kv,
+        d_model=d_model, n_layers=sizes["n_layers"], n_heads=n_heads, n_kv_heads=n_kv,
         mlp_hidden=mlp, norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA"),
         max_seq_len=first_of(d, "max_sequence_length", "max_position_embeddings", default=1024),  # LLaDAConfig default
         mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
