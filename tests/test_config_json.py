@@ -73,6 +73,13 @@ def test_llada_moe_refuses_dense_layers(freq):
     ("LLaDA2", {"first_k_dense_replace": -1}, r"'first_k_dense_replace' = -1 must be an integer >= 0"),
     ("Dream", {"max_position_embeddings": "4k"}, r"Dream config key 'max_position_embeddings' = '4k' must be an "
                                                  r"integer >= 1"),
+    ("LLaDA2", {"n_group": 0}, r"LLaDA2 config key 'n_group' = 0 must be an integer >= 1"),
+    ("LLaDA2", {"topk_group": 0}, r"LLaDA2 config key 'topk_group' = 0 must be an integer >= 1"),
+    ("LLaDA2", {"num_key_value_heads": 0}, r"LLaDA2 config key 'num_key_value_heads' = 0 must be an integer >= 1"),
+    ("LLaDA-MoE", {"num_key_value_heads": 0}, r"'num_key_value_heads' = 0 must be an integer >= 1"),
+    ("LLaDA-MoE", {"partial_rotary_factor": None}, r"LLaDA-MoE config.json lacks partial_rotary_factor \(the config "
+                                                   r"class's default -1 means no rotary embedding"),
+    ("LLaDA-MoE", {"rope_theta": None, "partial_rotary_factor": None}, r"lacks partial_rotary_factor, rope_theta"),
 ])
 def test_a_size_of_the_wrong_type_names_its_key(family, changes, message):
     with pytest.raises(ValueError, match=message):

@@ -288,7 +288,12 @@ def test_weight_in_two_shards(tmp_path):
 
 @pytest.mark.parametrize("key,value,match", [
     ("rope_scaling", {"type": "linear", "factor": 2.0}, r"Dream config key 'rope_scaling' = .* not supported"),
-    ("use_sliding_window", True, r"'use_sliding_window' = true is not supported \(supported: false\)"),
+    ("use_sliding_window", True, r"'use_sliding_window' = True is not supported \(supported: false\)"),
+    ("use_sliding_window", "false", r"'use_sliding_window' = 'false' is not supported \(supported: false\)"),
+    ("partial_rotary_factor", 0.5, r"'partial_rotary_factor' = 0.5 is not supported \(supported: 1: Dream rotates"),
+    ("head_dim", 32, r"'head_dim' = 32 with 4 heads is not supported \(supported: hidden_size 64 / num_attention"),
+    ("num_key_value_heads", 0, r"Dream config key 'num_key_value_heads' = 0 must be an integer >= 1"),
+    ("hidden_size", "64", r"Dream config key 'hidden_size' = '64' must be a positive integer"),
     ("hidden_act", "gelu", r"'hidden_act' = 'gelu' is not supported \(supported: 'silu'\)"),
     ("mask_token_id", None, r"Dream config.json lacks required keys: mask_token_id"),
 ])

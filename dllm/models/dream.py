@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .config_json import first_of, flag, integer, number, token_id
+from .config_json import check_sizes, first_of, flag, integer, number, token_id
 from .transformer import DiffusionTransformer
 
 
@@ -20,8 +20,12 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """ModelConfig from a Dream `config.json` (unsupported values refused by name)."""
     if d.get("rope_scaling") not in (None, {}):
         raise ValueError(f"Dream config key 'rope_scaling' = {d['rope_scaling']!r} is not supported (supported: null)")
-    if d.get("use_sliding_window"):
-        raise ValueError("Dream config key 'use_sliding_window' = true is not supported (supported: false)")
+    if d.get("use_sliding_window") not in (None, False):
+        raise ValueError(f"Dream config key 'use_sliding_window' = {d['use_sliding_window']!r} is not supported "
+                         f"(supported: false)")
+    if d.get("partial_rotary_factor") not in (None, 1, 1.0):
+        raise ValueError(f"Dream config key 'partial_rotary_factor' = {d['partial_rotary_factor']!r} is not "
+                         f"supported (supported: 1: Dream rotates every dimension of a head)")
     if d.get("hidden_act", "silu") != "silu":
         raise ValueError(f"Dream config key 'hidden_act' = {d['hidden_act']!r} is not supported (supported: 'silu')")
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
@@ -29,13 +33,18 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     missing = [k for k in required if d.get(k) is None]
     if missing:
         raise ValueError(f"Dream config.json lacks required keys: {', '.join(missing)}")
+    check_sizes(d, required[:5], "Dream")
+    n_heads = d["num_attention_heads"]
+    if d.get("head_dim") not in (None, d["hidden_size"] // n_heads) or d["hidden_size"] % n_heads:
+        raise ValueError(f"Dream config key 'head_dim' = {d.get('head_dim')!r} with {n_heads} heads is not supported "
+                         f"(supported: hidden_size {d['hidden_size']} / num_attention_heads)")
     eos = token_id(first_of(d, "eos_token_id", "pad_token_id"))
     if eos is None:
         raise ValueError("Dream config.json has neither eos_token_id nor pad_token_id")
     return ModelConfig(
         family="dream",
         vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
-        n_heads=d["num_attention_heads"], n_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+        n_heads=n_heads, n_kv_heads=integer(d, "num_key_value_heads", n_heads, "Dream"),
         mlp_hidden=d["intermediate_size"], norm_eps=number(d, "rms_norm_eps", 1e-6, "Dream"),
         rope_theta=number(d, "rope_theta", 10000.0, "Dream"),
         max_seq_len=integer(d, "max_position_embeddings", 32768, "Dream"),

@@ -55,15 +55,16 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     rotary = int(head_dim * factor)
     k = d["num_experts_per_tok"]
     moe = MoEConfig(n_experts=d["num_experts"], experts_per_token=k, expert_hidden=d["moe_intermediate_size"],
-                    score="sigmoid", norm_topk=k > 1, n_groups=d.get("n_group") or 8,
-                    topk_groups=d.get("topk_group") or 4, routed_scale=number(d, "routed_scaling_factor", 2.5, "LLaDA2"),
+                    score="sigmoid", norm_topk=k > 1, n_groups=integer(d, "n_group", 8, "LLaDA2"),
+                    topk_groups=integer(d, "topk_group", 4, "LLaDA2"), routed_scale=number(d, "routed_scaling_factor", 2.5, "LLaDA2"),
                     expert_bias=True, router_fp32=True, sum_fp32=True,
                     shared_hidden=d["moe_intermediate_size"] * integer(d, "num_shared_experts", 0, "LLaDA2", low=0),
                     first_dense=integer(d, "first_k_dense_replace", 0, "LLaDA2", low=0))
     eos = special_id(d, "eos_token_id", EOS_TOKEN, tokens, "LLaDA2")
     return ModelConfig(
         family="llada2", vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
-        n_heads=n_heads, n_kv_heads=d.get("num_key_value_heads") or n_heads, mlp_hidden=d["intermediate_size"],
+        n_heads=n_heads, n_kv_heads=integer(d, "num_key_value_heads", n_heads, "LLaDA2"),
+        mlp_hidden=d["intermediate_size"],
         norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA2"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA2"),
         max_seq_len=integer(d, "max_position_embeddings", 16384, "LLaDA2"),
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens, "LLaDA2"), eos_token_id=eos,

@@ -63,6 +63,11 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
         # Copies of the config class default it to true and to null (no q/k norm): it must be stated.
         raise ValueError("LLaDA-MoE config.json lacks 'qk_layernorm' (true: a per-head RMSNorm of q and k, as in "
                          "the published checkpoints; false or null: none)")
+    unstated = [key for key in ("partial_rotary_factor", "rope_theta") if d.get(key) is None]
+    if unstated:
+        # Copies of the config class default both to -1, which leaves the published model without rotation.
+        raise ValueError(f"LLaDA-MoE config.json lacks {', '.join(unstated)} (the config class's default -1 means no "
+                         f"rotary embedding, which dllm does not run); state them, as the published checkpoints do")
     check_sizes(d, ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "num_experts",
                     "num_experts_per_tok", "expert_intermediate_size"), "LLaDA-MoE")
     _moe_layers(d)
@@ -78,7 +83,7 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     eos = special_id(d, "eos_token_id", EOS_TOKEN, tokens)
     return ModelConfig(
         family="llada-moe", vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
-        n_heads=n_heads, n_kv_heads=d.get("num_key_value_heads") or n_heads,
+        n_heads=n_heads, n_kv_heads=integer(d, "num_key_value_heads", n_heads, "LLaDA-MoE"),
         mlp_hidden=d.get("dense_intermediate_size") or d["expert_intermediate_size"],
         norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA-MoE"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA-MoE"),
         max_seq_len=integer(d, "max_position_embeddings", 8192, "LLaDA-MoE"),
