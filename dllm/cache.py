@@ -355,8 +355,8 @@ class StoringPolicy(CachePolicy):
     twins (every storing policy; False by default, the published rules): a partial step also
     recomputes every column that holds the same token as a column changed since the row's last
     forward. A bidirectional model can mark a prompt token as used once its copy appears in the
-    answer (the shipped model does, through same-token attention in its first layer); without this,
-    those prompt columns keep their state from before the copy was written until the next refresh.
+    answer (through same-token attention, say); without this, those prompt columns keep their
+    state from before the copy was written until the next refresh (docs/caches.md §4).
 
     guard (every storing policy; None by default, the published rules): a probability in [0, 1].
     A row whose step would be partial runs a full refresh instead when none of the masked columns
