@@ -497,7 +497,7 @@ def test_train_filter_command_end_to_end(tmp_path, capsys):
     meta = json.loads(out.with_suffix(".json").read_text())
     assert meta["block_length"] == 32 and meta["accept_thres"] == 0.96 and meta["model"] == str(ckpt)
     assert meta["prompts"]["tasks"] == ["puzzle/latin_square_n4"] and meta["counts"]["prompts"] == 2
-    assert meta["training"]["epochs"] == 20 and "accuracy" in (meta["validation"] or {"accuracy": None})
+    assert meta["training"]["epochs"] == 20 and 0 <= meta["validation"]["accuracy"] <= 1
     filt = load_filter(out)
     assert filt.block_length == 32 and filt.metadata == meta
     model, tok = dllm.load(ckpt, dtype="float32")

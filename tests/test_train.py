@@ -3,11 +3,12 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import dllm
 from dllm import train as T
@@ -435,6 +436,21 @@ def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):
                 progress=False)
     with pytest.raises(FileNotFoundError, match="is not a model folder"):
         T.train(T.TrainConfig(out=str(tmp_path / "bad2"), **{**TINY, "init_from": str(tmp_path)}), progress=False)
+    # A start model whose embedding has more rows than its tokenizer has tokens (as LLaDA pads its
+    # own) keeps them.
+    shaped = tmp_path / "padded"
+    shutil.copytree(folder, shaped)
+    by_rows = {"model.transformer.wte.weight", "model.transformer.ff_out.weight"} & set(start)
+    save_file({k: torch.cat([v, v[:6]]) if k in by_rows else v for k, v in start.items()},
+              str(shaped / "model.safetensors"))
+    rows = start["model.transformer.wte.weight"].shape[0] + 6
+    config = json.loads((shaped / "config.json").read_text())
+    (shaped / "config.json").write_text(json.dumps({**config, "embedding_size": rows, "vocab_size": rows}))
+    run = T.TrainConfig(out=str(tmp_path / "ft-padded"), **{**TINY, "init_from": str(shaped), "steps": 1,
+                                                            "copy_warmup_steps": 0, "pair_warmup_steps": 0,
+                                                            "warmup": 1})
+    padded = T.train(run, progress=False)
+    assert load_file(str(padded / "model.safetensors"))["model.transformer.wte.weight"].shape[0] == rows
 
 
 def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
@@ -508,6 +524,7 @@ def test_later_phases_go_on_from_the_model_before(trained, tmp_path):
                      (dict(then_steps="4,x"), "then_steps must be int values.*'4,x'"),
                      (dict(then_steps=2.5), "then_steps must be int values.*2.5"),
                      (dict(then_steps="5,"), "then_steps has an empty entry in '5,'"),
+                     (dict(out=" "), "train option out must name a folder, got ' '"),
                      (dict(one, then_lr="1e-3,,5e-4"), "then_lr has an empty entry"),
                      (dict(then_steps=2), r"then_lr has 5 value\(s\) \[0.0008, 0.0005, 0.0003, 0.0003, 0.0003\] for 1 later"),
                      (dict(one, then_lr=0.0, then_min_lr=0.0), "need 0 < then_lr < 1"),

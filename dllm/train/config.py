@@ -229,6 +229,8 @@ class TrainConfig:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"train option warmup must be an integer >= 0 (steps of linear warm-up), "
                              f"got {self.warmup!r}")
+        if not isinstance(self.out, str) or not self.out.strip():
+            raise ValueError(f"train option out must name a folder, got {self.out!r}")
         t = self.threads
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
             raise ValueError(f"train option threads must be an integer >= 0 (0 or unset: torch's default), got {t!r}")

@@ -22,7 +22,7 @@ from .cover import cover_pool, with_cover_names
 from .data import (PAIR_BIND_ROWS, Encoded, answer_text, build_tokenizer, copy_example, copy_vocab, encode_records,
                    example_columns, global_pairing, make_batch, pair_example, response_sides, tokenizer_texts,
                    training_records)
-from .model_init import check_start_shape, generation_defaults, init_weights, model_config, save_pretrained, start_model
+from .model_init import generation_defaults, init_weights, model_config, save_pretrained, start_config, start_model
 from .objective import bind_rows, diffusion_loss, hole_rows, span_rows
 
 
@@ -277,13 +277,13 @@ def _check_sequence_lengths(data: list[Encoded]) -> None:
 def _build_model(cfg: TrainConfig, tokenizer, start, precision: str) -> LLaDAModel:
     """The recipe's model, initialised by `init_weights` (from the global torch RNG), then given the
     start model's weights when there is one (of the same shape). `precision` is the step's."""
-    mcfg = model_config(cfg, tokenizer)
+    mcfg = model_config(cfg, tokenizer) if start is None else start_config(cfg.init_from, start[0].config,
+                                                                          model_config(cfg, tokenizer))
     # eager attention: plain matmuls and softmax, which torch.compile fuses and bf16 autocast runs
     # on the CPU's bf16 matrix units (docs/training.md, "Speed").
     model = LLaDAModel(mcfg, attention="eager" if precision == "bf16" or cfg.compile else "sdpa")
     init_weights(model, cfg)
     if start is not None:
-        check_start_shape(cfg.init_from, start[0].config, mcfg)
         model.load_state_dict(start[0].state_dict())
     return model
 

@@ -3,6 +3,7 @@ previous- and next-token heads), the model folder a run can start from, and the 
 Hugging Face layout."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -195,6 +196,18 @@ def start_model(cfg: TrainConfig):
     weights = folder / "model.safetensors"
     digest = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None
     return model, load_tokenizer(folder, "llada"), digest
+
+
+def start_config(init_from: str, have, want):
+    """The recipe's `model_config` `want` for the start model of config `have`: with its embedding
+    rows, which may pass the tokenizer's size (LLaDA pads its embedding) but not fall short of it;
+    the other shape fields are checked by `check_start_shape`."""
+    if have.vocab_size < want.vocab_size:
+        raise ValueError(f"init_from {init_from!r} has {have.vocab_size} embedding rows, fewer than the "
+                         f"{want.vocab_size} tokens of its tokenizer")
+    want = dataclasses.replace(want, vocab_size=have.vocab_size)
+    check_start_shape(init_from, have, want)
+    return want
 
 
 def check_start_shape(init_from: str, have, want) -> None:
