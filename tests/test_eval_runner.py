@@ -381,6 +381,8 @@ def test_repair_refuses_a_file_that_is_not_results_and_keeps_a_whole_last_line(t
     cut = tmp_path / "cut.jsonl"                                    # torn inside a two-byte character
     cut.write_bytes('{"run_id": "a", "task": "t", "index": 0}\n{"run_id": "é'.encode()[:-1])
     assert len(runner.ResultsFile(cut).rows()) == 1
+    assert runner.ResultsFile(cut).repair() == len('{"run_id": "é'.encode()) - 1      # the torn bytes dropped
+    assert len(runner.ResultsFile(cut).rows()) == 1 and cut.read_bytes().endswith(b'"index": 0}\n')
     assert runner.ResultsFile(torn).repair() == len('{"run_id": "a", "ta')
     assert len(runner.ResultsFile(torn).rows()) == 1
     # Reading (bench --report) refuses what repairing refuses, rather than dropping the line.

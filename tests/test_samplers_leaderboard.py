@@ -250,10 +250,14 @@ def test_wino_masks_written_tokens_again(llada):
     """Narrow out: a token written at one step is a mask at a later one, the output counts the
     re-masks, the trace holds each position's last commit, and the canvas ends full."""
     model = llada[0]
-    seen = []
+    seen, uncommitted = [], []
+
+    def look(s):
+        seen.append(s.is_mask[:, s.gen_start:s.gen_end].clone())
+        uncommitted.append(s.commit_step < 0)
     out = dllm.generate(model, None, PROMPTS, gen_length=16, block_length=8, sampler="wino",
-                        sampler_kwargs=dict(threshold=0.1, threshold_back=0.3), trace=True,
-                        on_step=lambda s: seen.append(s.is_mask[:, s.gen_start:s.gen_end].clone()))
+                        sampler_kwargs=dict(threshold=0.1, threshold_back=0.3), trace=True, on_step=look)
+    assert all(torch.equal(m, u) for m, u in zip(seen, uncommitted))   # a re-masked position has no commit step
     again = sum(int((~a & b).sum()) for a, b in zip([torch.ones_like(seen[0])] + seen, seen))
     assert again == sum(out.remasks) > 0 and not seen[-1].any()
     assert not (out.sequences == model.config.mask_token_id).any()
