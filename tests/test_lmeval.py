@@ -293,6 +293,8 @@ def test_a_context_longer_than_the_model_loses_its_oldest_tokens(shipped):
 
     lm = DLLMEvalModel(dtype="float32", device="cpu", mc_num=2, mc_batch_size=2, seed=3)
     assert lm.device == lm.model.device
+    if not torch.cuda.is_available():     # lm_eval's default device names CUDA even where there is none
+        assert DLLMEvalModel(dtype="float32", device="cuda:0").model.device == torch.device("cpu")
     longest = lm.model.config.max_seq_len
     context = "a b " * longest
     prefix, target = lm.encode_pair(context, " Sudoku")
