@@ -206,7 +206,8 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
     if lp + cfg.gen_length > mc.max_seq_len:
         raise ValueError(f"prompt length {lp} + gen_length {cfg.gen_length} = {lp + cfg.gen_length} exceeds the "
                          f"model's maximum sequence length {mc.max_seq_len}")
-    B, L = len(rows), lp + cfg.gen_length
+    tails = _block_tails(rows, cfg.gen_length, mc.attention_block)
+    B, L = len(rows), lp + cfg.gen_length + max(tails)
     x = torch.full((B, L), ids.mask, dtype=torch.long)
     pad_len = torch.tensor([lp - len(r) for r in rows], dtype=torch.long)
     for b, r in enumerate(rows):
@@ -216,12 +217,26 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
     gen = None
     if cfg.seed is not None:
         gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    return DecodeState(x=x.to(device), gen_start=lp, gen_length=cfg.gen_length, block_length=block_length,
-                       pad_len=pad_len.to(device), padded=lp > min(len(r) for r in rows), ids=ids,
-                       temperature=float(cfg.temperature), generator=gen,
-                       score_dtype=_score_dtype(cfg.score_dtype, model), steps=cfg.resolved_steps,
-                       family=mc.family, aligned_blocks=mc.attention_block is not None, vocab_size=mc.vocab_size,
-                       source=getattr(model, "checkpoint_dir", None) or getattr(model, "name_or_path", None))
+    state = DecodeState(x=x.to(device), gen_start=lp, gen_length=L - lp, block_length=block_length,
+                        pad_len=pad_len.to(device), padded=lp > min(len(r) for r in rows), ids=ids,
+                        temperature=float(cfg.temperature), generator=gen,
+                        score_dtype=_score_dtype(cfg.score_dtype, model), steps=cfg.resolved_steps,
+                        family=mc.family, aligned_blocks=mc.attention_block is not None, vocab_size=mc.vocab_size,
+                        source=getattr(model, "checkpoint_dir", None) or getattr(model, "name_or_path", None),
+                        answer_length=cfg.gen_length)
+    short = [b for b, tail in enumerate(tails) if tail < max(tails)]
+    if short:      # a row's region ends with its last attention block
+        state.truncate(torch.tensor(short, device=device),
+                       torch.tensor([lp + cfg.gen_length + tails[b] - 1 for b in short], device=device))
+    return state
+
+
+def _block_tails(rows: list[list[int]], gen_length: int, attention_block: int | None) -> list[int]:
+    """Per row, the columns past the answer to the end of its last attention block (0 without
+    attention blocks): the reference pads its canvas to whole blocks and decodes those columns too."""
+    if attention_block is None:
+        return [0] * len(rows)
+    return [-(len(r) + gen_length) % attention_block for r in rows]
 
 
 def with_instances(cfg: GenerationConfig) -> GenerationConfig:
@@ -586,7 +601,8 @@ class Decoder:
         self.forwards = 0
         self.finite = state.finished.new_ones(())   # every score so far finite (0-dim bool)
         schedule = cfg if sampler.uses_steps else cfg.replace(steps=None, tokens_per_step=None)
-        self.cap = cfg.max_forwards or schedule.resolved_max_forwards + sampler.forward_allowance(state)
+        tail = state.gen_length - state.answer_length       # columns decoded past the answer (block-causal)
+        self.cap = cfg.max_forwards or schedule.resolved_max_forwards + tail + sampler.forward_allowance(state)
         self.starts = None      # (B,) the forward count at which each row joined; None: all at the first
         self.done = False
         _open_blocks(state, sampler, self.rows)
@@ -933,14 +949,15 @@ def _output(state: DecodeState, tokenizer, request: Request, forwards: int, seco
         lengths.append(n)
         if texts is not None:
             texts.append(tokenizer.decode(row[:n], skip_special_tokens=True))
-    committed = (state.commit_step >= 0).sum(1)
+    answer_steps = state.commit_step[:, :generated.shape[1]]
+    committed = (answer_steps >= 0).sum(1)
     nfe = state.nfe.tolist()
     hit = state.extra.get("hit_cap")
     capped = set() if hit is None else set(hit.nonzero().flatten().tolist())
     return GenerationOutput(
-        sequences=state.x, generated=generated, texts=texts, nfe=nfe, forwards=forwards, steps=forwards,
+        sequences=state.x[:, :state.answer_end], generated=generated, texts=texts, nfe=nfe, forwards=forwards, steps=forwards,
         tokens_per_forward=[c / max(n, 1) for c, n in zip(committed.tolist(), nfe)], answer_lengths=lengths,
         seconds=seconds, hit_cap=[b in capped for b in range(state.batch_size)], sampler=request.sampler.name,
-        sampler_args=request.sampler.arguments(), trace=state.commit_step if request.config.trace else None,
+        sampler_args=request.sampler.arguments(), trace=answer_steps if request.config.trace else None,
         cache=request.policy.name, cache_args=request.policy.arguments(), edits=state.edits.tolist(),
         remasks=state.remasks.tolist())

@@ -94,9 +94,16 @@ class DecodeState:
     # Blocks aligned with the model's attention blocks (LLaDA2): counted from each row's first real
     # token, so a row's first block ends at the next multiple of block_length after its prompt.
     aligned_blocks: bool = False
+    # The answer's columns, [gen_start, gen_start + answer_length) (None: the whole generation
+    # region). A block-causal decode's region runs on to the end of each row's last attention block,
+    # as the reference pads its canvas to whole blocks; the columns past the answer are decoded and
+    # then dropped (`generated`).
+    answer_length: int | None = None       # None: gen_length
 
     def __post_init__(self):
         B, dev = self.x.shape[0], self.x.device
+        if self.answer_length is None:
+            self.answer_length = self.gen_length
         if self.padded is None:
             self.padded = bool((self.pad_len > 0).any())
         zeros = lambda: torch.zeros(B, dtype=torch.long, device=dev)  # noqa: E731
@@ -229,8 +236,13 @@ class DecodeState:
         return self.derived("masked_in_block", (rows, self.x, self.block_start, self.block_end),
                             lambda: self.is_mask[rows] & self.in_block(rows))
 
+    @property
+    def answer_end(self) -> int:
+        return self.gen_start + self.answer_length
+
     def generated(self) -> torch.Tensor:
-        return self.x[:, self.gen_start:self.gen_end]
+        """(B, answer_length) the answer's columns."""
+        return self.x[:, self.gen_start:self.answer_end]
 
     def truncate(self, rows: torch.Tensor, cut: torch.Tensor) -> None:
         """Throw away the generated columns after column `cut` (B',) of rows `rows` (B',); -1, or a

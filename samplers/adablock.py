@@ -132,7 +132,7 @@ class AdaBlock(Sampler):
         state.extra["adablock"] = dict(
             ids=torch.tensor(ids, dtype=torch.long, device=dev),
             tau_d=float(tau_d),
-            window=self.window if self.window is not None else int(0.25 * state.gen_length),
+            window=self.window if self.window is not None else int(0.25 * state.answer_length),
             base_block=self.base_block or state.block_length,
             pending=torch.ones(state.batch_size, dtype=torch.bool, device=dev),   # block length not chosen yet
         )

@@ -53,7 +53,7 @@ class LLaDA2Block(Sampler):
 
     def counts(self, state, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """(B',) the least number of commits of this step in each row's block."""
-        steps = min(self.steps or state.block_length, state.gen_length)   # as the reference caps it
+        steps = min(self.steps or state.block_length, state.answer_length)   # as the reference caps it
         base, extra = divmod(state.block_length, steps)
         step = state.step_in_block[rows]
         n = base + (step < extra).long()
@@ -69,7 +69,7 @@ class LLaDA2Block(Sampler):
         """(B',) the last column each row keeps, -1 where it goes on (module docstring)."""
         canvas = written_canvas(state, rows, positions, commit, token)
         gen = canvas[:, state.gen_start:state.gen_end]                                 # (B', G) after this step
-        eos = gen == state.ids.eos
+        eos = (gen == state.ids.eos) & state.writable(rows)[:, state.gen_start:state.gen_end]   # before row_end
         G = gen.shape[1]
         first = torch.where(eos.any(1), eos.int().argmax(1), torch.full_like(eos[:, 0], G, dtype=torch.long))
         keep_going = torch.full_like(first, -1)

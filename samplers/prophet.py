@@ -113,7 +113,7 @@ class Prophet(Sampler):
     # -- answer region ---------------------------------------------------------------------------
     def answer_columns(self, state) -> tuple[int, int]:
         """[first, end) canvas columns of the answer region."""
-        G = state.gen_length
+        G = state.answer_length
         start = self.answer_start + (G if self.answer_start < 0 else 0)
         if not 0 <= start < G:
             raise ValueError(f"sampler {self.name!r}: answer_start {self.answer_start} lies outside the generation "

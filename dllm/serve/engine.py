@@ -248,7 +248,9 @@ class Engine:
             raise RequestError(f"these settings allow up to {decoder.cap} forwards for {gen_length} tokens; the server "
                                f"takes at most {limit} ({MAX_FORWARDS_PER_TOKEN} per token + {MAX_FORWARDS_EXTRA}): "
                                f"lower the sampler's arguments", None)
-        running = next((g for g in self.groups if g.key == key and g.decoder.joinable), None)
+        # rows join a batch of the same canvas (a block-causal decode's runs on to whole attention blocks)
+        running = next((g for g in self.groups if g.key == key and g.decoder.joinable
+                        and g.decoder.state.gen_length == decoder.state.gen_length), None)
         if running is not None and decoder.joinable:
             running.decoder.join(decoder)
             running.jobs += jobs

@@ -383,8 +383,10 @@ def llada2_generate_ref(
     stands when the loop ends (masks may remain after an EOS stop).
 
     ``logits_fn(x)`` -> (1, W, V) aligned logits of the canvas prefix x (1, W) with LLaDA2's
-    block-causal attention. Blocks are ``block_length`` columns from column 0; decoding starts at
-    the block holding the prompt's end, and each block runs the window up to its end. Each of at
+    block-causal attention. The canvas is padded with masks to whole blocks of ``block_length``
+    columns from column 0 (those past Lp + G are decoded like the others and dropped at the end);
+    decoding starts at the block holding the prompt's end, and each block runs the window up to
+    its end. Each of at
     most ``steps`` steps: candidates = argmax, confidence = their softmax probability in fp32,
     masked block positions only; if at least n_i of them exceed ``threshold`` (strictly) they are
     all committed, else the n_i most confident (n_i: block_length // steps, + 1 for the first
@@ -393,14 +395,13 @@ def llada2_generate_ref(
     mask is left before the first EOS stops it at once.
     """
     Lp = len(prompt)
-    total = Lp + gen_length
-    x = torch.full((1, total), mask_id, dtype=torch.long)
+    blocks = -(-(Lp + gen_length) // block_length)
+    x = torch.full((1, blocks * block_length), mask_id, dtype=torch.long)
     x[0, :Lp] = torch.tensor(prompt, dtype=torch.long)
     steps = min(steps, gen_length)
     schedule = [block_length // steps + (1 if i < block_length % steps else 0) for i in range(steps)]
-    blocks = -(-total // block_length)
     for nb in range(Lp // block_length, blocks):
-        start, end = nb * block_length, min((nb + 1) * block_length, total)
+        start, end = nb * block_length, (nb + 1) * block_length
         for i in range(steps):
             active = x[0, start:end] == mask_id
             if not bool(active.any()):
@@ -422,10 +423,10 @@ def llada2_generate_ref(
                 gen = x[0, Lp:]
                 first = int((gen == eos_id).nonzero()[0, 0])
                 if not bool((gen[:first] == mask_id).any()):
-                    return x
+                    return x[:, :Lp + gen_length]
         if bool((x[0, Lp:end] == eos_id).any()):
-            return x
-    return x
+            break
+    return x[:, :Lp + gen_length]
 
 
 def llada21_generate_ref(
@@ -444,7 +445,7 @@ def llada21_generate_ref(
     """LLaDA2.1's editing loop at temperature 0 for one prompt: (the (1, Lp + G) canvas when the
     loop ends, the number of forwards).
 
-    Blocks as in :func:`llada2_generate_ref`. Each iteration of a block: when the block holds no
+    Blocks (and the canvas padded to whole blocks) as in :func:`llada2_generate_ref`. Each iteration of a block: when the block holds no
     mask, count a post step and leave the block past ``max_post_steps`` of them; run the window;
     candidates = argmax, confidence = softmax probability in fp32; commit the block's masks above
     ``threshold`` (strictly), or the most confident one if none is; at the same time rewrite every
@@ -454,12 +455,12 @@ def llada21_generate_ref(
     stops the loop.
     """
     Lp = len(prompt)
-    total = Lp + gen_length
-    x = torch.full((1, total), mask_id, dtype=torch.long)
+    blocks = -(-(Lp + gen_length) // block_length)
+    x = torch.full((1, blocks * block_length), mask_id, dtype=torch.long)
     x[0, :Lp] = torch.tensor(prompt, dtype=torch.long)
     forwards = 0
-    for nb in range(Lp // block_length, -(-total // block_length)):
-        start, end = nb * block_length, min((nb + 1) * block_length, total)
+    for nb in range(Lp // block_length, blocks):
+        start, end = nb * block_length, (nb + 1) * block_length
         generated = torch.arange(start, end) >= Lp
         post = 0
         while True:
@@ -484,5 +485,5 @@ def llada21_generate_ref(
                 break
         upto = x[0, Lp:end]
         if eos_early_stop and not bool((upto == mask_id).any()) and bool((upto == eos_id).any()):
-            return x, forwards
-    return x, forwards
+            break
+    return x[:, :Lp + gen_length], forwards
