@@ -955,7 +955,8 @@ def _output(state: DecodeState, tokenizer, request: Request, forwards: int, seco
     hit = state.extra.get("hit_cap")
     capped = set() if hit is None else set(hit.nonzero().flatten().tolist())
     return GenerationOutput(
-        sequences=state.x[:, :state.answer_end], generated=generated, texts=texts, nfe=nfe, forwards=forwards, steps=forwards,
+        sequences=state.x[:, :state.answer_end], generated=generated, texts=texts, nfe=nfe, forwards=forwards,
+        steps=forwards,
         tokens_per_forward=[c / max(n, 1) for c, n in zip(committed.tolist(), nfe)], answer_lengths=lengths,
         seconds=seconds, hit_cap=[b in capped for b in range(state.batch_size)], sampler=request.sampler.name,
         sampler_args=request.sampler.arguments(), trace=answer_steps if request.config.trace else None,

@@ -445,14 +445,14 @@ def llada21_generate_ref(
     """LLaDA2.1's editing loop at temperature 0 for one prompt: (the (1, Lp + G) canvas when the
     loop ends, the number of forwards).
 
-    Blocks (and the canvas padded to whole blocks) as in :func:`llada2_generate_ref`. Each iteration of a block: when the block holds no
-    mask, count a post step and leave the block past ``max_post_steps`` of them; run the window;
-    candidates = argmax, confidence = softmax probability in fp32; commit the block's masks above
-    ``threshold`` (strictly), or the most confident one if none is; at the same time rewrite every
-    written generated block token whose candidate differs with confidence above
-    ``editing_threshold``; leave the block after a mask-free iteration that edited nothing. With
-    ``eos_early_stop``, a finished block leaving no mask and an EOS in the generation up to its end
-    stops the loop.
+    Blocks (and the canvas padded to whole blocks) as in :func:`llada2_generate_ref`. Each iteration
+    of a block: when the block holds no mask, count a post step and leave the block past
+    ``max_post_steps`` of them; run the window; candidates = argmax, confidence = softmax
+    probability in fp32; commit the block's masks above ``threshold`` (strictly), or the most
+    confident one if none is; at the same time rewrite every written generated block token whose
+    candidate differs with confidence above ``editing_threshold``; leave the block after a mask-free
+    iteration that edited nothing. With ``eos_early_stop``, a finished block leaving no mask and an
+    EOS in the generation up to its end stops the loop.
     """
     Lp = len(prompt)
     blocks = -(-(Lp + gen_length) // block_length)
