@@ -6,7 +6,8 @@ commit:
 1. g = the mean, over the answer region A, of the raw top-1 minus top-2 logit gap (A may lie
    outside the active block; committed positions of A count too, as the reference reads the
    logits of the whole canvas);
-2. progress p = global step / requested steps (`steps` of the request, default gen_length);
+2. progress p = global step / requested steps (`steps` of the request, default gen_length), the
+   step counted from 1 as the published loop counts it;
 3. tau(p) = thresholds[0] if p < switches[0], thresholds[1] if p < switches[1], else thresholds[2];
 4. if g >= tau(p): every remaining mask of the row (future blocks included) is filled with this
    step's candidate tokens, and the row is done;
@@ -122,7 +123,7 @@ class Prophet(Sampler):
         return state.gen_start + start, state.gen_start + end
 
     def threshold_at(self, state) -> float:
-        p = state.global_step / max(state.steps, 1)
+        p = (state.global_step + 1) / max(state.steps, 1)       # the published loop counts this step first
         hi, mid, lo = self.thresholds
         return hi if p < self.switches[0] else mid if p < self.switches[1] else lo
 

@@ -399,7 +399,8 @@ def test_adablock_moves_the_loops_block_end():
 
 
 # -- Prophet -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("stage,step", [("early", 0), ("mid", 40), ("late", 80)])
+@pytest.mark.parametrize("stage,step", [("early", 0), ("early", 31), ("mid", 32), ("mid", 40), ("late", 66),
+                                        ("late", 80)])     # the published loop counts its steps from 1
 @pytest.mark.parametrize("above", [True, False])
 def test_prophet_fill_all_at_each_stage(stage, step, above):
     G = 100
@@ -413,7 +414,7 @@ def test_prophet_fill_all_at_each_stage(stage, step, above):
     positions, valid, dec = run_step(sampler, state, prob=prob, gap=gap)
     g = state.gen_start
     assert dec.fill_all.tolist() == [above, False]
-    assert ref.prophet_fill_ref(gap[0, g:g + G].tolist(), step, G) == above
+    assert ref.prophet_fill_ref(gap[0, g:g + G].tolist(), step + 1, G) == above
     # Every masked generation column was scored, and a firing row commits all of them.
     assert valid.sum(1).tolist() == [G, G]                    # row 1: its committed answer columns too
     if above:
@@ -476,8 +477,8 @@ def test_prophet_progress_counts_the_requested_steps_whatever_its_base(llada):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for steps in (4, 8):
-            # fills everything at the first step past half the requested steps
-            assert dllm.generate(model, tok, PROMPTS, steps=steps, **kw).forwards == steps // 2 + 1
+            # fills everything at the step that reaches half the requested steps (counted from 1)
+            assert dllm.generate(model, tok, PROMPTS, steps=steps, **kw).forwards == steps // 2
 
 
 def test_prophet_base_instance_and_kwargs():

@@ -115,7 +115,8 @@ def adablock_block_length_ref(tokens: list[int], conf: list[float], cols: list[i
 def prophet_fill_ref(gaps_in_answer: list[float], step: int, total_steps: int,
                      thresholds=(7.5, 5.0, 2.5), switches=(0.33, 0.67)) -> bool:
     """Prophet's test: mean top-2 logit gap over the answer region >= the staged threshold of the
-    progress step / total_steps."""
+    progress step / total_steps, `step` counted from 1 (the published loop counts a step before it
+    tests)."""
     progress = step / total_steps
     if progress < switches[0]:
         tau = thresholds[0]
