@@ -569,8 +569,9 @@ class DKVDecode(StoringPolicy):
     warmup:  full forwards at the start of each block; default by family, 2 for LLaDA and 1 for
              Dream (dKV-Cache's loops).
     twins, guard: see `StoringPolicy` (False, None: dKV-Cache's rule).
-    On Dream the left neighbour of every masked position is recomputed too (dKV-Cache's default
-    `shift_type="un"`: a column is cached once the token it predicts is decoded).
+    On Dream a column is recomputed when the token it predicts (the next column's) is, not its own:
+    dKV-Cache's default `shift_type="un"`, under which a masked column whose next token is decoded is
+    served from the cache.
     """
 
     name = "dkv-decode"
@@ -595,10 +596,10 @@ class DKVDecode(StoringPolicy):
         return (i < self.warmup) | (i % self.refresh == 0)
 
     def _columns(self, state, rows, changed, scored):
-        masked = state.is_mask[rows] & state.in_generation()[None, :]
-        if self.shift:
-            masked = self._left_neighbours(masked)
-        return masked | changed
+        due = (state.is_mask[rows] & state.in_generation()[None, :]) | changed
+        # dKV-Cache's shift_type "un": column j follows the token it predicts, j + 1 (the last
+        # column follows column 0, as the published loop rolls its cache positions)
+        return torch.roll(due, -1, dims=1) if self.shift else due
 
 
 class DKVGreedy(StoringPolicy):

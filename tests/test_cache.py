@@ -188,6 +188,9 @@ def test_one_layer_models_are_exact_under_every_policy(one_layer, family, policy
     K/V is exact as long as every column whose token changed since it was stored is recomputed
     (the one-step delay included). Every policy with its default schedule must then give the
     tokens of `none`, for every sampler (fill-all, moved block ends, early-finished rows included)."""
+    if (family, policy) == ("dream", "dkv-decode"):
+        pytest.skip("dKV-Cache's shift_type 'un' serves a masked column from the cache once the token it predicts "
+                    "is decoded, so a column written later keeps its mask's K/V: not exact even with one layer")
     model, tok = one_layer[family]
     for name, cls, base in _each_sampler(model, tok):
         out = _generate(model, tok, PROMPTS, cache=policy, **_kwargs(name, cls))
@@ -288,9 +291,9 @@ def plan_sets(entry) -> list[set[int]]:
 @pytest.mark.parametrize("sampler", ["low_confidence", "threshold"])
 def test_dkv_decode_recomputes_masks_and_the_last_commits(family_model, sampler):
     """The one-step delay rule, step by step: a partial step recomputes exactly the still-masked
-    columns of the generation region and the columns committed at the previous step (on Dream also
-    the left neighbour of every masked column); full refreshes at steps i < warmup and i % refresh
-    == 0 of each row's block."""
+    columns of the generation region and the columns committed at the previous step (on Dream the
+    columns left of those: dKV-Cache's shift_type "un", a column follows the token it predicts);
+    full refreshes at steps i < warmup and i % refresh == 0 of each row's block."""
     if sampler not in samplers.available():
         pytest.skip(f"sampler {sampler!r} is not registered")
     model, _ = family_model
@@ -314,9 +317,7 @@ def test_dkv_decode_recomputes_masks_and_the_last_commits(family_model, sampler)
             partial += 1
             trace = out.trace[r]
             # still masked at step t (committed at t or later) or committed at t - 1
-            want = {g0 + j for j in range(16) if trace[j] >= t - 1}
-            if shift:
-                want |= {g0 + j - 1 for j in range(16) if trace[j] >= t}
+            want = {g0 + j - shift for j in range(16) if trace[j] >= t - 1}
             assert got[k] == want, (t, r, sorted(got[k]), sorted(want))
     assert partial >= 10
     assert int(policy.partial_steps.sum()) == partial
