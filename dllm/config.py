@@ -394,9 +394,12 @@ class GenerationConfig:
         return cfg
 
     def may_use_blocks(self) -> bool:
-        """False when the sampler is known to decode the whole generation region at once (it then
-        ignores block_length); True for a block sampler and for one chosen per model (None)."""
+        """Whether the sampler is known to decode in blocks: False for one that decodes the whole
+        generation region at once (it ignores block_length) and for one the model chooses (None:
+        `dllm.decode.resolve_request` checks again once it is chosen)."""
         sampler = self.sampler
+        if sampler is None:
+            return False
         if isinstance(sampler, str) and sampler in samplers.available():
             return samplers.sampler_class(sampler).uses_blocks
         return getattr(sampler, "uses_blocks", True)

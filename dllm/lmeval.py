@@ -90,7 +90,7 @@ def request_length(gen_kwargs: dict) -> int:
     text, as lm_eval passes it from a task or --gen_kwargs), 256 when it gives none."""
     value = gen_kwargs.get("max_gen_toks", 256)
     text = str(_whole(value)).strip()
-    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+    if isinstance(value, bool) or not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ValueError(f"a request's max_gen_toks must be a positive integer, got {value!r}")
     return int(text)
 
@@ -98,7 +98,7 @@ def request_length(gen_kwargs: dict) -> int:
 def _batch_size(value) -> int:
     """lm_eval's --batch_size (an integer, or its text): requests decoded together."""
     text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+    if isinstance(value, bool) or not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ValueError(f"batch_size must be an integer >= 1 (dllm has no 'auto'), got {value!r}")
     return int(text)
 

@@ -134,6 +134,20 @@ def test_dream_samplers_run_on_llada_and_llada_sampler_on_dream(llada, dream, sa
     assert dllm.GenerationConfig(block_length=32, sampler=sampler).for_length(8).block_length == 32
 
 
+
+def test_a_block_length_past_the_generation_is_checked_once_the_model_chose_its_sampler(dream_dir, capsys):
+    """Without a sampler the model chooses one: Dream's ignores the block length, so the command
+    line's check before loading leaves it to the decode, which warns."""
+    from dllm.cli import main
+    argv = ["generate", "--model", str(dream_dir), "--dtype", "float32", "--gen-length", "8", "--block-length", "32",
+            "hello"]
+    with pytest.warns(UserWarning, match="block_length 32 is ignored"):
+        assert main(argv) == 0
+    assert dllm.GenerationConfig(block_length=32).for_length(8).block_length == 32
+    with pytest.raises(ValueError, match="block_length 32 exceeds gen_length 8"):
+        dllm.GenerationConfig(block_length=32, sampler="low_confidence").for_length(8)
+
+
 def test_a_schedule_the_sampler_does_not_use_is_warned_about(llada):
     import warnings
 
@@ -380,7 +394,7 @@ def test_request_errors_name_the_value():
     with pytest.raises(ValueError, match="tokens_per_step 5 does not divide gen_length 32"):
         dllm.GenerationConfig(tokens_per_step=5).for_length(32)
     with pytest.raises(ValueError, match="block_length 64 exceeds gen_length 32"):
-        dllm.GenerationConfig(block_length=64).for_length(32)
+        dllm.GenerationConfig(block_length=64, sampler="threshold").for_length(32)
     with pytest.raises(ValueError, match="cache must be a registered policy name or a CachePolicy instance"):
         dllm.GenerationConfig(cache=3)
     with pytest.raises(ValueError, match="unknown cache policy 'dual2'"):

@@ -190,7 +190,7 @@ def test_stop_strings_cut_at_the_earliest_one(shipped):
     assert whole.find(" Je") > 0
     (cut,) = lm.generate_until([_generation(context, until=["never there", " Je", "e J"])])
     assert cut == whole[:whole.find(" Je")]
-    for bad in ("abc", None, 8.7, True, 0):
+    for bad in ("abc", None, 8.7, True, 0, "\u00b2"):
         with pytest.raises(ValueError, match=rf"a request's max_gen_toks must be a positive integer, got {bad!r}"):
             DLLMEvalModel(dtype="float32", device="cpu").generate_until([_generation("Copy: a", max_gen_toks=bad)])
 
@@ -272,6 +272,7 @@ def test_pairs_condition_on_the_context_encoded_alone(shipped):
 
 @pytest.mark.parametrize("args,message", [
     ({"batch_size": "auto"}, "batch_size must be an integer >= 1 (dllm has no 'auto'), got 'auto'"),
+    ({"batch_size": "\u00b2"}, "batch_size must be an integer >= 1 (dllm has no 'auto'), got '\u00b2'"),
     ({"mc_num": 100}, "mc_num must be a positive multiple of mc_batch_size >= 1, got mc_num=100, mc_batch_size=32"),
     ({"mc_num": 4.7, "mc_batch_size": 2}, "got mc_num=4.7"),
     ({"cfg": float("nan")}, "cfg must be a finite number >= 0"),
