@@ -449,12 +449,6 @@ class StoringPolicy(CachePolicy):
         i = state.step_in_block[rows]
         return i == 0 if refresh is None else i % refresh == 0
 
-    def _left_neighbours(self, cols: torch.Tensor) -> torch.Tensor:
-        """(B', L) bool -> itself plus the column left of each marked one."""
-        out = cols.clone()
-        out[:, :-1] |= cols[:, 1:]
-        return out
-
     def _from_block_start(self, state, rows) -> torch.Tensor:
         """(B', L) bool: columns >= each row's block start (one further left for a shifted model,
         whose first block position is predicted by the column before it; from the start of the

@@ -207,7 +207,8 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
         raise ValueError(f"prompt length {lp} + gen_length {cfg.gen_length} = {lp + cfg.gen_length} exceeds the "
                          f"model's maximum sequence length {mc.max_seq_len}")
     tails = _block_tails(rows, cfg.gen_length, mc.attention_block)
-    B, L = len(rows), lp + cfg.gen_length + max(tails)
+    longest_tail = max(tails)
+    B, L = len(rows), lp + cfg.gen_length + longest_tail
     x = torch.full((B, L), ids.mask, dtype=torch.long)
     pad_len = torch.tensor([lp - len(r) for r in rows], dtype=torch.long)
     for b, r in enumerate(rows):
@@ -224,7 +225,7 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
                         family=mc.family, aligned_blocks=mc.attention_block is not None, vocab_size=mc.vocab_size,
                         source=getattr(model, "checkpoint_dir", None) or getattr(model, "name_or_path", None),
                         answer_length=cfg.gen_length)
-    short = [b for b, tail in enumerate(tails) if tail < max(tails)]
+    short = [b for b, tail in enumerate(tails) if tail < longest_tail]
     if short:      # a row's region ends with its last attention block
         state.truncate(torch.tensor(short, device=device),
                        torch.tensor([lp + cfg.gen_length + tails[b] - 1 for b in short], device=device))

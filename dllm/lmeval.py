@@ -89,18 +89,26 @@ def request_length(gen_kwargs: dict) -> int:
     """The tokens a request asks to generate: its `max_gen_toks` (an integer, a whole float or digit
     text, as lm_eval passes it from a task or --gen_kwargs), 256 when it gives none."""
     value = gen_kwargs.get("max_gen_toks", 256)
-    text = str(_whole(value)).strip()
-    if isinstance(value, bool) or not (text.isascii() and text.isdigit()) or int(text) < 1:
+    count = _positive_count(_whole(value))
+    if count is None:
         raise ValueError(f"a request's max_gen_toks must be a positive integer, got {value!r}")
+    return count
+
+
+def _positive_count(value) -> int | None:
+    """`value` (an integer or its text) as an integer >= 1, else None."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not (text.isascii() and text.isdigit()) or int(text) < 1:
+        return None
     return int(text)
 
 
 def _batch_size(value) -> int:
     """lm_eval's --batch_size (an integer, or its text): requests decoded together."""
-    text = str(value).strip()
-    if isinstance(value, bool) or not (text.isascii() and text.isdigit()) or int(text) < 1:
+    count = _positive_count(value)
+    if count is None:
         raise ValueError(f"batch_size must be an integer >= 1 (dllm has no 'auto'), got {value!r}")
-    return int(text)
+    return count
 
 
 @register_model("dllm")

@@ -111,17 +111,23 @@ def resolve_dtype(dtype) -> torch.dtype | None:
     raise ValueError(f"unsupported dtype {dtype!r}; choose one of 'auto', 'float32', 'float16', 'bfloat16'")
 
 
+def parse_device(device) -> torch.device:
+    """torch.device from a name, whether or not that device exists on this machine; a ValueError
+    names a name torch does not read."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}; use 'auto', 'cpu', 'cuda', 'cuda:N' or another torch "
+                         f"device") from None
+
+
 def resolve_device(device, auto=None) -> torch.device:
     """torch.device from a name, checked to exist before any weight is read. "auto" is `auto`
     when given (a multi-process launch's device for this process), else "cuda" when CUDA is
     available, else "cpu"."""
     if device == "auto":
         device = auto if auto is not None else ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {device!r}; use 'auto', 'cpu', 'cuda', 'cuda:N' or another torch "
-                         f"device") from None
+    dev = parse_device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu'")

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 import yaml
 
 from dllm import samplers
@@ -20,7 +19,7 @@ from dllm.attention import get_backend
 from dllm.cache import available_policies, policy_class
 from dllm.config import GenerationConfig
 from dllm.eval.runner import BenchConfig, cache_identity
-from dllm.models.loading import resolve_dtype
+from dllm.models.loading import parse_device, resolve_dtype
 
 AXES = ("models", "samplers", "caches", "block_lengths", "gen_lengths")
 SAMPLER_KEYS = ("name", "args", "tokens_per_step", "steps", "block_lengths", "gen_lengths")
@@ -74,7 +73,7 @@ class SweepSettings:
         for name in ("cuda_graphs", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} {getattr(self, name)!r} is not allowed; give true or false")
-        if not isinstance(self.device, str) or not _is_device_name(self.device):
+        if not isinstance(self.device, str) or not _names_a_device(self.device):
             raise ValueError(f"device {self.device!r} is not allowed; give 'auto', 'cpu', 'cuda', 'cuda:N' or "
                              f"another torch device")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
@@ -90,15 +89,12 @@ class SweepSettings:
         self.levels = tuple(float(x) for x in levels)
 
 
-def _is_device_name(name: str) -> bool:
-    """Whether `name` is "auto" or names a torch device (on this machine or another)."""
-    if name == "auto":
-        return True
+def _names_a_device(name: str) -> bool:
+    """Whether `name` is "auto" or a torch device name (on this machine or the one the sweep runs on)."""
     try:
-        torch.device(name)
-    except (RuntimeError, TypeError):
+        return name == "auto" or parse_device(name) is not None
+    except ValueError:
         return False
-    return True
 
 
 @dataclass
