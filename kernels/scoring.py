@@ -256,6 +256,7 @@ if HAS_TRITON:
         else:
             token = first
             x_token = top
+        token = tl.where(token == 2147483647, 0, token)     # no finite logit: token 0, as torch's argmax
         s_safe = tl.where(s_all > 0.0, s_all, 1.0)
         top_use = tl.where(top > float("-inf"), top, 0.0)                    # rows with no finite logit fail later
         prob = tl.math.exp2((x_token - top_use) * 1.4426950408889634) / s_safe

@@ -103,6 +103,32 @@ def test_minus_inf_is_allowed_and_nan_inf_or_all_minus_inf_raise():
         token_scores_triton(torch.tensor([[[0.0, 1.0], [float("-inf")] * 2]], device=DEVICE))
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("bad", [float("-inf"), float("nan")])
+def test_a_position_without_a_finite_logit_gets_token_zero_unchecked(temperature, bad):
+    """Unchecked (the decode checks finiteness at its next read), a position with no usable logit
+    still gets a token inside the vocabulary: 0, as torch's argmax gives; the next check raises."""
+    logits = torch.tensor([[[0.0, 3.0, 1.0], [bad] * 3]], device=DEVICE)
+    got = token_scores_triton(logits, temperature=temperature, seed=5, check_finite=False)
+    assert got.token[0, 1].item() == 0
+    assert 0 <= got.token[0, 0].item() < 3 and (temperature > 0 or got.token[0, 0].item() == 1)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("sampler", ["low_confidence", "klass"])
+def test_a_decode_of_nan_logits_raises_under_the_kernel(monkeypatch, sampler):
+    """Every logit NaN (a head weight column of NaN): the decode's deferred finiteness check names it,
+    with the kernel's scoring as with torch's (no out-of-vocabulary token reaches the next forward)."""
+    import dllm
+    monkeypatch.setenv("DLLM_SCORING", "triton")
+    model = dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0).to(DEVICE)
+    with torch.no_grad():
+        model.head.weight[:, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match="NaN/inf logits"):
+        dllm.generate(model, None, [[1, 2]], gen_length=8, sampler=sampler, steps=4)
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # numpy, in the interpreter
 @pytest.mark.parametrize("splits", [1, 3])
 def test_logits_near_the_float32_limits(splits):
