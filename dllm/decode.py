@@ -835,8 +835,8 @@ def _fuses_head_scoring(model, sampler, state: DecodeState, cfg: GenerationConfi
     head_weight = getattr(model, "head_weight", None)
     if head_weight is None or head_scoring_impl(None, state.x.device, head_weight().dtype) == "unfused":
         return False
-    return (_score_fields(sampler, observe) <= {"prob"} and not sampler.needs_logits and state.temperature == 0 and cfg.cfg_scale <= 0
-            and not sampler.edits_logits and not sampler.shadow_block)
+    return (_score_fields(sampler, observe) <= {"prob"} and not sampler.logits_needed(state)
+            and state.temperature == 0 and cfg.cfg_scale <= 0 and not sampler.edits_logits and not sampler.shadow_block)
 
 
 def _score_fields(sampler, observe: bool) -> frozenset:
@@ -866,7 +866,7 @@ def _score(state: DecodeState, sampler, rows, logits, observe: bool):
     return token_scores(logits, temperature=state.temperature if sampler.gumbel_candidates else 0.0,
                         generator=state.generator, score_dtype=state.score_dtype,
                         fields=_score_fields(sampler, observe),
-                        keep_logits=sampler.needs_logits, check_finite=False)
+                        keep_logits=sampler.logits_needed(state), check_finite=False)
 
 
 def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | None = None, *,

@@ -31,7 +31,8 @@ class Sampler:
       uses_steps:      the request's `steps` / `tokens_per_step` set its schedule; False for a
                        sampler that decides its own number of steps (a request giving them is
                        warned that they are ignored).
-      needs_logits:    the loop passes the (B, Q, V) logits in `scores.logits`.
+      needs_logits:    the loop passes the (B, Q, V) logits in `scores.logits` (for a sampler that
+                       needs them only for some requests: `logits_needed`).
       gumbel_candidates: the loop draws the candidate token by Gumbel-max at the request temperature;
                        samplers that sample themselves (Dream's) set this False.
       score_fields:    TokenScores statistics the sampler reads ("prob", "margin", "entropy",
@@ -113,6 +114,11 @@ class Sampler:
         an upper bound of it, known before the first step (the loop then reads nothing until the
         schedule is done). Called after `setup`. Default: None (the loop reads it every step)."""
         return None
+
+    def logits_needed(self, state: DecodeState) -> bool:
+        """Whether this request's steps pass the (B', Q, V) logits in `scores.logits`.
+        Default: `needs_logits`."""
+        return self.needs_logits
 
     @property
     def edits_logits(self) -> bool:

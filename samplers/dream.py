@@ -25,33 +25,14 @@ import struct
 import torch
 
 from .base import Sampler, check_number, top_k_mask
+from .sampling import check_temperature, sample_at, sample_filtered
 from dllm.state import Decision
 
 
-# The smallest positive temperature whose division keeps logits finite in every float dtype
-# (float16's largest value is 65504), the smallest positive alg_temp whose division keeps the
-# confidences (at most 1) finite, and the largest alg_temp (a larger one is a uniform draw anyway).
-MIN_TEMPERATURE = 1e-2
+# The smallest positive alg_temp whose division keeps the confidences (at most 1) finite, and the
+# largest alg_temp (a larger one is a uniform draw anyway).
 MIN_ALG_TEMP = 1e-4
 MAX_ALG_TEMP = 1e4
-
-
-def filter_logits(logits: torch.Tensor, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
-    """Temperature, then nucleus (keep the smallest prefix whose mass exceeds top_p, the first token
-    always), then top-k; removed logits become the dtype's lowest value. logits: (N, V)."""
-    if temperature > 0:
-        logits = logits / temperature
-    low = torch.finfo(logits.dtype).min
-    if top_p is not None and top_p < 1:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
-        drop_sorted = torch.cat([torch.zeros_like(cum[..., :1], dtype=torch.bool), cum[..., :-1] > top_p], dim=-1)
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, low)
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, low)
-    return logits
 
 
 def _f32(value: float) -> float:
@@ -87,9 +68,7 @@ class _DreamBase(Sampler):
         self._args = dict(eps=eps, top_p=top_p, top_k=top_k, alg_temp=alg_temp)
 
     def setup(self, state):
-        if 0 < state.temperature < MIN_TEMPERATURE:
-            raise ValueError(f"sampler {self.name!r}: temperature {state.temperature!r} overflows Dream's logits / "
-                             f"temperature; give 0 (greedy) or at least {MIN_TEMPERATURE}")
+        check_temperature(self.name, state.temperature)
         state.extra["timesteps"] = torch.linspace(1, self.eps, state.steps + 1, device=state.x.device)
 
     def score_mask(self, state, rows):
@@ -97,27 +76,12 @@ class _DreamBase(Sampler):
 
     def _sample(self, state, logits):
         """(confidence, token) of each row of logits (N, V), following the reference's sample_tokens."""
-        logits = filter_logits(logits, state.temperature, self.top_p, self.top_k)
-        probs = torch.softmax(logits, dim=-1)
-        if state.temperature > 0:
-            token = torch.multinomial(probs, 1, generator=state.generator).squeeze(-1)
-            conf = probs.gather(-1, token[:, None]).squeeze(-1)
-        else:
-            conf, token = probs.max(dim=-1)
+        probs, conf, token = sample_filtered(logits, state.temperature, self.top_p, self.top_k, state.generator)
         return self.confidence(probs, conf), token
 
     def _sample_at(self, state, logits, valid):
-        """(confidence, token) (B', Q) at the valid positions of logits (B', Q, V); -inf confidence
-        elsewhere. A sampled run draws at the valid positions only, in order, as the reference
-        does; a greedy one scores every position, reading nothing back from the device."""
-        if state.temperature > 0:
-            conf_flat, tok_flat = self._sample(state, logits[valid])       # (N,)
-            conf = torch.full(valid.shape, float("-inf"), dtype=conf_flat.dtype, device=valid.device)
-            tokens = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
-            conf[valid], tokens[valid] = conf_flat, tok_flat
-            return conf, tokens
-        conf, tokens = self._sample(state, logits.reshape(-1, logits.shape[-1]))
-        return conf.view(valid.shape).masked_fill(~valid, float("-inf")), tokens.view(valid.shape)
+        """(confidence, token) (B', Q) at the valid positions of logits (B', Q, V) (`sample_at`)."""
+        return sample_at(logits, valid, lambda flat: self._sample(state, flat), sampled=state.temperature > 0)
 
     def confidence(self, probs, conf):
         return conf

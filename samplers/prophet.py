@@ -132,6 +132,9 @@ class Prophet(Sampler):
         self.answer_columns(state)  # validate against this request
         self.base.setup(state)
 
+    def logits_needed(self, state):
+        return self.base.logits_needed(state)
+
     def begin_block(self, state, rows):
         self.base.begin_block(state, rows)
 

@@ -106,7 +106,7 @@ def test_sampler_argument_ranges(kwargs, match):
 
 
 def test_a_temperature_too_small_for_dreams_division_is_refused(tiny_dream):
-    with pytest.raises(ValueError, match=r"sampler 'entropy': temperature 1e-300 overflows Dream's logits / "
+    with pytest.raises(ValueError, match=r"sampler 'entropy': temperature 1e-300 overflows its logits / "
                                          r"temperature; give 0 \(greedy\) or at least 0.01"):
         dllm.generate(tiny_dream, None, [[5, 6]], gen_length=8, sampler="entropy", temperature=1e-300, seed=0)
 

@@ -2,6 +2,8 @@
 expert bias), the forward against a plain statement of the published modelling code with its
 block-causal mask (tests/reference/arch_ref.py), the block-causal K/V cache at the forward level,
 and the errors of bad configs."""
+import math
+
 import pytest
 import torch
 
@@ -394,3 +396,90 @@ def test_served_rows_join_a_batch_of_their_own_canvas(llada2_dir):
     for i, prompt in enumerate(prompts):
         alone = dllm.generate(model, tok, [prompt], config=config)
         assert answers[i]["text"] == alone.texts[0] and answers[i]["completion_tokens"] == alone.answer_lengths[0]
+
+
+# -- sampling at temperature > 0 (the reference's _sample_with_temperature_topk_topp) -------------
+def _top_k_then_top_p_ref(logits, top_k, top_p):
+    """LLaDA2's filters restated: keep the k largest logits, then the nucleus of what is left."""
+    if top_k:
+        kth = torch.topk(logits, top_k).values[..., -1:]
+        logits = torch.where(logits < kth, float("-inf"), logits)
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = torch.cumsum(torch.softmax(sorted_logits, -1), -1)
+        drop = cum > top_p
+        drop[..., 1:] = drop[..., :-1].clone()
+        drop[..., 0] = False
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+@pytest.mark.parametrize("top_k,top_p", [(2, 0.6), (3, 0.9), (None, 0.55), (1, None), (5, 0.3)])
+def test_llada2_filters_top_k_before_top_p(top_k, top_p):
+    from dllm.samplers.sampling import filter_logits
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 1e-3, 2e-3], [0.1, 0.15, 0.25, 0.2, 0.3]]))
+    want = torch.softmax(_top_k_then_top_p_ref(logits / 0.7, top_k, top_p), -1)
+    got = torch.softmax(filter_logits(logits, 0.7, top_p, top_k, top_k_first=True), -1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+    if (top_k, top_p) == (2, 0.6):   # the order matters here: Dream's (nucleus first) keeps two tokens
+        dream = torch.softmax(filter_logits(logits, 0.7, top_p, top_k), -1)
+        assert (dream[0] > 0).sum() == 2 and (got[0] > 0).sum() == 1
+
+
+def _one_token_model(logit):
+    """Every column's logits: `logit` for token 7, 0 for the others."""
+    from tests.test_samplers_parallel import ScriptedModel
+
+    def logits_fn(x, cols, V):
+        out = torch.zeros(*cols.shape, V)
+        out[..., 7] = logit
+        return out
+    return ScriptedModel(logits_fn=logits_fn)
+
+
+@pytest.mark.parametrize("sampler", ["llada2", "llada21"])
+def test_confidence_at_temperature_is_the_tempered_probability(sampler):
+    """Token 7's probability is e^2 / (e^2 + V - 1) (under 0.03) raw, above 1 - 1e-5 at
+    temperature 0.1: the tempered one passes the 0.95 threshold, so every block fills in one step."""
+    model = _one_token_model(2.0)
+    V = model.config.vocab_size
+    assert math.exp(2) / (math.exp(2) + V - 1) < 0.03
+    kwargs = dict(gen_length=16, block_length=8, sampler=sampler, sampler_kwargs={"max_post_steps": 0}
+                  if sampler == "llada21" else {})
+    hot = dllm.generate(model, None, [[1, 2, 3]], temperature=0.1, seed=3, **kwargs)
+    assert hot.generated[0].tolist() == [7] * 16 and hot.forwards == 2
+    greedy = dllm.generate(model, None, [[1, 2, 3]], temperature=0.0, **kwargs)
+    assert greedy.generated[0].tolist() == [7] * 16 and greedy.forwards == 16
+
+
+@pytest.mark.parametrize("sampler", ["llada2", "llada21"])
+def test_top_k_one_draws_the_argmax_with_confidence_one(sampler):
+    """With top_k 1 the filtered distribution holds the argmax alone (probability 1): at any
+    temperature a block fills at once with the argmax tokens, as a greedy run with threshold 0 does."""
+    from tests.test_samplers_parallel import ScriptedModel
+
+    def logits_fn(x, cols, V):
+        g = torch.Generator().manual_seed(int(cols.sum()))
+        return torch.randn(*cols.shape, V, generator=g)
+    model = ScriptedModel(logits_fn=logits_fn)
+    base = dict(gen_length=12, block_length=4, sampler=sampler)
+    hot = dllm.generate(model, None, [[1, 2, 3]], temperature=1.5, seed=0, sampler_kwargs={"top_k": 1}, **base)
+    want = dllm.generate(model, None, [[1, 2, 3]], temperature=0.0, sampler_kwargs={"threshold": 0.0}, **base)
+    assert hot.generated.tolist() == want.generated.tolist()
+    assert hot.forwards == want.forwards
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(top_k=0), r"sampler 'llada2': top_k must be"),
+    (dict(top_p=0.0), r"sampler 'llada2': top_p must be"),
+    (dict(top_p=1.5), r"sampler 'llada2': top_p must be"),
+])
+def test_llada2_filters_are_checked(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dllm.samplers.get("llada2", **kwargs)
+
+
+def test_a_temperature_too_small_to_divide_by_is_refused():
+    with pytest.raises(ValueError, match=r"sampler 'llada21': temperature 1e-30 overflows its logits / temperature"):
+        dllm.generate(_one_token_model(2.0), None, [[1, 2]], gen_length=8, block_length=8, sampler="llada21",
+                      temperature=1e-30, seed=0)
