@@ -78,7 +78,9 @@ def bidir_attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid:
     if key_valid is not None:
         scores = scores.masked_fill(~key_valid[:, None, None, :], float("-inf"))
         v = v.masked_fill(~key_valid[:, None, :, None], 0.0)               # padding values are never read
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)                  # rows without keys: 0, not NaN
+    probs = torch.softmax(scores, dim=-1)
+    if key_valid is not None:                                              # rows without keys: 0, not NaN;
+        probs = probs.masked_fill(~key_valid.any(-1)[:, None, None, None], 0.0)   # a NaN input stays NaN
     return (probs.to(v.dtype) @ v).to(q.dtype)                             # (B, H, P, D)
 
 
@@ -484,6 +486,9 @@ def bidir_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: tor
     """
     scale = q.shape[-1] ** -0.5 if scale is None and isinstance(q, torch.Tensor) else scale
     _validate(q, k, v, key_valid, scale, out)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise RuntimeError("the triton attention backend runs forward only and its output has no gradient; "
+                           "run it under torch.no_grad() / inference_mode, or train with attention='sdpa'")
     require_triton(q.device, "the triton attention backend")
     pick = _launch_for(q, k, v, key_valid, scale)
     if pick is None:

@@ -96,6 +96,10 @@ def test_nan_scores_give_nan_as_sdpa_does(num_splits):
         q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=key_valid[:, None, None, :])
     assert torch.equal(out.isnan(), want.isnan()) and out.isnan().any()
     torch.testing.assert_close(out.nan_to_num(0.0), want.nan_to_num(0.0), rtol=1e-4, atol=1e-5)
+    ref = bidir_attn_ref(q, k, v, key_valid, 16 ** -0.5)         # the reference keeps the same semantics
+    assert torch.equal(ref.isnan(), want.isnan())
+    key_valid[1] = False                                         # ... and zeros a row without keys
+    assert torch.equal(bidir_attn_ref(q, k, v, key_valid)[1], torch.zeros_like(q[1]))
 
 
 def test_padding_entries_are_never_read():
@@ -153,6 +157,20 @@ def test_bad_inputs_raise_value_error(make, match):
     q, k, v, key_valid = _inputs(2, 4, 2, 5, 20, 16, torch.float32, seed=6)
     with pytest.raises(ValueError, match=match):
         bidir_attn(*make(q, k, v, key_valid))
+
+
+def test_inputs_that_record_gradients_are_refused(llada_dir):
+    """The kernel has no backward: q/k/v that require grad are refused (not a gradient-less output);
+    under no_grad they run; a model training on the backend says so at its first forward."""
+    q, k, v = (torch.randn(1, 2, 5, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    with pytest.raises(RuntimeError, match=r"the triton attention backend runs forward only .* attention='sdpa'"):
+        bidir_attn(q, k, v)
+    with torch.no_grad():
+        assert bidir_attn(q, k, v).shape == (1, 2, 5, 16)
+    model, _ = dllm.load(llada_dir, dtype="float32", device=DEVICE, attention="triton")
+    model.train()
+    with pytest.raises(RuntimeError, match="runs forward only"):
+        model(torch.tensor([[1, 2, 3]], device=DEVICE))
 
 
 def test_bad_scale_out_and_launch_overrides_raise_value_error():

@@ -152,6 +152,30 @@ def test_cached_forward_equals_the_torch_path(preset, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(results["torch"][1], results["triton"][1]))
 
 
+def test_a_cached_forward_that_records_gradients_keeps_the_torch_path(monkeypatch):
+    """The kernel has no backward: where autograd records, the rotary write stays in torch ops and
+    the keys' gradient reaches the k projection."""
+    model = _model("llada-tiny")
+    cfg = model.config
+    B, L = 2, 24
+    x = torch.randint(0, 200, (B, L), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    positions = torch.tensor([[3, 4, 9], [5, 6, 7]], device=DEVICE)
+    monkeypatch.setenv("DLLM_ROPE_WRITE", "triton")
+    cache = KVCache(cfg.n_layers, B, cfg.n_kv_heads, L, cfg.head_dim, model.dtype, DEVICE)
+    with torch.no_grad():
+        model(x, cache=cache)
+    launches = _Launches()
+    add_launch_listener(launches)
+    try:
+        out = model(x, positions, positions=positions, cache=cache)
+    finally:
+        remove_launch_listener(launches)
+    assert launches.names == []
+    out.float().sum().backward()
+    k_weights = [p for name, p in model.named_parameters() if name.endswith("attn.k.weight")]
+    assert k_weights and all(p.grad is not None and p.grad.abs().sum() > 0 for p in k_weights)
+
+
 @pytest.mark.parametrize("cache", ["dual", "prefix", "dkv-decode"])
 def test_decode_gives_the_torch_paths_tokens(cache, monkeypatch):
     model = _model("llada-tiny")

@@ -527,9 +527,10 @@ class DiffusionTransformer(nn.Module):
     def _fuses_rope_write(self, ctx: _ForwardContext, device: torch.device) -> bool:
         """Whether the layers rotate and write their K/V with the fused kernel
         (`dllm.kernels.rope_write`, chosen with DLLM_ROPE_WRITE): a partial write into a cache
-        (a cached step), full rotary, not while torch.compile traces (it fuses these itself)."""
+        (a cached step), full rotary, not while torch.compile traces (it fuses these itself), not
+        where autograd records (the kernel has no backward)."""
         return (ctx.write_index is not None and self.config.rotary == self.config.head_dim
-                and not torch.compiler.is_compiling()
+                and not torch.compiler.is_compiling() and not torch.is_grad_enabled()
                 and rope_write_impl(None, device, ctx.cache.buffers(0)[0].dtype) == "triton")
 
     def _run(self, tokens, positions, pos, key_valid, cache, rows, layout=None, keep=None):
