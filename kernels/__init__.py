@@ -46,6 +46,13 @@ def triton_runs_on(device: torch.device | str) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and INTERPRET)
 
 
+def interpreter_bf16(device: torch.device | str, dtype: torch.dtype | None) -> bool:
+    """Whether `dtype` tensors on `device` are bf16 under the interpreter, whose float32-to-bfloat16
+    conversion truncates where a GPU rounds to nearest: kernels that write bf16 results (the rotary
+    write, the head scoring's bf16 logits) are not run there."""
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and INTERPRET
+
+
 def require_triton(device: torch.device | str, what: str) -> None:
     """Raise a RuntimeError saying why `what` cannot run on `device`, if it cannot."""
     device = torch.device(device)
@@ -122,4 +129,4 @@ from .scoring import TokenScores, token_scores, token_scores_ref, token_scores_t
 
 __all__ = ["HAS_TRITON", "INTERPRET", "TokenScores", "add_launch_listener", "launching", "on_device",
            "remove_launch_listener", "require_triton", "token_scores", "token_scores_ref", "token_scores_triton",
-           "triton_runs_on"]
+           "interpreter_bf16", "triton_runs_on"]

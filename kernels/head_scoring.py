@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from . import HAS_TRITON, chosen_impl, launching, require_triton, triton_runs_on
+from . import HAS_TRITON, chosen_impl, interpreter_bf16, launching, require_triton, triton_runs_on
 
 if HAS_TRITON:
     import triton
@@ -40,13 +40,17 @@ def head_scoring_impl(impl: str | None = None, device: torch.device | str | None
                       dtype: torch.dtype | None = None) -> str:
     """The implementation `impl` names, or DLLM_HEAD_SCORING's (default "auto"); checked. "auto"
     resolves to "triton" for a CUDA `device` where triton runs and `dtype` is one the kernel takes,
-    else to "unfused"."""
+    else to "unfused"; "triton" falls back to "unfused" where the kernel cannot run (`device`,
+    `dtype`) or cannot round the bf16 logits as a GPU does (`interpreter_bf16`)."""
     impl = chosen_impl(impl, "DLLM_HEAD_SCORING", IMPLS, "head scoring")
     if impl == "auto":
         device = torch.device(device) if device is not None else None
         kernel = (device is not None and device.type == "cuda" and dtype in KERNEL_DTYPES
                   and triton_runs_on(device))
         impl = "triton" if kernel else "unfused"
+    elif impl == "triton" and device is not None and (not (triton_runs_on(device) and dtype in KERNEL_DTYPES)
+                                                      or interpreter_bf16(device, dtype)):
+        impl = "unfused"
     return impl
 
 
@@ -146,6 +150,12 @@ def head_scores_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     of one float dtype, contiguous rows."""
     _check(hidden, weight, bias)
     require_triton(hidden.device, "the fused head scoring kernel")
+    if hidden.dtype not in KERNEL_DTYPES or weight.dtype != hidden.dtype:
+        raise ValueError(f"the fused head scoring kernel takes hidden and weight of one dtype among float16, "
+                         f"bfloat16, float32; got {hidden.dtype} and {weight.dtype}")
+    if interpreter_bf16(hidden.device, hidden.dtype):
+        raise ValueError("the fused head scoring kernel cannot round bf16 logits under TRITON_INTERPRET=1 (the "
+                         "interpreter truncates to bf16 where a GPU rounds); use float16 or float32 there")
     hidden, weight = hidden.contiguous(), weight.contiguous()
     N, D = hidden.shape
     V = weight.shape[0]
@@ -191,8 +201,9 @@ def head_scores(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     or "triton"; "auto" or None, which reads DLLM_HEAD_SCORING, must resolve to one of them)."""
     impl = head_scoring_impl(impl, hidden.device, hidden.dtype)
     if impl == "unfused":
-        raise ValueError("head_scores needs a fused implementation: impl='torch' or 'triton' "
-                         "(DLLM_HEAD_SCORING=unfused, or auto off CUDA, means the caller scores full logits)")
+        raise ValueError(f"head_scores needs a fused implementation: impl='torch', or 'triton' where the kernel "
+                         f"runs ({hidden.dtype} on {hidden.device} here); DLLM_HEAD_SCORING=unfused, or auto off "
+                         f"CUDA, means the caller scores full logits")
     if impl == "triton":
         return head_scores_triton(hidden, weight, bias, score_dtype=score_dtype)
     return head_scores_ref(hidden, weight, bias, score_dtype=score_dtype)

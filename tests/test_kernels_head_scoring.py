@@ -142,6 +142,30 @@ def test_auto_fuses_on_cuda_only(monkeypatch):
         assert head_scoring_impl(None, "cuda", torch.float64) == "unfused"
 
 
+@pytest.mark.triton
+@triton_only
+def test_triton_falls_back_where_the_kernel_cannot_compute_the_dtype(monkeypatch):
+    """A forced kernel scores unfused where it cannot run the dtype: float64 anywhere, bf16 under the
+    interpreter (which truncates to bf16 where a GPU rounds); called directly it says why."""
+    monkeypatch.setenv("DLLM_HEAD_SCORING", "triton")
+    assert head_scoring_impl(None, DEVICE, torch.float64) == "unfused"
+    assert head_scoring_impl(None, DEVICE, torch.float32) == "triton"
+    interpreted = DEVICE == "cpu"
+    assert head_scoring_impl(None, DEVICE, torch.bfloat16) == ("unfused" if interpreted else "triton")
+    with pytest.raises(ValueError, match=r"one dtype among float16, bfloat16, float32; got torch.float64"):
+        head_scores_triton(torch.zeros(2, 4, dtype=torch.float64, device=DEVICE),
+                           torch.zeros(3, 4, dtype=torch.float64, device=DEVICE))
+    if interpreted:
+        with pytest.raises(ValueError, match=r"cannot round bf16 logits under TRITON_INTERPRET=1"):
+            head_scores_triton(torch.zeros(2, 4, dtype=torch.bfloat16), torch.zeros(3, 4, dtype=torch.bfloat16))
+        model = dllm.build_model(ModelConfig.from_name("llada-tiny"), seed=0, init_std=0.3, dtype=torch.bfloat16)
+        monkeypatch.setenv("DLLM_HEAD_SCORING", "unfused")
+        want = dllm.generate(model, None, [[5, 6, 7]], gen_length=8, block_length=8, sampler="threshold")
+        monkeypatch.setenv("DLLM_HEAD_SCORING", "triton")
+        got = dllm.generate(model, None, [[5, 6, 7]], gen_length=8, block_length=8, sampler="threshold")
+        assert torch.equal(got.sequences, want.sequences)
+
+
 def test_unknown_implementations_are_refused(monkeypatch):
     monkeypatch.setenv("DLLM_HEAD_SCORING", "fast")
     with pytest.raises(ValueError, match="DLLM_HEAD_SCORING='fast'.*auto, unfused, torch, triton"):

@@ -114,9 +114,28 @@ def test_impl_choice(monkeypatch):
     monkeypatch.setenv("DLLM_ROPE_WRITE", "triton")
     assert rope_write_impl(None, DEVICE, torch.float32) == "triton"
     assert rope_write_impl(None, DEVICE, torch.float64) == "torch"      # not a dtype the kernel takes
+    # the interpreter truncates to bf16 where a GPU rounds: bf16 stays on the torch path there
+    assert rope_write_impl(None, DEVICE, torch.bfloat16) == ("torch" if DEVICE == "cpu" else "triton")
     monkeypatch.setenv("DLLM_ROPE_WRITE", "fast")
     with pytest.raises(ValueError, match=r"DLLM_ROPE_WRITE='fast'; valid: auto, torch, triton"):
         rope_write_impl()
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's bf16")
+def test_bf16_under_the_interpreter_is_refused_by_the_kernel_and_decodes_on_the_torch_path(monkeypatch):
+    z = torch.zeros(1, 1, 2, 4, dtype=torch.bfloat16)
+    cs = torch.zeros(1, 1, 1, 4)
+    with pytest.raises(ValueError, match=r"cannot write bf16 under TRITON_INTERPRET=1"):
+        rope_write_triton(z, z[:, :, :1], z[:, :, :1], cs, cs, cs, cs, torch.zeros(1, 1, 3, 4, dtype=torch.bfloat16),
+                          torch.zeros(1, 1, 3, 4, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.long),
+                          torch.zeros(1, 1, dtype=torch.long), fp32=True)
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), seed=1, dtype=torch.bfloat16)
+    runs = {}
+    for impl in ("torch", "triton"):
+        monkeypatch.setenv("DLLM_ROPE_WRITE", impl)
+        runs[impl] = dllm.generate(model, None, [[5, 6, 7], [9]], gen_length=16, block_length=8, cache="dual",
+                                   sampler="threshold").sequences
+    assert torch.equal(runs["torch"], runs["triton"])
 
 
 def _model(preset: str):
