@@ -23,7 +23,7 @@ import torch
 
 from . import samplers
 from .cache import CachePolicy, get_policy
-from .config import GenerationConfig
+from .config import GenerationConfig, ModelConfig
 from .kernels import token_scores
 from .kernels.head_scoring import head_scores, head_scoring_impl, suppression_bias
 from .kernels.scoring import TokenScores
@@ -178,15 +178,18 @@ def _id_row(row, b: int) -> list[int]:
     return ids
 
 
-def prompt_problem(ids: list[int], vocab_size: int, mask_id: int) -> str | None:
-    """What makes a prompt's token ids undecodable, worded to follow "prompt ...", or None: an id
-    outside the vocabulary, or the mask token (a prompt is given, not decoded)."""
-    bad = [t for t in ids if not 0 <= t < vocab_size]
+def prompt_problem(ids: list[int], config: ModelConfig, mask_id: int) -> str | None:
+    """What makes a prompt's token ids undecodable by a model of `config`, worded to follow
+    "prompt ...", or None: an id outside the vocabulary, the mask token (a prompt is given, not
+    decoded), or no token at all for a model whose logits are shifted (Dream)."""
+    bad = [t for t in ids if not 0 <= t < config.vocab_size]
     if bad:
-        return f"holds token id {bad[0]} outside the vocabulary [0, {vocab_size})"
+        return f"holds token id {bad[0]} outside the vocabulary [0, {config.vocab_size})"
     if mask_id in ids:
         return (f"contains the mask token id {mask_id} at position {ids.index(mask_id)}; masks inside prompts are "
                 f"not allowed (remove it, or mask the generation region only)")
+    if config.logit_shift and not ids:
+        return f"is empty; {config.family} predicts token i from position i-1 and needs at least one prompt token"
     return None
 
 
@@ -196,12 +199,9 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
     if not rows:
         raise ValueError("no prompts given")
     for b, r in enumerate(rows):
-        problem = prompt_problem(r, mc.vocab_size, ids.mask)
+        problem = prompt_problem(r, mc, ids.mask)
         if problem:
             raise ValueError(f"prompt {b} {problem}")
-        if mc.logit_shift and not r:
-            raise ValueError(f"prompt {b} is empty; {mc.family} predicts token i from position i-1 and needs at "
-                             f"least one prompt token")
     lp = max(len(r) for r in rows)
     if lp + cfg.gen_length > mc.max_seq_len:
         raise ValueError(f"prompt length {lp} + gen_length {cfg.gen_length} = {lp + cfg.gen_length} exceeds the "

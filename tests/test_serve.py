@@ -279,6 +279,20 @@ def test_every_error_has_the_openai_shape(client, server):
             r.text
 
 
+def test_null_n_stream_and_flags_read_as_the_apis_defaults(server, shipped):
+    """OpenAI's optional fields may be null: n 1, stream false, include_usage / stream_canvas false."""
+    body = {"model": "llada-pb-tiny", "messages": copy_messages(QUESTIONS[0]), "n": None, "stream": None,
+            "dllm": {"stream_canvas": None}}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == offline(shipped, copy_messages(QUESTIONS[0])).texts[0]
+    streamed = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                          json={**body, "stream": True, "stream_options": {"include_usage": None}})
+    assert streamed.status_code == 200 and '"usage":{' not in streamed.text and streamed.text.endswith("[DONE]\n\n")
+    r = httpx.post(server.url + "/v1/chat/completions", json={**body, "stream_options": {}}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+
+
 def test_openai_client_raises_bad_request(client):
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         client.chat.completions.create(model="llada-pb-tiny", messages=copy_messages(QUESTIONS[0]), n=2)
@@ -384,6 +398,30 @@ def test_the_forward_limit_counts_the_settings_not_a_cap_the_server_sets(shipped
         assert (events[0][0] == "error") == refused, (config, events)
         if refused:
             assert f"the server takes at most {forward_limit(GEN)}" in events[0][1][1]
+
+
+def test_a_prompt_the_decode_refuses_fails_only_its_own_request(dream):
+    """Requests admitted together start one batch; when the decode refuses one of them (a Dream
+    row with no prompt token), the others still start and answer as alone."""
+    from dllm.serve.api import Server
+    from dllm.serve.engine import Engine, Job
+    from dllm.serve.schema import CompletionRequest, RequestError
+
+    model, tok = dream
+    config = DEFAULTS.replace(gen_length=8, sampler="entropy", steps=8)
+    engine = Engine(model, tok)
+    events = {name: [] for name in ("first", "empty", "last")}
+    jobs = [Job(prompt, config, lambda kind, payload, name=name: events[name].append((kind, payload)))
+            for name, prompt in (("first", [5, 6]), ("empty", []), ("last", [7, 8, 9]))]
+    engine._admit(jobs)
+    assert [kind for kind, _ in events["first"]] == ["started"] == [kind for kind, _ in events["last"]]
+    (kind, (status, message, _)), = events["empty"]
+    assert (kind, status) == ("error", 400) and "is empty; dream predicts token i from position i-1" in message
+    # the API refuses it before it reaches the engine, naming the prompt
+    server = Server(engine, "m", config, None)
+    with pytest.raises(RequestError, match=r"the prompt \(prompt\) is empty; dream predicts") as err:
+        server.completion_prompt(CompletionRequest(prompt=[]))
+    assert err.value.param == "prompt"
 
 
 def test_greedy_requests_whose_sampler_draws_run_alone_with_their_seed(client, shipped):

@@ -82,7 +82,7 @@ class Server:
 
     def _checked(self, ids: list[int], param: str) -> list[int]:
         """The prompt's ids, refused (naming the request field) when `dllm.generate` would refuse them."""
-        problem = prompt_problem(ids, self.engine.model.config.vocab_size, self.engine.mask_id)
+        problem = prompt_problem(ids, self.engine.model.config, self.engine.mask_id)
         if problem:
             raise RequestError(f"the prompt ({param}) {problem}", param)
         return ids

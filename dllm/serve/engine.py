@@ -217,16 +217,25 @@ class Engine:
             else:
                 by_key.update((f"{job.id}:{key}", [job]) for job in group_jobs)
         for key, group_jobs in by_key.items():
-            try:
-                self._start_group(key, group_jobs)
-            except (ValueError, TypeError) as err:   # the sampler or cache refuses these settings
-                for job in group_jobs:
-                    param = err.param if isinstance(err, RequestError) else refusal_param(
-                        str(err), job.length_fields, job.length_field)
-                    job.emit("error", (400, str(err), param))
-            except Exception as err:                 # a failing batch fails its own requests only
-                for job in group_jobs:
-                    job.emit("error", (500, f"starting the batch failed: {type(err).__name__}: {err}", None))
+            self._start_or_refuse(key, group_jobs)
+
+    def _start_or_refuse(self, key: str, jobs: list[Job]) -> None:
+        """Start a batch of `jobs`, or answer why not. A refusal of several requests together may
+        come from one of them (its prompt): each then tries alone, so only its own fails."""
+        try:
+            self._start_group(key, jobs)
+        except (ValueError, TypeError) as err:   # the sampler, the cache or the decode refuses
+            if len(jobs) > 1:
+                for job in jobs:
+                    self._start_or_refuse(key, [job])
+                return
+            job = jobs[0]
+            param = err.param if isinstance(err, RequestError) else refusal_param(
+                str(err), job.length_fields, job.length_field)
+            job.emit("error", (400, str(err), param))
+        except Exception as err:                 # a failing batch fails its own requests only
+            for job in jobs:
+                job.emit("error", (500, f"starting the batch failed: {type(err).__name__}: {err}", None))
 
     def _batches_with_others(self, config: GenerationConfig) -> bool:
         """Whether a request can share its batch with others of its settings and decode as it would

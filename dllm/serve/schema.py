@@ -40,12 +40,12 @@ class DllmOptions(BaseModel):
     cache_args: dict[str, Any] | None = None
     block_length: StrictInt | None = Field(None, ge=1)
     steps: StrictInt | None = Field(None, ge=1)
-    stream_canvas: StrictBool = False
+    stream_canvas: StrictBool | None = None      # null: false, as OpenAI's own optional booleans
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: StrictBool = False
+    include_usage: StrictBool | None = None
 
 
 class _Request(BaseModel):
@@ -55,8 +55,8 @@ class _Request(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     seed: StrictInt | None = Field(None, ge=0, lt=2 ** 63)
     stop: str | list[str] | None = None
-    n: StrictInt = 1
-    stream: StrictBool = False
+    n: StrictInt | None = None          # null: the API's default (1, false)
+    stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
     top_p: float | None = None
@@ -160,7 +160,7 @@ def refusal_param(message: str, set_fields: tuple[str, ...], length_field: str =
 
 def check_neutral(body: _Request) -> None:
     """Refuse the OpenAI knobs a diffusion sampler does not have, unless they are at their neutral value."""
-    if body.n != 1:
+    if body.n not in (None, 1):
         raise RequestError(f"n must be 1 (one answer per request), got {body.n}", "n")
     for name, neutral in (("top_p", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("logprobs", False)):
         value = getattr(body, name)
