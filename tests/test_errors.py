@@ -323,6 +323,7 @@ def test_llada_config_lacking_keys():
     ({"d_model": "64"}, r"LLaDA config key 'd_model' = '64' must be a positive integer"),
     ({"n_heads": 0}, r"LLaDA config key 'n_heads' = 0 must be a positive integer"),
     ({"embedding_size": 300}, r"'embedding_size' = 300 is smaller than vocab_size 320"),
+    ({"embedding_size": 319}, r"'embedding_size' = 319 is smaller than vocab_size 320"),
 ])
 def test_llada_config_values_llada_does_not_run_are_named(change, match):
     from dllm.models.llada import config_from_hf

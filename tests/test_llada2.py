@@ -130,6 +130,16 @@ def test_llada2_loop_equals_the_reference(eos_heavy, options):
     assert hit_eos, "the fixture must reach an EOS stop"
 
 
+def test_llada2_caps_steps_at_a_generation_shorter_than_a_block(eos_heavy):
+    """The reference caps the steps per block at gen_length: with 20 tokens each step commits at
+    least 32 // 20 = 1, plus one in the first 12 steps."""
+    model, state = eos_heavy
+    for prompt in PROMPTS2[:2]:
+        want = _reference(state, model, prompt, 20)
+        out = dllm.generate(model, None, [prompt], gen_length=20, sampler="llada2", sampler_kwargs={"threshold": 0.95})
+        assert _until_eos(out.generated[0].tolist(), model.config.eos_token_id) == want, prompt
+
+
 @pytest.mark.parametrize("sampler", ["llada2", "llada21"])
 @pytest.mark.parametrize("cache", ["none", "dual", "prefix", "block"])
 def test_rows_decode_alike_alone_and_in_a_ragged_batch(eos_heavy, cache, sampler):
@@ -139,6 +149,24 @@ def test_rows_decode_alike_alone_and_in_a_ragged_batch(eos_heavy, cache, sampler
     for b, prompt in enumerate(PROMPTS2):
         alone = dllm.generate(model, None, [prompt], **request)
         assert alone.generated[0].tolist() == together.generated[b].tolist()
+        assert alone.nfe[0] == together.nfe[b], (b, alone.nfe, together.nfe)   # its own tail, its own stop
+
+
+def test_adablocks_default_window_is_a_quarter_of_the_answer_not_the_canvas(llada2_dir):
+    model, _ = dllm.load(llada2_dir, dtype="float32")
+    windows = set()
+    dllm.generate(model, None, [[5, 6]], gen_length=20, sampler="adablock",
+                  sampler_kwargs={"tau_d": 0.5, "delimiter_ids": [5]},
+                  on_step=lambda state: windows.add(state.extra["adablock"]["window"]))
+    assert windows == {5}                    # int(0.25 * 20), though the canvas runs on to 30 columns
+
+
+def test_the_block_tail_is_decoded_and_left_out_of_every_output(llada2_dir):
+    """gen_length 20 after a 2-token prompt: the canvas runs on to the attention block's end (32
+    columns), and sequences, generated and trace hold the prompt and the 20 answer columns only."""
+    model, _ = dllm.load(llada2_dir, dtype="float32")
+    out = dllm.generate(model, None, [[5, 6]], gen_length=20, trace=True)
+    assert out.sequences.shape == (1, 22) and out.generated.shape == (1, 20) and out.trace.shape == (1, 20)
 
 
 def test_block_causal_caches_are_exact(eos_heavy):

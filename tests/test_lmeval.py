@@ -190,6 +190,8 @@ def test_stop_strings_cut_at_the_earliest_one(shipped):
     assert whole.find(" Je") > 0
     (cut,) = lm.generate_until([_generation(context, until=["never there", " Je", "e J"])])
     assert cut == whole[:whole.find(" Je")]
+    from dllm.lmeval import request_length
+    assert request_length({"max_gen_toks": 16.0}) == 16 and request_length({"max_gen_toks": " 12 "}) == 12
     for bad in ("abc", None, 8.7, True, 0, "\u00b2"):
         with pytest.raises(ValueError, match=rf"a request's max_gen_toks must be a positive integer, got {bad!r}"):
             DLLMEvalModel(dtype="float32", device="cpu").generate_until([_generation("Copy: a", max_gen_toks=bad)])

@@ -283,6 +283,7 @@ def test_wino_refuses_a_model_with_shifted_logits(dream):
 REMDM_CASES = [  # (model, gen_length, block_length, steps, remdm_steps, remdm_number)
     ("llada", 16, 16, 16, 1, 1), ("llada", 16, 8, 8, 2, 1), ("llada", 24, 8, 12, 3, 2), ("llada", 16, 16, 8, 1, 3),
     ("peaked", 16, 8, 16, 1, 1), ("peaked", 20, 10, 10, 2, 2), ("llada", 12, 4, 12, 0, 1),
+    ("llada", 16, 16, 16, 1, 2),   # a regular step after the revision commits another count than remdm_number
 ]
 
 

@@ -440,6 +440,15 @@ def test_prophet_answer_region():
         run_step(samplers.get("prophet", answer_start=16), state, gap=gap)
 
 
+def test_prophet_answer_region_counts_from_the_answers_end_not_the_block_tails():
+    """On a canvas that runs past the answer (LLaDA2's block tail), a negative answer_start counts
+    back from the answer's end."""
+    x = torch.full((1, 4 + 27), IDS.mask, dtype=torch.long)
+    state = DecodeState(x=x, gen_start=4, gen_length=27, block_length=27, pad_len=torch.tensor([0]), ids=IDS,
+                        answer_length=20)
+    assert samplers.get("prophet", answer_start=-4).answer_columns(state) == (4 + 16, 4 + 20)
+
+
 @pytest.mark.parametrize("base,family", [("low_confidence", "llada"), ("threshold", "llada"), ("eb", "dream"),
                                          ("entropy", "dream"), ("adablock", "llada"), ("llada21", "llada"),
                                          ("remdm", "llada"), ("rcr", "llada"), ("slowfast", "llada"),

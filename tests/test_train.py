@@ -418,6 +418,14 @@ def test_a_run_whose_start_weights_changed_does_not_resume(trained, tmp_path):
         T.train(cfg, progress=False)
 
 
+def test_a_start_model_with_fewer_embedding_rows_than_the_recipe_is_refused():
+    from dllm.train.model_init import start_config
+    want = dllm.ModelConfig.from_name("llada2-tiny")
+    have = dataclasses.replace(want, vocab_size=want.vocab_size - 8)
+    with pytest.raises(ValueError, match=rf"has {want.vocab_size - 8} embedding rows, fewer than the"):
+        start_config("start", have, want)
+
+
 def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):
     out, folder = trained
     start = load_file(str(folder / "model.safetensors"))
