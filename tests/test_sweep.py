@@ -212,6 +212,62 @@ def test_the_per_task_legend_names_every_sampler_when_the_first_panel_is_empty(t
     assert {"low_confidence", "threshold"} <= set(shown[-1])
 
 
+def test_the_per_task_figure_grows_to_hold_a_legend_wider_than_its_panels(tmp_path):
+    from matplotlib.image import imread
+
+    names = ["low_confidence", "threshold", "factor", "eb", "adablock", "localleap", "dus", "slowfast"]
+    summaries = [{"status": "ok", "label": name, "sampler": name, "cache": "none", "tokens_per_forward": 1.0 + k,
+                  "tokens_per_second": 1.0, "average": 50.0, "accuracy": {"waiting_line/copy": 50.0}}
+                 for k, name in enumerate(names)]
+    written = sweep.write_plots(summaries, tmp_path)
+    per_task = imread(str(next(p for p in written if p.name == sweep.plots.PLOT_TASKS)))
+    dpi = __import__("matplotlib").rcParams["savefig.dpi"]
+    dpi = __import__("matplotlib").rcParams["figure.dpi"] if dpi == "figure" else dpi
+    assert per_task.shape[1] > 3.2 * dpi * 1.5          # one 3.2-inch panel; the legend's 8 columns are wider
+
+
+def test_the_report_states_each_tasks_sample_count():
+    def per_task(counts):
+        return [{"task": t, "n": n, "score": 50.0, "strict": 50.0, "tokens_per_forward": 1.0, "nfe": 4.0,
+                 "seconds": 1.0} for t, n in zip(("t/one", "t/two"), counts)]
+    base = {"status": "ok", "label": "a", "run_id": "r", "model": "m", "sampler": "threshold", "sampler_args": {},
+            "cache": "none", "schedule": "threshold", "tokens_per_forward": 1.0, "tokens_per_second": 1.0,
+            "average": 50.0, "nfe": 4.0, "data_mode": "generated", "accuracy": {"t/one": 50.0, "t/two": 50.0},
+            "tasks": ["t/one", "t/two"], "samples": 208, "limit": None, "per_task": per_task((100, 108))}
+    head = sweep.markdown_report([base], levels=()).splitlines()[2]
+    assert "2 task(s), 100-108 samples per task, data: generated." in head
+    even = {**base, "samples": 8, "limit": 4, "per_task": per_task((4, 4))}
+    assert "4 sample(s) per task (limit 4)" in sweep.markdown_report([even], levels=()).splitlines()[2]
+
+
+def test_a_summary_written_over_duplicate_copies_leaves_one(tmp_path):
+    """Two copies of one id (two sweeps writing a folder at once, files joined): the new row
+    replaces both, so what is read back is what was written."""
+    path = tmp_path / "summaries.jsonl"
+    rows = [{"kind": "summary", "summary_id": "a", "status": "ok"}, {"kind": "summary", "summary_id": "b"},
+            {"kind": "summary", "summary_id": "a", "status": "failed"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sweep.write_summary(path, {"kind": "summary", "summary_id": "a", "status": "ok", "new": True})
+    assert [(r["summary_id"], r.get("new")) for r in sweep.read_summaries(path)] == [("a", True), ("b", None)]
+
+
+def test_numbers_in_exponent_notation_are_numbers():
+    spec = sweep.grid.parse_spec("klass kl_threshold=1e-2,2.5E-1", "--sampler")
+    assert spec["args"]["kl_threshold"] == [0.01, 0.25]
+    import yaml
+    assert yaml.load("tau: [1e-2, 5, 0.5, 1e, x1e2]", Loader=sweep.grid.UniqueKeyLoader) == \
+        {"tau": [0.01, 5, 0.5, "1e", "x1e2"]}
+
+
+def test_the_package_docstrings_grid_file_runs_the_top_level_product_and_its_extra_entry():
+    text = sweep.__doc__.split("Grid file (YAML or TOML; the command line builds the same structure)::")[1]
+    block = "\n".join(line[4:] for line in text.split("\n\n")[1].splitlines())
+    import yaml
+    grid = sweep.parse_grid(yaml.safe_load(block))
+    # (4 low_confidence + 3 threshold + 2 learn2pd) x 3 caches, then threshold x prefix, dual
+    assert len(grid.points) == 9 * 3 + 2
+
+
 BAD_GRIDS = [
     ({"samplers": ["threshold"], "smaplers": []}, r"unknown key\(s\) 'smaplers'; allowed: .*samplers"),
     ({"samplers": ["thresh"]}, r"samplers\[0\]: unknown sampler 'thresh'; valid options: .*threshold"),

@@ -27,10 +27,12 @@ Grid file (YAML or TOML; the command line builds the same structure)::
       - {name: low_confidence, tokens_per_step: [1, 2, 4, 8]}
       - {name: threshold, args: {tau: [0.7, 0.8, 0.9]}}
       - {name: learn2pd, block_lengths: [32], args: {filter: [null, none]}}
-    grids:                       # optional: the union of several products; each entry overrides axes
+    grids:                       # optional: the union of several products (below)
+      - {}                               # the axes above as they are
       - {samplers: [threshold], caches: [prefix, dual]}
 
-A list is a list of alternatives; an argument whose value is itself a list is written as a list of
+With `grids`, the axes at the top level are only the defaults of each entry, which overrides
+some of them; an entry `{}` runs the top-level product itself. A list is a list of alternatives; an argument whose value is itself a list is written as a list of
 lists (`thresholds: [[7.5, 5.0, 2.5]]`). Unknown keys, names, arguments and out-of-range values are
 errors naming the value and what is allowed, raised before any model is loaded.
 

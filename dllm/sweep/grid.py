@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,7 +379,9 @@ def load_grid_file(path: str | os.PathLike) -> dict:
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
-    """yaml's safe loader that refuses a mapping holding a key twice (yaml itself keeps the last)."""
+    """yaml's safe loader that refuses a mapping holding a key twice (yaml itself keeps the last)
+    and reads numbers in exponent notation without a dot (`1e-2`) as floats, as YAML 1.2 and
+    Python do (YAML 1.1 reads them as text)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -389,6 +392,12 @@ class UniqueKeyLoader(yaml.SafeLoader):
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def parse_spec(text: str, what: str, entry_keys: Sequence[str] = ()) -> dict:
@@ -410,7 +419,7 @@ def parse_spec(text: str, what: str, entry_keys: Sequence[str] = ()) -> dict:
         if not sep or not key:
             raise ValueError(f"{what} {text!r}: {tok!r} must look like key=value or key=v1,v2")
         try:
-            alts = yaml.safe_load(f"[{value}]")
+            alts = yaml.load(f"[{value}]", Loader=UniqueKeyLoader)
         except yaml.YAMLError as err:
             raise ValueError(f"{what} {text!r}: cannot read the value of {key!r}: {err}") from None
         target = entry if key in entry_keys else args

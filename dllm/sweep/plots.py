@@ -122,5 +122,5 @@ def write_plots(summaries: list[dict], out_dir: str | os.PathLike, compare=()) -
     fig.supxlabel("tokens per forward (log2)", fontsize=9)
     fig.supylabel("accuracy (%)", fontsize=9)
     written.append(out_dir / PLOT_TASKS)
-    fig.savefig(written[-1])
+    fig.savefig(written[-1], bbox_inches="tight")      # the legend may be wider than a few task panels
     return written

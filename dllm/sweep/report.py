@@ -27,6 +27,15 @@ def _average_cell(summary: dict) -> str:
     return _num(summary["average"]) + bench_report.coverage_note(summary.get("tasks_scored", total), total)
 
 
+def _samples_per_task(summary: dict) -> str:
+    """'N sample(s) per task', or the range of the per-task counts when tasks hold different
+    numbers; with the limit that capped them, if any."""
+    counts = [t["n"] for t in summary.get("per_task", [])] or [summary["samples"]]
+    low, high = min(counts), max(counts)
+    text = f"{low} sample(s) per task" if low == high else f"{low}-{high} samples per task"
+    return text + (f" (limit {summary['limit']})" if summary.get("limit") is not None else "")
+
+
 def markdown_report(summaries: list[dict], levels: Sequence[float], plots: Sequence[str] = (),
                     compare: Sequence[leaderboard.Curve] = ()) -> str:
     """The sweep report: one row per configuration, PB@X per method, the best configuration per
@@ -44,8 +53,8 @@ def markdown_report(summaries: list[dict], levels: Sequence[float], plots: Seque
     if ok:
         first = ok[0]
         lines.append(f"{len(summaries)} configuration(s): {len(ok)} finished, {len(failed)} failed. "
-                     f"{len(tasks)} task(s), {first['samples'] // max(len(first['tasks']), 1)} sample(s) per task "
-                     f"(limit {first['limit']}), data: {first['data_mode']}. Accuracy in %, averaged over tasks; "
+                     f"{len(tasks)} task(s), {_samples_per_task(first)}, data: {first['data_mode']}. "
+                     f"Accuracy in %, averaged over tasks; "
                      f"tokens/forward = generated tokens / model forwards; * = on the Pareto front of accuracy "
                      f"vs tokens/forward.")
     else:

@@ -83,12 +83,9 @@ def write_summary(path: str | os.PathLike, row: dict) -> None:
     file and an atomic rename, so a kill leaves the old or the new version, never a mix."""
     path = Path(path)
     rows = read_summaries(path)
-    for i, r in enumerate(rows):
-        if r["summary_id"] == row["summary_id"]:
-            rows[i] = row
-            break
-    else:
-        rows.append(row)
+    at = next((i for i, r in enumerate(rows) if r["summary_id"] == row["summary_id"]), len(rows))
+    rows = [r for r in rows[:at] if r["summary_id"] != row["summary_id"]] + [row] + \
+        [r for r in rows[at:] if r["summary_id"] != row["summary_id"]]   # every older copy replaced
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as fh:
