@@ -197,6 +197,24 @@ def test_bad_requests_get_a_400_naming_the_field(server, body, param):
     assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
 
 
+def test_logprobs_take_each_endpoints_type_and_only_their_neutral_value(server):
+    """Chat's logprobs is a flag (false is neutral); the completions API's is a count of 0 to 5 (any
+    count asks for log-probabilities, so only null is neutral)."""
+    chat = {"messages": copy_messages(QUESTIONS[0]), "max_tokens": 8}
+    completion = {"prompt": "Hi", "max_tokens": 8}
+    for path, body, status in [("chat/completions", {**chat, "logprobs": False}, 200),
+                               ("chat/completions", {**chat, "logprobs": True}, 400),
+                               ("completions", {**completion, "logprobs": None}, 200),
+                               ("completions", {**completion, "logprobs": 0}, 400),
+                               ("completions", {**completion, "logprobs": 2}, 400),
+                               ("completions", {**completion, "logprobs": False}, 400),
+                               ("completions", {**completion, "logprobs": 6}, 400)]:
+        r = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=60)
+        assert r.status_code == status, (path, body, r.text)
+        if status == 400:
+            assert r.json()["error"]["param"] == "logprobs", r.text
+
+
 def test_a_body_that_is_not_json_or_a_prompt_of_no_known_form_is_named(server):
     r = httpx.post(server.url + "/v1/chat/completions", content=b"not json", timeout=60,
                    headers={"content-type": "application/json"})

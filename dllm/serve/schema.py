@@ -122,6 +122,7 @@ class ChatRequest(_Request):
 
 class CompletionRequest(_Request):
     prompt: str | list[int]
+    logprobs: StrictInt | None = Field(None, ge=0, le=5)   # the completions API's count (chat's is a flag)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -162,10 +163,14 @@ def check_neutral(body: _Request) -> None:
     """Refuse the OpenAI knobs a diffusion sampler does not have, unless they are at their neutral value."""
     if body.n not in (None, 1):
         raise RequestError(f"n must be 1 (one answer per request), got {body.n}", "n")
-    for name, neutral in (("top_p", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("logprobs", False)):
+    for name, neutral in (("top_p", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
         value = getattr(body, name)
         if value is not None and value != neutral:
             raise RequestError(f"{name} is not supported by dllm's samplers; leave it out or set it to {neutral}", name)
+    if body.logprobs is not None and body.logprobs is not False:   # a completion's count 0 asks for some too
+        neutral = "false" if isinstance(body, ChatRequest) else "null"
+        raise RequestError(f"logprobs is not supported by dllm's samplers; leave it out or set it to {neutral}",
+                           "logprobs")
 
 
 def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int | None,
