@@ -584,6 +584,18 @@ def test_bad_server_settings_are_refused_before_serving(shipped, capsys):
         serve(build_app(model, tok, model_name="m", engine_thread=False), port=65536)
 
 
+def test_the_servers_default_seed_is_none_unless_given(monkeypatch):
+    """As OpenAI's API: without --seed, a sampling request without a seed draws anew each time."""
+    import dllm.serve as serve_module
+    from dllm.cli import main
+
+    seen = []
+    monkeypatch.setattr(serve_module, "build_app", lambda model, tok, **kw: seen.append(kw["defaults"].seed))
+    monkeypatch.setattr(serve_module, "serve", lambda app, **kw: None)
+    assert main(["serve", "--port", "0"]) == 0 and main(["serve", "--port", "0", "--seed", "3"]) == 0
+    assert seen == [None, 3]
+
+
 def test_a_failing_batch_fails_only_its_own_requests(shipped):
     """A batch whose step raises answers its requests 500; a batch beside it decodes on."""
     import queue

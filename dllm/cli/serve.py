@@ -33,6 +33,8 @@ def run(args) -> int:
     try:
         check_port(args.port)
         defaults = generation_config(args)
+        if "seed" not in getattr(args, "given", set()):   # as OpenAI's API: a request without a seed draws anew
+            defaults = defaults.replace(seed=None)
         check_before_load(defaults)
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device, attention=args.attention,
                                      cuda_graphs=args.cuda_graphs, compile=args.compile)
