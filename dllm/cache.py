@@ -94,11 +94,13 @@ class KVCache:
         self.head_index = torch.arange(n_kv_heads, device=device).view(1, -1, 1)    # (1, H_kv, 1)
 
     @classmethod
-    def for_model(cls, model, batch: int, length: int) -> "KVCache":
+    def for_model(cls, model, batch: int, length: int, holder: object | None = None) -> "KVCache":
         """Zeroed buffers for `batch` rows of `length` columns of `model`. With CUDA graphs on
         (`model.set_cuda_graphs`), requests of one layout get the same buffers, reset: a graph
         replays the addresses it captured, so only then does a request replay the graphs an earlier
-        one captured. Two decodes interleaved on one such model would then share a cache."""
+        one captured. The kept buffers are leased to `holder` (the decode's cache policy) while it
+        lives; a decode interleaved with it (another batch, rows about to join it) gets buffers of
+        its own."""
         cfg = model.config
 
         def make():
@@ -108,7 +110,7 @@ class KVCache:
         graphs = getattr(model, "cuda_graphs", None)
         if graphs is None:
             return make()
-        kv = graphs.persistent((cls, batch, length, model.dtype, model.device), make)
+        kv = graphs.persistent((cls, batch, length, model.dtype, model.device), make, holder)
         kv.reset()
         return kv
 
@@ -388,7 +390,7 @@ class StoringPolicy(CachePolicy):
         if self.kv is not None and self.kv.fits(model, B, L):
             self.kv.reset()
         else:
-            self.kv = KVCache.for_model(model, B, L)
+            self.kv = KVCache.for_model(model, B, L, holder=self)
         self.seen = state.x.clone()
         zeros = torch.zeros(B, dtype=torch.long, device=state.x.device)
         self.refreshes, self.partial_steps, self.guarded = zeros, zeros.clone(), zeros.clone()

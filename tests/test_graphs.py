@@ -144,6 +144,44 @@ def test_kept_buffers_are_shared_per_key_and_the_oldest_go():
     assert not g._kept
 
 
+def test_kept_buffers_are_leased_to_one_live_holder():
+    g = ForwardGraphs()
+
+    class Holder:
+        pass
+
+    a, b = Holder(), Holder()
+    kept = g.persistent(("kv", 0), lambda: torch.zeros(2), holder=a)
+    assert g.persistent(("kv", 0), lambda: torch.zeros(2), holder=a) is kept      # its own lease
+    other = g.persistent(("kv", 0), lambda: torch.ones(2), holder=b)
+    assert other is not kept and other[0] == 1                                     # a fresh one, not kept
+    del a
+    assert g.persistent(("kv", 0), lambda: torch.ones(2), holder=b) is kept        # the lease ended with a
+
+
+def test_a_decoder_built_beside_a_running_one_keeps_its_own_buffers(llada_dir):
+    """With graphs on, a fresh decoder of the same layout (another batch, rows about to join) must
+    not reset the running decoder's K/V."""
+    from dllm.decode import Decoder, build_state, resolve_request
+
+    model, _ = dllm.load(llada_dir, dtype="float32")
+    model._graphs = ForwardGraphs()
+    config = dllm.GenerationConfig(sampler="threshold", gen_length=16, block_length=8, cache="dual")
+
+    def decoder(prompt):
+        request = resolve_request(model, config)
+        return Decoder(model, build_state(model, [prompt], request.config, request.block_length), request)
+
+    running = decoder([5, 17, 33])
+    kept = running.request.policy.kv
+    for t in kept.k:
+        t.fill_(1.0)                                     # what its forwards stored
+    joining = decoder([64, 3, 12])
+    assert joining.request.policy.kv is not kept and all(bool((t == 1).all()) for t in kept.k)
+    del running                                          # done: the next decode replays on the kept buffers
+    assert decoder([7, 8, 9]).request.policy.kv is kept
+
+
 # -- on a GPU -------------------------------------------------------------------------------------
 def _model(name, dtype):
     return dllm.build_model(ModelConfig.from_name(name), "sdpa", dtype=dtype, device="cuda", seed=0, init_std=0.3)

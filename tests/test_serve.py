@@ -703,6 +703,8 @@ def test_with_shared_kv_buffers_storing_batches_run_one_at_a_time(shipped, monke
     done = queue.Queue()
     configs = [DEFAULTS.replace(sampler="threshold", sampler_kwargs={"tau": tau}, cache="dual", block_length=16)
                for tau in (0.5, 0.7, 0.9)] + [DEFAULTS]
+    # greedy requests of one setting whose sampler keeps batch-wide state each start their own batch
+    configs += [DEFAULTS.replace(sampler="klass", cache="dual", block_length=16)] * 2
     asks = [copy_messages(QUESTIONS[i % 3]) for i in range(len(configs))]
     engine.start()
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -55,6 +56,7 @@ class ForwardGraphs:
         self._failed: set[tuple] = set()                         # layouts whose capture raised: eager for good
         self.eager = 0
         self._kept: OrderedDict[tuple, object] = OrderedDict()
+        self._leases: dict[tuple, weakref.ref] = {}              # key -> the holder using the kept object
         self._pool = None
         self.captures = 0
         self.replays = 0
@@ -68,18 +70,27 @@ class ForwardGraphs:
         self._seen.clear()
         self._failed.clear()
         self._kept.clear()
+        self._leases.clear()
         self._pool = None
 
-    def persistent(self, key: tuple, make: Callable[[], object]):
+    def persistent(self, key: tuple, make: Callable[[], object], holder: object | None = None):
         """The object kept under `key`, made by `make()` the first time. Buffers a graph writes (the
         KV cache) must keep their addresses from one request to the next for the next request to
-        replay the graphs this one captured; `KVCache.for_model` takes its buffers from here."""
+        replay the graphs this one captured; `KVCache.for_model` takes its buffers from here.
+        A `holder` (a decode's cache policy) leases the object while it lives: another holder then
+        gets a fresh object of its own, not kept, so two live decodes never share buffers."""
+        lease = self._leases.get(key)
+        if holder is not None and lease is not None and lease() not in (None, holder):
+            return make()
         if key in self._kept:
             self._kept.move_to_end(key)
-            return self._kept[key]
-        obj = self._kept[key] = make()
-        if len(self._kept) > self.max_kept:
-            self._kept.popitem(last=False)
+            obj = self._kept[key]
+        else:
+            obj = self._kept[key] = make()
+            if len(self._kept) > self.max_kept:
+                self._leases.pop(self._kept.popitem(last=False)[0], None)
+        if holder is not None:
+            self._leases[key] = weakref.ref(holder)
         return obj
 
     def run(self, fn: Callable[..., torch.Tensor], key: tuple, inputs: dict[str, torch.Tensor | None],

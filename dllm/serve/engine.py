@@ -287,7 +287,7 @@ class Engine:
             deferred = storing
         else:
             first = storing[0]
-            together = first.config.temperature == 0
+            together = self._batches_with_others(first.config)     # else each starts a batch of its own
             deferred = [j for j in storing[1:]
                         if not (together and j.config.temperature == 0 and batch_key(j.config) == batch_key(first.config))]
         with self._wake:
