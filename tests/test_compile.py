@@ -55,6 +55,30 @@ def test_compiled_dream_gives_the_eager_tokens(models, sampler, cache):
     _same_tokens(models, "dream-tiny", sampler, cache)
 
 
+def test_a_copy_of_a_compiled_model_runs_its_own_weights(models):
+    """A deep copy (an EMA or evaluation copy) with changed weights: its compiled forward follows
+    its own weights, not the original's; a pickled one loads compiled."""
+    import copy
+    import io
+
+    _, compiled = models["llada-tiny"]
+    twin = copy.deepcopy(compiled)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(1.5)
+    x, at = torch.tensor([[5, 6, 7, 310, 310]]), torch.tensor([[3, 4]])
+    eager = copy.deepcopy(twin)
+    eager.set_compile(False)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x, at), eager(x, at), rtol=1e-4, atol=1e-4)
+        assert (twin(x, at) - compiled(x, at)).abs().max() > 0.1
+        buffer = io.BytesIO()
+        torch.save(twin, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        assert loaded.compiled and torch.equal(loaded(x, at), twin(x, at))
+
+
 def test_training_forwards_stay_eager(models):
     _, compiled = models["llada-tiny"]
     x = torch.tensor([[5, 6, 7, 310, 310]])

@@ -355,7 +355,8 @@ class DiffusionTransformer(nn.Module):
         if enabled:
             import torch._dynamo
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_layouts)
-            self._compiled_run = torch.compile(self._run, dynamic=False)
+            # the unbound body, called with the model: a copy of this model runs its own weights
+            self._compiled_run = torch.compile(type(self)._run, dynamic=False)
         if self._graphs is not None:
             self._graphs.clear()
 
@@ -363,6 +364,21 @@ class DiffusionTransformer(nn.Module):
     def compiled(self) -> bool:
         """Whether inference forwards run through `torch.compile` (`set_compile`)."""
         return self._compiled_run is not None
+
+    def __getstate__(self):
+        """Pickled (`torch.save(model)`) with whether it is compiled, not the compiled body; captured
+        graphs are left behind (a loaded model captures its own)."""
+        state = dict(self.__dict__)
+        state["_compiled_run"] = self._compiled_run is not None
+        graphs = self._graphs
+        state["_graphs"] = None if graphs is None else ForwardGraphs(graphs.max_graphs, graphs.capture_after)
+        return state
+
+    def __setstate__(self, state):
+        compiled = state.pop("_compiled_run")
+        super().__setstate__({**state, "_compiled_run": None})
+        if compiled:
+            self.set_compile(True)
 
     @property
     def cuda_graphs(self) -> ForwardGraphs | None:
@@ -491,7 +507,7 @@ class DiffusionTransformer(nn.Module):
         if self._compiled_run is None or torch.is_grad_enabled():
             hidden = self._run(tokens, positions, pos, key_valid, cache, rows, layout, keep=at)  # (B, Q, d)
         else:  # the compiled body returns every row, so the number of logits never recompiles it
-            hidden = take_rows(self._compiled_run(tokens, positions, pos, key_valid, cache, rows, layout), at)
+            hidden = take_rows(self._compiled_run(self, tokens, positions, pos, key_valid, cache, rows, layout), at)
         normed = self.norm(hidden)
         return normed if hidden_only else self.head_logits(normed)
 
