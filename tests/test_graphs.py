@@ -36,6 +36,13 @@ def test_graphs_need_a_cuda_model(llada_dir):
             ForwardGraphs(4, bad)
 
 
+def test_graphs_of_a_moe_model_need_bfloat16(lladamoe):
+    model, _ = lladamoe
+    with pytest.raises(ValueError, match=r"CUDA graphs of a mixture-of-experts model need it in bfloat16 "
+                                         r"\(its experts in torch.float32 read their token counts on the host"):
+        model.set_cuda_graphs(True)
+
+
 def test_cli_refuses_graphs_without_cuda(capsys):
     from dllm.cli import main
     if CUDA:

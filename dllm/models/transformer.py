@@ -331,9 +331,13 @@ class DiffusionTransformer(nn.Module):
         """Replay inference forwards (no autograd, logits at given columns) as CUDA graphs, one per
         input layout, keeping the `max_graphs` most recently used (see `dllm.models.graphs`). A
         layout runs eagerly until its `capture_after`-th forward, which is captured; later ones
-        replay it. Off by default; the model must be on a CUDA device."""
+        replay it. Off by default; the model must be on a CUDA device, a mixture-of-experts model
+        in bfloat16 (in another dtype its experts read their token counts on the host)."""
         if not isinstance(enabled, bool):
             raise ValueError(f"enabled must be True or False, got {enabled!r}")
+        if enabled and self.config.moe is not None and self.dtype != torch.bfloat16:
+            raise ValueError(f"CUDA graphs of a mixture-of-experts model need it in bfloat16 (its experts in "
+                             f"{self.dtype} read their token counts on the host, which a graph cannot capture)")
         if enabled and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device; it is on {self.device}")
         self._graphs = ForwardGraphs(max_graphs, capture_after) if enabled else None
