@@ -144,6 +144,9 @@ def test_write_data_of_a_train_shard_is_a_validation_set(tmp_path, capsys):
     assert "--train-shard 7" in capsys.readouterr().err
     assert main(["bench", "--write-data", str(tmp_path / "bad"), "--train-shard", "1000", "--tasks", tasks]) == 2
     assert "1000" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    assert main(["bench", "--write-data", str(tmp_path / "a-file"), "--tasks", tasks]) == 2
+    assert f"--write-data {str(tmp_path / 'a-file')!r} is a file; give a folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -420,6 +420,48 @@ def test_resume_redoes_a_sample_whose_data_changed_and_returns_the_selection(lla
     assert [t.n for t in summary.tasks] == [3]                # the redone sample counts once
 
 
+def test_resume_redoes_a_sample_whose_answer_changed_and_a_row_reused_after_a_change_back_is_last(
+        llada, bench_data, tmp_path):
+    """The same prompt with another answer is another sample (its old score would be stale); when
+    the data changes back, the first row is reused and written again, so the table read back from
+    the file (each sample's last row) is the run's own."""
+    from dllm.eval import report
+
+    model, tok = llada
+    folder = tmp_path / "pb"
+    shutil.copytree(bench_data, folder)
+    out = tmp_path / "r.jsonl"
+    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(folder), tasks="waiting_line/copy", limit=1,
+                                       out=str(out), tokens_per_step=8))
+    copy = folder / "waiting_line" / "copy.jsonl"
+    original = copy.read_text()
+    first = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    records = [json.loads(line) for line in original.splitlines()]
+    records[0]["answer"] = _render(["Nobody Here"])
+    copy.write_text("".join(json.dumps(r) + "\n" for r in records))
+    changed = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert len(_file_rows(out)) == 2 and changed[0]["answer"] != first[0]["answer"]
+    assert changed[0]["prompt_id"] == first[0]["prompt_id"] and changed[0]["score"] == 0
+    copy.write_text(original)
+    back = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert back[0]["answer"] == first[0]["answer"] and len(_file_rows(out)) == 3     # reused, written again
+    (summary,) = report.summarize(runner.ResultsFile(out).rows())
+    assert [(t.n, t.score) for t in summary.tasks] == [(1, first[0]["score"] * 100)]
+
+
+def test_a_relative_model_folder_is_named_by_its_real_path(llada_dir, tmp_path, monkeypatch):
+    """`--model m` typed in two directories names two models: the run ids differ."""
+    for place in ("a", "b"):
+        shutil.copytree(llada_dir, tmp_path / place / "m")
+    ids = []
+    for place in ("a", "b"):
+        monkeypatch.chdir(tmp_path / place)
+        ids.append(runner.run_identity(runner.BenchConfig(model="m"), "m", dllm.samplers.get("threshold"),
+                                       runner.load_dataset(runner.config_from_dict(dict(limit=1))))["model"])
+    assert ids == [os.path.realpath(tmp_path / "a" / "m"), os.path.realpath(tmp_path / "b" / "m")]
+    assert runner.model_identity("llada-pb-tiny") == "llada-pb-tiny"      # a name that is no folder stays
+
+
 def test_a_prediction_is_the_whole_generation_region_without_special_tokens(llada, bench_data, monkeypatch):
     """As the benchmark's own model code scores it: an end token committed inside the answer is
     left out and the text after it kept (the answer `texts` of dllm.generate stops there)."""

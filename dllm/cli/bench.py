@@ -1,6 +1,7 @@
 """`dllm bench`: ParallelBench runs, their tables and PB@X, and the generated test sets."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -123,6 +124,9 @@ def check_mode_options(args) -> None:
         if unused:
             raise ValueError(f"--write-data writes the generated records and exits; {', '.join(unused)} do(es) not "
                              f"apply")
+        if os.path.exists(args.write_data) and not os.path.isdir(args.write_data):
+            raise ValueError(f"--write-data {args.write_data!r} is a file; give a folder (new or existing) to write "
+                             f"the records into")
     elif args.report:
         unused = _decoding_options(args, keep=set()) + _record_options(args)
         if unused:

@@ -271,6 +271,12 @@ def _canonical_arguments(name: str, arguments: dict) -> dict:
     return out
 
 
+def model_identity(model: str | None) -> str | None:
+    """A model as run ids name it: a local folder by its real path (a relative path typed in another
+    directory is another model), anything else (a hub id, the shipped model's name) as given."""
+    return os.path.realpath(model) if model is not None and os.path.isdir(model) else model
+
+
 def run_identity(cfg: BenchConfig, model_name: str, sampler: Sampler, dataset: Dataset) -> dict:
     """Everything that decides a run's tokens; its hash is the run id. Settings the sampler
     ignores (steps and tokens_per_step of one that sets its own schedule, block_length of one
@@ -279,7 +285,7 @@ def run_identity(cfg: BenchConfig, model_name: str, sampler: Sampler, dataset: D
     g = cfg.generation
     cache, cache_args = cache_identity(g.cache, g.cache_kwargs)
     steps = (g.steps, g.tokens_per_step) if sampler.uses_steps else (None, None)
-    identity = {"model": model_name, "sampler": sampler.name, "sampler_args": sampler_identity(sampler), "cache": cache,
+    identity = {"model": model_identity(model_name), "sampler": sampler.name, "sampler_args": sampler_identity(sampler), "cache": cache,
                 "cache_args": cache_args, "gen_length": g.gen_length,
                 "block_length": g.block_length if sampler.uses_blocks else None,
                 "steps": steps[0], "tokens_per_step": steps[1], "temperature": float(g.temperature),
@@ -376,7 +382,7 @@ def _rows_of_batch(run: _Run, batch: list[Sample]) -> list[dict]:
         nfe = out.nfe[i]
         rows.append({
             **run.common, "timestamp": provenance.timestamp(),
-            "task": s.task.id, "index": s.index, "prompt_id": prompt_id(s.messages()),
+            "task": s.task.id, "index": s.index, "prompt_id": prompt_id(s.messages()), "metric": s.task.metric,
             "max_tokens": s.task.max_tokens, "gen_length_used": gen, "block_length_used": block,
             "steps_used": steps, "prediction": predictions[i], "answer": s.answer,
             "score": result.get("headline"), "metrics": result, "nfe": nfe,
@@ -446,16 +452,22 @@ def _decode_pending(run: _Run, dist: Distributed, batches: list, results, order:
 def run_bench(cfg: BenchConfig, *, model=None, tokenizer=None, progress: bool = True) -> list[dict]:
     """Run (or resume) a benchmark run; returns the rows of the selected samples (tasks and
     limit), stored ones included, sorted by task and index. A stored row is reused when it was
-    decoded from the same prompt (its `prompt_id`); a sample whose data changed is decoded again
-    and its new row appended. Only the main process writes `cfg.out`."""
+    decoded from the same sample (`sample_key`: its prompt, answer and metric); a sample whose data
+    changed is decoded again and its new row appended, and a reused row that is no longer the
+    sample's last is appended again (tables read each sample's last row). Only the main process
+    writes `cfg.out`."""
     dist = Distributed()
     run, dataset, run_id = _start_run(cfg, dist, model, tokenizer)
     results, stored = _stored_rows(cfg, dist, run_id)
-    prompts = {(t, s.index): prompt_id(s.messages()) for t in dataset.tasks for s in dataset.samples[t]}
+    samples = {(t, s.index): sample_key(s) for t in dataset.tasks for s in dataset.samples[t]}
     current = lambda rows: {(r["task"], r["index"]): r for r in rows                     # noqa: E731
-                            if prompts.get((r["task"], r["index"])) == r.get("prompt_id")}
+                            if samples.get((r["task"], r["index"])) == row_key(r)}
     order = {t: i for i, t in enumerate(dataset.tasks)}
     done = current(stored)
+    last = {(r["task"], r["index"]): r for r in stored}
+    superseded = [done[k] for k in sorted(done, key=lambda k: (order[k[0]], k[1])) if last[k] is not done[k]]
+    if superseded and results is not None and dist.is_main:
+        results.append(superseded)
     pending = [s for t in dataset.tasks for s in dataset.samples[t] if (t, s.index) not in done]
     new_rows = _decode_pending(run, dist, _batches(pending, cfg.batch_size), results, order, progress)
     dist.barrier()
@@ -464,6 +476,17 @@ def run_bench(cfg: BenchConfig, *, model=None, tokenizer=None, progress: bool = 
     elif results is not None:
         done = current(r for r in results.rows() if r.get("run_id") == run_id)
     return [done[k] for k in sorted(done, key=lambda k: (order[k[0]], k[1]))]
+
+
+def sample_key(sample: Sample) -> tuple:
+    """What a stored row must have been decoded and scored from to stand for `sample`: its
+    prompt's id, its answer and its metric."""
+    return prompt_id(sample.messages()), json.dumps(sample.answer, sort_keys=True), sample.task.metric
+
+
+def row_key(row: dict) -> tuple:
+    """`sample_key` of the sample a stored row was decoded from (rows without a metric: none)."""
+    return row.get("prompt_id"), json.dumps(row.get("answer"), sort_keys=True), row.get("metric")
 
 
 _BENCH_FIELDS = tuple(f for f in BenchConfig.__dataclass_fields__)

@@ -19,7 +19,7 @@ from dllm import samplers
 from dllm.attention import get_backend
 from dllm.cache import available_policies, policy_class
 from dllm.config import GenerationConfig
-from dllm.eval.runner import BenchConfig, cache_identity
+from dllm.eval.runner import BenchConfig, cache_identity, model_identity
 from dllm.models.loading import parse_device, resolve_dtype
 
 AXES = ("models", "samplers", "caches", "block_lengths", "gen_lengths")
@@ -314,7 +314,7 @@ def parse_grid(data: dict, source: str = "grid") -> Grid:
                                         **{kind: count})
                                     # Equal as decoded: one model folder however spelled, arguments
                                     # with their defaults filled in and compared as numbers (1 == 1.0).
-                                    same = (_model_identity(model), s["name"], combo.resolved, cache_same, gen,
+                                    same = (model_identity(model), s["name"], combo.resolved, cache_same, gen,
                                             block, kind if count is not None else None, count)
                                     if same not in seen:
                                         seen.append(same)
@@ -331,11 +331,6 @@ def parse_grid(data: dict, source: str = "grid") -> Grid:
         except ValueError as err:
             raise ValueError(f"{source}: configuration {p.label}: {err}") from None
     return Grid(settings, points)
-
-
-def _model_identity(model: str | None) -> str | None:
-    """A model as the grid compares it: a local folder by its real path, anything else as given."""
-    return os.path.realpath(model) if model is not None and os.path.isdir(model) else model
 
 
 def model_names(models: Sequence[str | None]) -> dict[str | None, str]:

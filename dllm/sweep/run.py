@@ -17,7 +17,7 @@ import dllm
 from dllm.distributed import Distributed
 from dllm.eval import leaderboard, runner
 from dllm.models.loading import resolve_device
-from dllm.eval.tasks import encode_messages, prompt_id
+from dllm.eval.tasks import encode_messages
 
 from .grid import Grid, SweepPoint, SweepSettings
 from .report import write_report
@@ -140,7 +140,7 @@ class _Plan:
     settings: SweepSettings
     points: list[SweepPoint]
     dataset: Any
-    expected: set                  # (task, index, prompt id) of every sample each configuration decodes
+    expected: set                  # (task, index, sample key) of every sample each configuration decodes
     run_ids: list[str]             # per point: the bench run id
     sids: list[str]                # per point: the summary id
     rows_path: Path
@@ -181,7 +181,7 @@ def _snapshot(out_dir: Path, dist) -> tuple[dict[str, set], dict[str, dict]]:
     dist.barrier()
     done_pairs: dict[str, set] = {}
     for r in results.rows():
-        done_pairs.setdefault(r["run_id"], set()).add((r["task"], r["index"], r.get("prompt_id")))
+        done_pairs.setdefault(r["run_id"], set()).add((r["task"], r["index"], runner.row_key(r)))
     stored = {s["summary_id"]: s for s in read_summaries(out_dir / SUMMARIES_FILE)}
     dist.barrier()
     return done_pairs, stored
@@ -221,8 +221,8 @@ def _plan(grid: Grid, out_dir: Path, dist) -> _Plan:
     settings, points = grid.settings, grid.points
     template = points[0].bench_config(settings)
     dataset = _grid_dataset(grid)
-    # a row counts for the sample decoded from the same prompt (as run_bench reuses rows)
-    expected = {(t, s.index, prompt_id(s.messages())) for t in dataset.tasks for s in dataset.samples[t]}
+    # a row counts for the sample decoded from the same prompt, answer and metric (as run_bench reuses rows)
+    expected = {(t, s.index, runner.sample_key(s)) for t in dataset.tasks for s in dataset.samples[t]}
     scorers = runner.scorer_identity(runner.text_backends(template, dataset))
     run_ids = [expected_run_id(p, settings, dataset, scorers) for p in points]
     sids = [summary_id(r, dataset.tasks, settings.limit) for r in run_ids]
@@ -293,7 +293,7 @@ def _run_point(i: int, plan: _Plan, models: _Models, bar: _Progress, dist) -> No
     except CONFIG_ERRORS as err:
         fail(error_text(err))
         return
-    rows = [r for r in rows if (r["task"], r["index"], r.get("prompt_id")) in plan.expected]
+    rows = [r for r in rows if (r["task"], r["index"], runner.row_key(r)) in plan.expected]
     if not rows:
         fail("the runner returned no rows")
         return
