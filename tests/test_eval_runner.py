@@ -399,16 +399,22 @@ def test_a_sweeps_summaries_are_not_result_rows(tmp_path):
     assert runner.ResultsFile(path).rows() == [{"run_id": "a", "task": "t", "index": 0}]
 
 
-def test_resume_redoes_a_sample_whose_data_changed_and_returns_the_selection(llada, bench_data, tmp_path):
-    model, tok = llada
+def _run_on_a_copy(bench_data, tmp_path, limit):
+    """A copy of the official-layout data, a results file and the copy task's run on them: (the
+    copy task's records file, the results file, the run's config)."""
     folder = tmp_path / "pb"
     shutil.copytree(bench_data, folder)
     out = tmp_path / "r.jsonl"
-    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(folder), tasks="waiting_line/copy", limit=3,
+    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(folder), tasks="waiting_line/copy", limit=limit,
                                        out=str(out), tokens_per_step=8))
+    return folder / "waiting_line" / "copy.jsonl", out, cfg
+
+
+def test_resume_redoes_a_sample_whose_data_changed_and_returns_the_selection(llada, bench_data, tmp_path):
+    model, tok = llada
+    copy, out, cfg = _run_on_a_copy(bench_data, tmp_path, 3)
     first = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     assert len(runner.run_bench(cfg.replace(limit=2), model=model, tokenizer=tok, progress=False)) == 2
-    copy = folder / "waiting_line" / "copy.jsonl"
     records = [json.loads(line) for line in copy.read_text().splitlines()]
     records[0] = _records(13)[12]
     copy.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -428,12 +434,7 @@ def test_resume_redoes_a_sample_whose_answer_changed_and_a_row_reused_after_a_ch
     from dllm.eval import report
 
     model, tok = llada
-    folder = tmp_path / "pb"
-    shutil.copytree(bench_data, folder)
-    out = tmp_path / "r.jsonl"
-    cfg = runner.config_from_dict(dict(model="tiny", data_dir=str(folder), tasks="waiting_line/copy", limit=1,
-                                       out=str(out), tokens_per_step=8))
-    copy = folder / "waiting_line" / "copy.jsonl"
+    copy, out, cfg = _run_on_a_copy(bench_data, tmp_path, 1)
     original = copy.read_text()
     first = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     records = [json.loads(line) for line in original.splitlines()]
