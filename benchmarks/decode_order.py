@@ -68,9 +68,12 @@ def main(argv=None) -> int:
     p.add_argument("--sampler", default="low_confidence")
     p.add_argument("--batch-size", type=positive_int, default=8)
     args = p.parse_args(argv)
-    with torch.no_grad():
-        counts = decode_counts(args.model, args.task, args.limit, args.names, args.gen_length, args.sampler,
-                               args.batch_size)
+    try:
+        with torch.no_grad():
+            counts = decode_counts(args.model, args.task, args.limit, args.names, args.gen_length, args.sampler,
+                                   args.batch_size)
+    except (ValueError, FileNotFoundError) as err:   # a task, sampler or model folder named wrongly
+        p.error(str(err))
     n = sum(counts.values())
     print(f"| model | task | tokens | {' | '.join(KINDS)} |\n|---|---|---|{'---|' * len(KINDS)}")
     shares = " | ".join(f"{counts[k] / max(n, 1):.0%}" for k in KINDS)

@@ -22,6 +22,7 @@ import time
 import torch
 
 import dllm
+from dllm.cache import available_policies
 from dllm.cli.options import positive_int
 from dllm.eval import generators
 from dllm.eval.tasks import encode_messages, messages
@@ -72,12 +73,17 @@ def main(argv=None) -> int:
     p.add_argument("--task", default="waiting_line/copy")
     p.add_argument("--prompts", type=positive_int, default=8)
     p.add_argument("--gen-length", type=positive_int, default=64)
-    p.add_argument("--block-length", type=positive_int, default=32)
-    p.add_argument("--cache", default="dual")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--block-length", type=positive_int, default=None, help="default: min(32, --gen-length)")
+    p.add_argument("--cache", default="dual", choices=available_policies())
+    p.add_argument("--threads", type=positive_int, default=None)
     args = p.parse_args(argv)
-    model, tokenizer, prompts, config = load_and_config(args)
-    timed_round(model, tokenizer, prompts[:1], config)                     # warm up
+    if args.block_length is None:
+        args.block_length = min(32, args.gen_length)
+    try:
+        model, tokenizer, prompts, config = load_and_config(args)
+        timed_round(model, tokenizer, prompts[:1], config)                 # warm up
+    except (ValueError, FileNotFoundError) as err:   # settings, a task or a model folder named wrongly
+        p.error(str(err))
     rounds = [("main thread", timed_round(model, tokenizer, prompts, config)),
               ("new thread, main thread's team alive", in_new_thread(lambda: timed_round(model, tokenizer, prompts,
                                                                                          config))),

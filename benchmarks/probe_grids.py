@@ -97,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=24, help="held-out records per task")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
     if args.limit < 1:
         ap.error(f"--limit must be >= 1, got {args.limit}")
     if args.canvas < 0:
@@ -107,7 +109,10 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        model, tokenizer = dllm.load(args.model, dtype="float32")
+        try:
+            model, tokenizer = dllm.load(args.model, dtype="float32")
+        except (ValueError, FileNotFoundError) as err:   # no model there
+            ap.error(str(err))
         model.eval()
         for task in (LATIN, SUDOKU):
             records = generators.make_records(task, split="test", num_samples=args.limit)

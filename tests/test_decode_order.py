@@ -31,3 +31,10 @@ def test_the_script_runs_on_the_shipped_model(capsys):
     out = capsys.readouterr().out
     assert "| dllm/assets/llada-pb-tiny | waiting_line/copy |" in out
     assert torch.is_grad_enabled()                                      # the script leaves autograd as it was
+
+
+def test_a_task_that_matches_none_is_refused_by_name(capsys):
+    import pytest
+    with pytest.raises(SystemExit) as stop:
+        order.main(["--model", "dllm/assets/llada-pb-tiny", "--task", "bogus", "--limit", "1"])
+    assert stop.value.code == 2 and "task selection 'bogus' matches none" in capsys.readouterr().err

@@ -13,3 +13,12 @@ def test_every_round_decodes_the_same_texts():
     rounds = [line for line in done.stdout.splitlines() if line.startswith("  ")]
     assert len(rounds) == 4 and rounds[0].split()[:2] == ["main", "thread"] and rounds[0].endswith("1.00x")
     assert "same texts in every round: yes" in done.stdout
+
+
+def test_bad_settings_are_refused_by_name_before_any_round():
+    for flags, message in [(["--cache", "bogus"], "argument --cache: invalid choice: 'bogus'"),
+                           (["--gen-length", "16", "--block-length", "32"], "block_length 32 exceeds gen_length 16"),
+                           (["--task", "nope"], "no generator for task 'nope'; generated tasks:")]:
+        done = subprocess.run([sys.executable, str(SCRIPT), "--prompts", "1", "--gen-length", "16", *flags],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and message in done.stderr, (flags, done.stderr[-2000:])

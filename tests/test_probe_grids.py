@@ -55,3 +55,9 @@ def test_the_shipped_model_rules_out_what_its_row_holds(capsys):
     assert torch.is_grad_enabled()
     with pytest.raises(SystemExit):
         probe.main(["--model", SHIPPED, "--limit", "0"])
+
+
+def test_a_missing_model_folder_is_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        probe.main(["--model", str(tmp_path / "none")])
+    assert stop.value.code == 2 and "no checkpoint folder at" in capsys.readouterr().err
