@@ -111,6 +111,12 @@ def _finite(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
+# The real-valued fields of TrainConfig (grad_clip may be inf and is checked on its own).
+_NUMBER_FIELDS = ("pair_lr", "pair_global", "pair_share", "lr", "min_lr", "eps", "embed_std", "qk_std", "vo_std",
+                  "t_power", "end_weight", "distance_smoothing", "mask_example", "bind_mask", "hole_mask", "span_mask",
+                  "pseudo_share", "cover_share", "weight_decay", "rope_theta")
+
+
 def then_values(name: str, value, kind: type) -> tuple:
     """A then_ field as a tuple of `kind`, one value per later phase, from a tuple or list, one value,
     or command-line text (numbers comma-separated, task weights semicolon-separated). then_steps 0
@@ -211,6 +217,9 @@ class TrainConfig:
     name: str = "pb-tiny"
 
     def __post_init__(self):
+        for k in _NUMBER_FIELDS:    # their ranges are checked below, with the fields they depend on
+            if not _finite(getattr(self, k)):
+                raise ValueError(f"train option {k} must be a finite number, got {getattr(self, k)!r}")
         self._check_counts()
         self._check_model_options()
         self._check_objective_options()
