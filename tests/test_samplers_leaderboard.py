@@ -126,6 +126,38 @@ def test_klass_equals_reference_alone_and_in_a_ragged_batch(request, which, gen,
         assert batch.nfe[b] == forwards, b
 
 
+def test_klass_fallback_commits_no_more_than_the_masks_left():
+    """steps < gen_length: ready commits (3) beyond the schedule's count leave one mask where the
+    next fallback counts 2. The published top-k would also write a column holding no mask (a later
+    block's, here 10, whose prediction flips); KLASS commits the mask alone, as klass_ref now does."""
+    from tests.test_samplers_parallel import ScriptedModel
+
+    V, mask = 320, 310
+
+    def full_logits(x):
+        B, L = x.shape
+        out = torch.zeros(B, L, V)
+        rows = torch.arange(B)
+        out[:, 0, 20] = 12.0
+        out[:, 3:5, 10] = 12.0                                    # confidence ~0.99
+        out[:, 5:8, 11] = 8.8                                     # ~0.95
+        out[:, 8, 12] = 5.77                                      # ~0.5
+        for c in range(9, 15):
+            out[rows, c, torch.where(x[:, 0] == 1, 30, 31)] = 12.0
+        out[:, 10, :] = 0.0
+        out[rows, 10, torch.where(x[:, 8] == mask, 40, 30)] = 12.0
+        return out
+
+    model = ScriptedModel(logits_fn=lambda x, cols, V_: full_logits(x).gather(1, cols[..., None].expand(-1, -1, V_)))
+    kw = dict(conf_threshold=0.9, kl_threshold=0.01, kl_history_length=1)
+    out = dllm.generate(model, None, [[1, 2, 3]], gen_length=12, block_length=6, steps=6, sampler="klass",
+                        sampler_kwargs=kw, score_dtype="float64")
+    want, forwards = klass_ref(lambda x, at: full_logits(x), torch.tensor([[1, 2, 3]]), steps=6, gen_length=12,
+                               block_length=6, mask_id=mask, conf_threshold=0.9, kl_threshold=0.01, history=1)
+    assert out.sequences[0].tolist() == want[0].tolist() == [1, 2, 3, 10, 10, 11, 11, 11, 12] + [30] * 6
+    assert out.nfe[0] == forwards
+
+
 def test_klass_commits_early_when_the_distributions_settle(peaked_llada):
     out = dllm.generate(peaked_llada, None, PROMPTS, gen_length=16, block_length=16, steps=16, sampler="klass",
                         sampler_kwargs=dict(conf_threshold=0.5, kl_threshold=0.05))

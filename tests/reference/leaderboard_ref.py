@@ -169,7 +169,9 @@ def klass_ref(logits_fn: LogitsFn, prompt: Tensor, *, steps: int, gen_length: in
             if ready.any():
                 chosen = ready[0].nonzero().flatten()
             else:
-                chosen = _topk_lowest_first(torch.where(mask_index, conf, -torch.inf)[0], int(counts[0, t]))
+                # at most the masks left: the published top-k would also write columns that hold no mask
+                chosen = _topk_lowest_first(torch.where(mask_index, conf, -torch.inf)[0],
+                                            min(int(counts[0, t]), int(mask_index.sum())))
             x[0, chosen] = x0[0, chosen]
     return x, forwards
 
