@@ -426,6 +426,26 @@ def test_served_rows_join_a_batch_of_their_own_canvas(llada2_dir):
         assert answers[i]["text"] == alone.texts[0] and answers[i]["completion_tokens"] == alone.answer_lengths[0]
 
 
+def test_a_served_row_is_answered_once_its_answer_is_written_while_its_tail_decodes(llada2_dir):
+    """gen_length 20 after 2 prompt tokens: the canvas runs on for 10 tail columns; the answer's
+    columns are all written two forwards before the tail's, and the row is answered then."""
+    from dllm.serve.engine import Engine, Job
+
+    model, tok = dllm.load(llada2_dir, dtype="float32")
+    config = dllm.GenerationConfig(gen_length=20, sampler="threshold", sampler_kwargs={"tau": 0.5})
+    mask, written = model.config.mask_token_id, []
+    alone = dllm.generate(model, tok, [[5, 6]], config=config, on_step=lambda state: written.append(
+        not (state.generated()[0] == mask).any()))
+    first = written.index(True) + 1
+    assert first < alone.nfe[0]                             # the fixture has the case
+    answers = []
+    engine = Engine(model, tok)
+    engine._start_group("llada2", [Job([5, 6], config, lambda kind, payload: answers.append(payload)
+                                        if kind == "done" else None)])
+    engine.run(keep_running=lambda: not answers)
+    assert answers[0]["text"] == alone.texts[0] and answers[0]["forwards"] == first
+
+
 # -- sampling at temperature > 0 (the reference's _sample_with_temperature_topk_topp) -------------
 def _top_k_then_top_p_ref(logits, top_k, top_p):
     """LLaDA2's filters restated: keep the k largest logits, then the nucleus of what is left."""

@@ -344,7 +344,9 @@ class Engine:
             stopped = stopped and (finished[r] or not rewrites)
             if job.stream_canvas:
                 job.emit("canvas", self.tokenizer.decode(generated[r], skip_special_tokens=False))
-            done = finished[r] or stopped
+            # every answer column written: final, though a block-causal row's tail may still decode
+            complete = not rewrites and self.mask_id not in generated[r]
+            done = finished[r] or stopped or complete
             if not done:       # text a stop string may still cut is sent once it cannot
                 text = text[:len(text) - _stop_prefix_length(text, job.stop)]
             grown = text[len(job.sent):] if text.startswith(job.sent) else ""
