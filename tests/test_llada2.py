@@ -527,7 +527,61 @@ def test_llada2_filters_are_checked(kwargs, match):
         dllm.samplers.get("llada2", **kwargs)
 
 
-def test_a_temperature_too_small_to_divide_by_is_refused():
-    with pytest.raises(ValueError, match=r"sampler 'llada21': temperature 1e-30 overflows its logits / temperature"):
-        dllm.generate(_one_token_model(2.0), None, [[1, 2]], gen_length=8, block_length=8, sampler="llada21",
+@pytest.mark.parametrize("sampler", ["llada2", "llada21"])
+def test_a_temperature_too_small_to_divide_by_is_refused(sampler):
+    with pytest.raises(ValueError, match=rf"sampler '{sampler}': temperature 1e-30 overflows its logits / temperature"):
+        dllm.generate(_one_token_model(2.0), None, [[1, 2]], gen_length=8, block_length=8, sampler=sampler,
                       temperature=1e-30, seed=0)
+
+
+def _fixed_distribution_model(probs):
+    """Every column's logits: log(probs) over the first tokens, -inf elsewhere."""
+    from tests.test_samplers_parallel import ScriptedModel
+
+    def logits_fn(x, cols, V):
+        out = torch.full((*cols.shape, V), float("-inf"))
+        out[..., :len(probs)] = torch.log(torch.tensor(probs))
+        return out
+    return ScriptedModel(logits_fn=logits_fn)
+
+
+def test_the_drawn_tokens_follow_the_tempered_distribution():
+    """Two tokens at 0.73 / 0.27: with threshold 0 every mask commits in one step, each with a token
+    drawn at temperature 1 (not the argmax): about 27% of 64 are the second."""
+    model = _fixed_distribution_model([0.73, 0.27])
+    out = dllm.generate(model, None, [[1, 2, 3]], gen_length=64, block_length=64, sampler="llada2", temperature=1.0,
+                        seed=0, sampler_kwargs={"threshold": 0.0})
+    share = (out.generated[0] == 1).float().mean().item()
+    assert out.forwards == 1 and 0.1 < share < 0.45, share
+
+
+@pytest.mark.parametrize("sampler", ["llada2", "llada21"])
+def test_the_sampler_applies_top_k_before_top_p(sampler):
+    """Probabilities 0.5 / 0.3 / 0.2, top_k 2, top_p 0.6: top-k first leaves (0.625, 0.375), whose
+    nucleus is the first token alone (probability 1 > threshold: each block fills in one step with
+    it); Dream's order would keep two tokens."""
+    model = _fixed_distribution_model([0.5, 0.3, 0.2])
+    out = dllm.generate(model, None, [[1, 2, 3]], gen_length=16, block_length=8, sampler=sampler, temperature=1.0,
+                        seed=0, sampler_kwargs={"top_k": 2, "top_p": 0.6, **({"max_post_steps": 0}
+                                                                            if sampler == "llada21" else {})})
+    assert out.generated[0].tolist() == [0] * 16 and out.forwards == 2
+
+
+def test_llada21_edits_with_the_drawn_tokens_probability():
+    """Generated column 0 predicts 7 while column 1 is masked, then 8 (raw probability 0.6 each).
+    With top_k 1 a draw has probability 1: the first step writes 7, the post step edits it to 8
+    (1 > editing_threshold 0.9, where the raw 0.6 would not edit)."""
+    from tests.test_samplers_parallel import ScriptedModel
+
+    def logits_fn(x, cols, V):
+        out = torch.zeros(*cols.shape, V)
+        rows = torch.arange(x.shape[0])[:, None].expand_as(cols)
+        first = cols == 3
+        token = torch.where(first & (x[:, 4:5] == 310), 7, torch.where(first, 8, 9))
+        out[rows, torch.arange(cols.shape[1])[None, :].expand_as(cols), token] = math.log(0.6 * (V - 1) / 0.4)
+        return out
+    model = ScriptedModel(logits_fn=logits_fn)
+    assert model.config.mask_token_id == 310
+    out = dllm.generate(model, None, [[1, 2, 3]], gen_length=8, block_length=8, sampler="llada21", temperature=1.0,
+                        seed=0, sampler_kwargs={"top_k": 1, "editing_threshold": 0.9})
+    assert out.generated[0].tolist() == [8] + [9] * 7 and out.edits[0] == 1
