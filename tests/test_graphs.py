@@ -164,6 +164,16 @@ def test_kept_buffers_are_leased_to_one_live_holder():
     assert other is not kept and other[0] == 1                                     # a fresh one, not kept
     del a
     assert g.persistent(("kv", 0), lambda: torch.ones(2), holder=b) is kept        # the lease ended with a
+    # a lease goes with its object: once evicted (or cleared), the key's new object is kept for its holder
+    c = Holder()
+    for i in range(1, g.max_kept + 1):
+        g.persistent(("kv", i), lambda: torch.zeros(2), holder=c)
+    assert ("kv", 0) not in g._kept
+    again = g.persistent(("kv", 0), lambda: torch.zeros(2), holder=c)
+    assert g.persistent(("kv", 0), lambda: torch.zeros(2), holder=c) is again
+    g.clear()
+    fresh = g.persistent(("kv", 2), lambda: torch.zeros(2), holder=b)     # c held it before the clear
+    assert g.persistent(("kv", 2), lambda: torch.zeros(2), holder=b) is fresh
 
 
 def test_a_decoder_built_beside_a_running_one_keeps_its_own_buffers(llada_dir):

@@ -165,6 +165,8 @@ def test_inputs_that_record_gradients_are_refused(llada_dir):
     q, k, v = (torch.randn(1, 2, 5, 16, device=DEVICE, requires_grad=True) for _ in range(3))
     with pytest.raises(RuntimeError, match=r"the triton attention backend runs forward only .* attention='sdpa'"):
         bidir_attn(q, k, v)
+    with pytest.raises(RuntimeError, match="runs forward only"):            # one input recording is enough
+        bidir_attn(q, k.detach(), v.detach())
     with torch.no_grad():
         assert bidir_attn(q, k, v).shape == (1, 2, 5, 16)
     model, _ = dllm.load(llada_dir, dtype="float32", device=DEVICE, attention="triton")

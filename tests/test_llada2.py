@@ -555,6 +555,45 @@ def test_the_drawn_tokens_follow_the_tempered_distribution():
     assert out.forwards == 1 and 0.1 < share < 0.45, share
 
 
+def test_an_eos_drawn_at_temperature_stops_the_row_after_its_block():
+    """EOS at 0.27, token 0 at 0.73: with threshold 0 the first block fills in one step and almost
+    surely holds a drawn EOS (the argmax never is), so the row stops after it."""
+    from tests.test_samplers_parallel import ScriptedModel
+
+    eos = ScriptedModel().config.eos_token_id
+
+    def logits_fn(x, cols, V):
+        out = torch.full((*cols.shape, V), float("-inf"))
+        out[..., 0], out[..., eos] = math.log(0.73), math.log(0.27)
+        return out
+    out = dllm.generate(ScriptedModel(logits_fn=logits_fn), None, [[1, 2, 3]], gen_length=64, block_length=32,
+                        sampler="llada2", temperature=1.0, seed=0, sampler_kwargs={"threshold": 0.0})
+    assert out.forwards == 1 and (out.generated[0, :32] == eos).any() and (out.generated[0, 32:] == eos).all()
+
+
+def test_prophet_over_llada2_passes_the_logits_its_draw_needs():
+    out = dllm.generate(_fixed_distribution_model([0.73, 0.27]), None, [[1, 2, 3]], gen_length=16, block_length=8,
+                        sampler="prophet", temperature=1.0, seed=0, sampler_kwargs={"base": "llada2"})
+    assert out.generated.shape == (1, 16) and set(out.generated[0].tolist()) <= {0, 1}
+
+
+def test_greedy_llada2_scores_with_the_lm_head_fused(monkeypatch):
+    """At temperature 0 llada2 reads only the candidate and its probability: the fused head scoring
+    runs (its draw needs the logits at temperature > 0 only)."""
+    import dllm.decode as decode_module
+
+    model = dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0, init_std=0.3)
+    monkeypatch.setenv("DLLM_HEAD_SCORING", "torch")
+    calls = []
+    fused = decode_module.head_scores
+    monkeypatch.setattr(decode_module, "head_scores", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    dllm.generate(model, None, [[5, 6, 7]], gen_length=8, block_length=8, sampler="llada2")
+    assert calls
+    calls.clear()
+    dllm.generate(model, None, [[5, 6, 7]], gen_length=8, block_length=8, sampler="llada2", temperature=1.0, seed=0)
+    assert not calls
+
+
 @pytest.mark.parametrize("sampler", ["llada2", "llada21"])
 def test_the_sampler_applies_top_k_before_top_p(sampler):
     """Probabilities 0.5 / 0.3 / 0.2, top_k 2, top_p 0.6: top-k first leaves (0.625, 0.375), whose
