@@ -79,6 +79,24 @@ def test_a_copy_of_a_compiled_model_runs_its_own_weights(models):
         assert loaded.compiled and torch.equal(loaded(x, at), twin(x, at))
 
 
+def test_a_model_with_leased_graph_buffers_pickles_without_them():
+    import io
+
+    from dllm.models.graphs import ForwardGraphs
+
+    class Holder:
+        pass
+
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), seed=0)
+    model._graphs, holder = ForwardGraphs(), Holder()
+    model._graphs.persistent(("kv", 0), lambda: torch.zeros(2), holder=holder)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert loaded.cuda_graphs is not None and not loaded.cuda_graphs._kept
+
+
 def test_training_forwards_stay_eager(models):
     _, compiled = models["llada-tiny"]
     x = torch.tensor([[5, 6, 7, 310, 310]])

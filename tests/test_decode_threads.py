@@ -22,3 +22,11 @@ def test_bad_settings_are_refused_by_name_before_any_round():
         done = subprocess.run([sys.executable, str(SCRIPT), "--prompts", "1", "--gen-length", "16", *flags],
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 2 and message in done.stderr, (flags, done.stderr[-2000:])
+
+
+def test_the_block_length_follows_a_short_generation_and_threads_must_be_positive():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--prompts", "1", "--gen-length", "8", "--threads", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]                   # block length min(32, 8)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--threads", "0"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "argument --threads" in done.stderr, done.stderr[-2000:]

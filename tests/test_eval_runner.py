@@ -461,6 +461,8 @@ def test_a_relative_model_folder_is_named_by_its_real_path(llada_dir, tmp_path, 
                                        runner.load_dataset(runner.config_from_dict(dict(limit=1))))["model"])
     assert ids == [os.path.realpath(tmp_path / "a" / "m"), os.path.realpath(tmp_path / "b" / "m")]
     assert runner.model_identity("llada-pb-tiny") == "llada-pb-tiny"      # a name that is no folder stays
+    (tmp_path / "link").symlink_to(tmp_path / "a" / "m")
+    assert runner.model_identity(str(tmp_path / "link")) == ids[0]
 
 
 def test_a_prediction_is_the_whole_generation_region_without_special_tokens(llada, bench_data, monkeypatch):

@@ -594,6 +594,21 @@ def test_greedy_llada2_scores_with_the_lm_head_fused(monkeypatch):
     assert not calls
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_llada2_commits_its_own_draws_from_the_requests_generator(seed):
+    """Threshold 0 commits the 8-column block in one step: its tokens are one torch.multinomial
+    draw from the request's seeded generator (no other draw consumes it first)."""
+    model = _fixed_distribution_model([0.55, 0.45])
+    out = dllm.generate(model, None, [[1, 2, 3]], gen_length=8, block_length=8, sampler="llada2", temperature=0.8,
+                        seed=seed, sampler_kwargs={"threshold": 0.0})
+    logits = torch.full((8, model.config.vocab_size), float("-inf"))
+    logits[:, :2] = torch.log(torch.tensor([0.55, 0.45]))
+    probs = torch.softmax(logits / 0.8, -1)
+    want = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
+    assert 1 in want.tolist()                                   # the draw is not the argmax everywhere
+    assert out.generated[0].tolist() == want.tolist() and out.forwards == 1
+
+
 @pytest.mark.parametrize("sampler", ["llada2", "llada21"])
 def test_the_sampler_applies_top_k_before_top_p(sampler):
     """Probabilities 0.5 / 0.3 / 0.2, top_k 2, top_p 0.6: top-k first leaves (0.625, 0.375), whose

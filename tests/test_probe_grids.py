@@ -57,6 +57,14 @@ def test_the_shipped_model_rules_out_what_its_row_holds(capsys):
         probe.main(["--model", SHIPPED, "--limit", "0"])
 
 
+def test_a_thread_count_below_one_is_refused_before_anything_loads(tmp_path, capsys):
+    before = torch.get_num_threads()
+    with pytest.raises(SystemExit) as stop:
+        probe.main(["--model", str(tmp_path / "none"), "--threads", "0"])
+    assert stop.value.code == 2 and "--threads must be >= 1" in capsys.readouterr().err
+    assert torch.get_num_threads() == before
+
+
 def test_a_missing_model_folder_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         probe.main(["--model", str(tmp_path / "none")])

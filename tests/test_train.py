@@ -589,8 +589,7 @@ def test_recipe_change_on_resume_and_bad_options_are_errors(trained, tmp_path):
         T.TrainConfig(end_weight=0.5)
 
 
-@pytest.mark.parametrize("field", ["lr", "pair_lr", "eps", "qk_std", "t_power", "end_weight", "mask_example",
-                                   "span_mask", "pair_global", "weight_decay"])
+@pytest.mark.parametrize("field", T.config.NUMBER_FIELDS)
 @pytest.mark.parametrize("bad", ["1e-3", True, float("nan"), None])
 def test_a_real_valued_option_of_another_type_is_refused_naming_it(field, bad):
     with pytest.raises(ValueError, match=rf"train option {field} must be a finite number, got {bad!r}"):

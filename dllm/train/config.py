@@ -112,7 +112,7 @@ def _finite(value) -> bool:
 
 
 # The real-valued fields of TrainConfig (grad_clip may be inf and is checked on its own).
-_NUMBER_FIELDS = ("pair_lr", "pair_global", "pair_share", "lr", "min_lr", "eps", "embed_std", "qk_std", "vo_std",
+NUMBER_FIELDS = ("pair_lr", "pair_global", "pair_share", "lr", "min_lr", "eps", "embed_std", "qk_std", "vo_std",
                   "t_power", "end_weight", "distance_smoothing", "mask_example", "bind_mask", "hole_mask", "span_mask",
                   "pseudo_share", "cover_share", "weight_decay", "rope_theta")
 
@@ -217,7 +217,7 @@ class TrainConfig:
     name: str = "pb-tiny"
 
     def __post_init__(self):
-        for k in _NUMBER_FIELDS:    # their ranges are checked below, with the fields they depend on
+        for k in NUMBER_FIELDS:    # their ranges are checked below, with the fields they depend on
             if not _finite(getattr(self, k)):
                 raise ValueError(f"train option {k} must be a finite number, got {getattr(self, k)!r}")
         self._check_counts()
