@@ -285,8 +285,9 @@ def run_identity(cfg: BenchConfig, model_name: str, sampler: Sampler, dataset: D
     g = cfg.generation
     cache, cache_args = cache_identity(g.cache, g.cache_kwargs)
     steps = (g.steps, g.tokens_per_step) if sampler.uses_steps else (None, None)
-    identity = {"model": model_identity(model_name), "sampler": sampler.name, "sampler_args": sampler_identity(sampler), "cache": cache,
-                "cache_args": cache_args, "gen_length": g.gen_length,
+    identity = {"model": model_identity(model_name), "sampler": sampler.name,
+                "sampler_args": sampler_identity(sampler), "cache": cache, "cache_args": cache_args,
+                "gen_length": g.gen_length,
                 "block_length": g.block_length if sampler.uses_blocks else None,
                 "steps": steps[0], "tokens_per_step": steps[1], "temperature": float(g.temperature),
                 "seed": g.seed, "max_forwards": g.max_forwards, "dtype": cfg.dtype, "data_mode": dataset.mode,

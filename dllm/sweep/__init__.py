@@ -32,8 +32,9 @@ Grid file (YAML or TOML; the command line builds the same structure)::
       - {samplers: [threshold], caches: [prefix, dual]}
 
 With `grids`, the axes at the top level are only the defaults of each entry, which overrides
-some of them; an entry `{}` runs the top-level product itself. A list is a list of alternatives; an argument whose value is itself a list is written as a list of
-lists (`thresholds: [[7.5, 5.0, 2.5]]`). Unknown keys, names, arguments and out-of-range values are
+some of them; an entry `{}` runs the top-level product itself. A list is a list of alternatives;
+an argument whose value is itself a list is written as a list of lists
+(`thresholds: [[7.5, 5.0, 2.5]]`). Unknown keys, names, arguments and out-of-range values are
 errors naming the value and what is allowed, raised before any model is loaded.
 
 Outputs in `out_dir`:

@@ -84,8 +84,7 @@ def write_summary(path: str | os.PathLike, row: dict) -> None:
     path = Path(path)
     rows = read_summaries(path)
     at = next((i for i, r in enumerate(rows) if r["summary_id"] == row["summary_id"]), len(rows))
-    rows = [r for r in rows[:at] if r["summary_id"] != row["summary_id"]] + [row] + \
-        [r for r in rows[at:] if r["summary_id"] != row["summary_id"]]   # every older copy replaced
+    rows = rows[:at] + [row] + [r for r in rows[at:] if r["summary_id"] != row["summary_id"]]   # every copy replaced
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as fh:

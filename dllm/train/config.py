@@ -111,10 +111,10 @@ def _finite(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-# The real-valued fields of TrainConfig (grad_clip may be inf and is checked on its own).
+# The real-valued fields of TrainConfig whose range checks compare without checking the type (the
+# others, grad_clip, weight_decay, rope_theta, pseudo_share and cover_share, check it themselves).
 NUMBER_FIELDS = ("pair_lr", "pair_global", "pair_share", "lr", "min_lr", "eps", "embed_std", "qk_std", "vo_std",
-                  "t_power", "end_weight", "distance_smoothing", "mask_example", "bind_mask", "hole_mask", "span_mask",
-                  "pseudo_share", "cover_share", "weight_decay", "rope_theta")
+                 "t_power", "end_weight", "distance_smoothing", "mask_example", "bind_mask", "hole_mask", "span_mask")
 
 
 def then_values(name: str, value, kind: type) -> tuple:
