@@ -74,22 +74,33 @@ class BackendInfo:
     path: str          # "module:attribute", imported on first use
     description: str
     requires: str = ""  # a package the backend needs, checked when it is looked up
+    query_masks: bool = False   # it takes key_valid (B, P, L), a mask per query (block-causal models)
 
 
 _BACKENDS: dict[str, BackendInfo] = {
-    "eager": BackendInfo("eager", "dllm.attention:eager_attention", "plain fp32 math (the reference)"),
-    "sdpa": BackendInfo("sdpa", "dllm.attention:sdpa_attention", "torch scaled_dot_product_attention"),
+    "eager": BackendInfo("eager", "dllm.attention:eager_attention", "plain fp32 math (the reference)",
+                         query_masks=True),
+    "sdpa": BackendInfo("sdpa", "dllm.attention:sdpa_attention", "torch scaled_dot_product_attention",
+                        query_masks=True),
     "triton": BackendInfo("triton", "dllm.kernels.attention:bidir_attn",
                           "Triton flash attention: fp16/bf16/fp32, head dim <= 256, CUDA (or CPU under "
                           "TRITON_INTERPRET=1)", requires="triton"),
-    "auto": BackendInfo("auto", "dllm.attention:auto_attention", "the fastest measured for the device: sdpa"),
+    "auto": BackendInfo("auto", "dllm.attention:auto_attention", "the fastest measured for the device: sdpa",
+                        query_masks=True),
 }
 
 
-def register_backend(name: str, path: str, description: str = "", requires: str = "") -> None:
+def register_backend(name: str, path: str, description: str = "", requires: str = "",
+                     query_masks: bool = False) -> None:
     """Register an attention backend under `name`, resolved lazily from `"module:attribute"`;
-    `requires` names a package it cannot run without."""
-    _BACKENDS[name] = BackendInfo(name, path, description, requires)
+    `requires` names a package it cannot run without; `query_masks`: it takes a key mask per query
+    (B, P, L), which a block-causal model (LLaDA2) needs."""
+    _BACKENDS[name] = BackendInfo(name, path, description, requires, query_masks)
+
+
+def takes_query_masks(name: str) -> bool:
+    """Whether the registered backend `name` takes a key mask per query (block-causal models)."""
+    return _BACKENDS[name].query_masks
 
 
 def available_backends() -> list[str]:

@@ -272,13 +272,18 @@ def test_block_length_and_sampler_are_checked(llada2_dir):
         dllm.generate(model, None, [[5, 6]], gen_length=64, sampler="llada2", sampler_kwargs={"steps": 40})
 
 
-def test_triton_attention_names_the_per_query_mask(llada2_dir):
-    from dllm.kernels import triton_runs_on
-    if not triton_runs_on("cpu"):
-        pytest.skip("needs triton under TRITON_INTERPRET=1")
-    model, _ = dllm.load(llada2_dir, dtype="float32", attention="triton")
-    with pytest.raises(ValueError, match="a mask per query.*sdpa or eager"):
-        model(torch.randint(0, 300, (1, 40)))
+def test_an_attention_backend_without_query_masks_is_refused_when_chosen(llada2_dir):
+    """The triton kernel takes one key mask per row, not the per-query mask of attention blocks:
+    refused at load and at set_attention, naming the backends that take it."""
+    pytest.importorskip("triton")
+    message = r"attention backend 'triton' takes no key mask per query, .* use one of eager, sdpa, auto"
+    with pytest.raises(ValueError, match=message):
+        dllm.load(llada2_dir, dtype="float32", attention="triton")
+    model, _ = dllm.load(llada2_dir, dtype="float32")
+    before = model.attention
+    with pytest.raises(ValueError, match=message):
+        model.set_attention("triton")
+    assert model.attention == before
 
 
 @pytest.mark.parametrize("overrides, message", [

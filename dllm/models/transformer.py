@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..attention import get_backend
+from ..attention import available_backends, get_backend, takes_query_masks
 from ..config import ModelConfig
 from ..kernels.rope_write import rope_write_impl, rope_write_triton
 from ..state import cover_columns
@@ -321,8 +321,14 @@ class DiffusionTransformer(nn.Module):
 
     # -- configuration -------------------------------------------------------------------
     def set_attention(self, name: str) -> None:
-        """Select the attention backend by registered name (see `dllm.attention`)."""
-        self._attn = get_backend(name)
+        """Select the attention backend by registered name (see `dllm.attention`). A block-causal
+        model (LLaDA2) needs one that takes a key mask per query."""
+        attn = get_backend(name)
+        if self.config.attention_block is not None and not takes_query_masks(name):
+            usable = [n for n in available_backends() if takes_query_masks(n)]
+            raise ValueError(f"attention backend {name!r} takes no key mask per query, which this block-causal "
+                             f"model ({self.config.family}) needs; use one of {', '.join(usable)}")
+        self._attn = attn
         self.attention = name
         if self._graphs is not None:
             self._graphs.clear()
