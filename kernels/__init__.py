@@ -53,6 +53,20 @@ def interpreter_bf16(device: torch.device | str, dtype: torch.dtype | None) -> b
     return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and INTERPRET
 
 
+def writes_as_on_a_gpu(device: torch.device | str, dtype: torch.dtype | None, dtypes: tuple) -> bool:
+    """Whether a kernel taking `dtypes` runs on `device` for `dtype` and writes what a GPU would:
+    Triton runs there, the dtype is one it takes, and it is not bf16 under the interpreter."""
+    return triton_runs_on(device) and dtype in dtypes and not interpreter_bf16(device, dtype)
+
+
+def refuse_interpreter_bf16(device: torch.device | str, dtype: torch.dtype, what: str) -> None:
+    """Raise a ValueError saying `what` (e.g. "the X kernel cannot write bf16") is not run on bf16
+    under the interpreter, if `device` and `dtype` are that."""
+    if interpreter_bf16(device, dtype):
+        raise ValueError(f"{what} under TRITON_INTERPRET=1 (the interpreter truncates to bf16 where a GPU rounds); "
+                         f"use float16 or float32 there")
+
+
 def require_triton(device: torch.device | str, what: str) -> None:
     """Raise a RuntimeError saying why `what` cannot run on `device`, if it cannot."""
     device = torch.device(device)
@@ -129,4 +143,4 @@ from .scoring import TokenScores, token_scores, token_scores_ref, token_scores_t
 
 __all__ = ["HAS_TRITON", "INTERPRET", "TokenScores", "add_launch_listener", "launching", "on_device",
            "remove_launch_listener", "require_triton", "token_scores", "token_scores_ref", "token_scores_triton",
-           "interpreter_bf16", "triton_runs_on"]
+           "interpreter_bf16", "refuse_interpreter_bf16", "triton_runs_on", "writes_as_on_a_gpu"]

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from . import HAS_TRITON, chosen_impl, interpreter_bf16, launching, require_triton, triton_runs_on
+from . import (HAS_TRITON, chosen_impl, launching, refuse_interpreter_bf16, require_triton, triton_runs_on,
+               writes_as_on_a_gpu)
 
 if HAS_TRITON:
     import triton
@@ -48,8 +49,7 @@ def head_scoring_impl(impl: str | None = None, device: torch.device | str | None
         kernel = (device is not None and device.type == "cuda" and dtype in KERNEL_DTYPES
                   and triton_runs_on(device))
         impl = "triton" if kernel else "unfused"
-    elif impl == "triton" and device is not None and (not (triton_runs_on(device) and dtype in KERNEL_DTYPES)
-                                                      or interpreter_bf16(device, dtype)):
+    elif impl == "triton" and device is not None and not writes_as_on_a_gpu(device, dtype, KERNEL_DTYPES):
         impl = "unfused"
     return impl
 
@@ -153,9 +153,7 @@ def head_scores_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     if hidden.dtype not in KERNEL_DTYPES or weight.dtype != hidden.dtype:
         raise ValueError(f"the fused head scoring kernel takes hidden and weight of one dtype among float16, "
                          f"bfloat16, float32; got {hidden.dtype} and {weight.dtype}")
-    if interpreter_bf16(hidden.device, hidden.dtype):
-        raise ValueError("the fused head scoring kernel cannot round bf16 logits under TRITON_INTERPRET=1 (the "
-                         "interpreter truncates to bf16 where a GPU rounds); use float16 or float32 there")
+    refuse_interpreter_bf16(hidden.device, hidden.dtype, "the fused head scoring kernel cannot round bf16 logits")
     hidden, weight = hidden.contiguous(), weight.contiguous()
     N, D = hidden.shape
     V = weight.shape[0]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from . import HAS_TRITON, chosen_impl, interpreter_bf16, launching, require_triton, triton_runs_on
+from . import HAS_TRITON, chosen_impl, launching, refuse_interpreter_bf16, require_triton, writes_as_on_a_gpu
 
 if HAS_TRITON:
     import triton
@@ -39,8 +39,7 @@ def rope_write_impl(impl: str | None = None, device: torch.device | str | None =
     "torch"; "triton" falls back to "torch" where the kernel cannot run (`device`, `dtype`) or
     cannot round as a GPU does (`interpreter_bf16`)."""
     impl = chosen_impl(impl, "DLLM_ROPE_WRITE", IMPLS, "rotary + K/V write")
-    if impl == "triton" and device is not None and (not (triton_runs_on(device) and dtype in KERNEL_DTYPES)
-                                                    or interpreter_bf16(device, dtype)):
+    if impl == "triton" and device is not None and not writes_as_on_a_gpu(device, dtype, KERNEL_DTYPES):
         return "torch"
     return "torch" if impl == "auto" else impl
 
@@ -156,9 +155,7 @@ def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: 
     a (B, Q, H, D) tensor as the torch path's queries are."""
     require_triton(q.device, "the rotary + K/V write kernel")
     _check(q, k, v, cos_q, sin_q, cos_k, sin_k, kb, vb, rows, positions)
-    if interpreter_bf16(q.device, q.dtype):
-        raise ValueError("the rotary + K/V write kernel cannot write bf16 under TRITON_INTERPRET=1 (the "
-                         "interpreter truncates to bf16 where a GPU rounds); use float16 or float32 there")
+    refuse_interpreter_bf16(q.device, q.dtype, "the rotary + K/V write kernel cannot write bf16")
     B, Q, H, D = q.shape
     P, H_kv = k.shape[1], k.shape[2]
     out = torch.empty(B, Q, H, D, dtype=q.dtype, device=q.device)
