@@ -78,11 +78,12 @@ class MoEConfig:
 class ModelConfig:
     """Shape and special ids of one masked-diffusion transformer.
 
-    Both families are pre-norm SwiGLU transformers with RoPE and bidirectional attention; the
-    differences that matter at run time are explicit fields rather than family checks.
+    Every family is a pre-norm SwiGLU transformer with RoPE (LLaDA-MoE and LLaDA2: mixture-of-experts
+    MLPs; LLaDA2: block-causal attention, the rest bidirectional); the differences that matter at run
+    time are explicit fields rather than family checks.
     """
 
-    family: str                      # "llada" | "dream"
+    family: str                      # "llada" | "dream" | "llada-moe" | "llada2"
     vocab_size: int                  # logit width (LLaDA: `embedding_size`, which may exceed the tokenizer vocab)
     d_model: int
     n_layers: int

@@ -77,7 +77,7 @@ class DecodeState:
     generator: torch.Generator | None = None
     score_dtype: torch.dtype = torch.float32
     steps: int = 0                  # denoising steps requested (fixed schedules)
-    family: str | None = None       # model family ("llada" | "dream"), for family-specific sampler defaults
+    family: str | None = None       # model family ("llada", "dream", ...), for family-specific sampler defaults
     tokenizer: Any = None           # the request's tokenizer, if any (samplers that resolve strings to ids)
     source: str | None = None       # the local checkpoint folder the model came from (files shipped with it)
     vocab_size: int | None = None   # the model's vocabulary (token ids a sampler argument may name)

@@ -1,5 +1,7 @@
 """Reading each family's `config.json`: values of the wrong type or range are refused with the key
 named, and the null and list forms real configs use are read as the reference code reads them."""
+import re
+
 import pytest
 
 from dllm.models import dream, llada, llada2, llada_moe
@@ -37,10 +39,33 @@ def test_a_flag_must_be_a_boolean(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_token_id_must_be_an_integer(family):
-    with pytest.raises(ValueError, match=r"(ModelConfig.mask_token_id|config key 'mask_token_id' = '3') must be an "
-                                         r"integer token id"):
-        parse(family, mask_token_id="3")
+@pytest.mark.parametrize("key,value", [("mask_token_id", "3"), ("bos_token_id", [1.5]), ("pad_token_id", -2),
+                                       ("bos_token_id", True)])
+def test_a_token_id_must_be_an_integer(family, key, value):
+    with pytest.raises(ValueError, match=re.escape(f"{family} config key {key!r} = {value!r} must be an integer token id")):
+        parse(family, **{key: value})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_bos_id_written_as_a_list_is_read_as_its_first_entry(family):
+    assert parse(family, bos_token_id=[7, 9]).bos_token_id == 7
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(max_sequence_length="4k"), "LLaDA config key 'max_sequence_length' = '4k' must be an integer >= 1"),
+    (dict(n_kv_heads="2"), "LLaDA config key 'n_kv_heads' = '2' must be an integer >= 1"),
+    (dict(n_kv_heads=0), "LLaDA config key 'n_kv_heads' = 0 must be an integer >= 1"),
+])
+def test_llada_sizes_name_their_key(changes, message):
+    with pytest.raises(ValueError, match=message):
+        parse("LLaDA", **changes)
+
+
+def test_a_null_key_takes_its_default():
+    assert parse("Dream", hidden_act=None).family == "dream"
+    cfg = parse("LLaDA2", partial_rotary_factor=None)
+    assert cfg.rotary_dim == cfg.head_dim // 2
+    assert parse("LLaDA", max_sequence_length=None, max_position_embeddings=None).max_seq_len == 1024
 
 
 def test_dream_reads_a_null_pad_or_eos_id_as_the_other():

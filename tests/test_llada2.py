@@ -3,6 +3,7 @@ expert bias), the forward against a plain statement of the published modelling c
 block-causal mask (tests/reference/arch_ref.py), the block-causal K/V cache at the forward level,
 and the errors of bad configs."""
 import math
+import re
 
 import pytest
 import torch
@@ -272,13 +273,18 @@ def test_block_length_and_sampler_are_checked(llada2_dir):
         dllm.generate(model, None, [[5, 6]], gen_length=64, sampler="llada2", sampler_kwargs={"steps": 40})
 
 
-def test_an_attention_backend_without_query_masks_is_refused_when_chosen(llada2_dir):
+def test_an_attention_backend_without_query_masks_is_refused_when_chosen(llada2_dir, monkeypatch):
     """The triton kernel takes one key mask per row, not the per-query mask of attention blocks:
-    refused at load and at set_attention, naming the backends that take it."""
+    refused at load (before any weight is read) and at set_attention, naming the backends that take it."""
     pytest.importorskip("triton")
+    import dllm.models.loading as loading
     message = r"attention backend 'triton' takes no key mask per query, .* use one of eager, sdpa, auto"
-    with pytest.raises(ValueError, match=message):
-        dllm.load(llada2_dir, dtype="float32", attention="triton")
+    read = loading.load_weights
+    with monkeypatch.context() as patch:
+        patch.setattr(loading, "load_weights", lambda *a, **k: pytest.fail("weights read before the refusal"))
+        with pytest.raises(ValueError, match=message):
+            dllm.load(llada2_dir, dtype="float32", attention="triton")
+    assert loading.load_weights is read
     model, _ = dllm.load(llada2_dir, dtype="float32")
     before = model.attention
     with pytest.raises(ValueError, match=message):
@@ -293,7 +299,7 @@ def test_an_attention_backend_without_query_masks_is_refused_when_chosen(llada2_
     (dict(head_dim=32), "'head_dim' = 32"),
     (dict(n_group=3), "not divisible by n_groups 3"),
     (dict(topk_group=1, num_experts_per_tok=8), "cannot hold experts_per_token 8"),
-    (dict(partial_rotary_factor=None), "'partial_rotary_factor' = None"),
+    (dict(partial_rotary_factor=0), "'partial_rotary_factor' = 0 must lie in"),
     (dict(num_attention_heads=0), "'num_attention_heads' = 0 must be a positive integer"),
     (dict(hidden_size="64"), "'hidden_size' = '64' must be a positive integer"),
 ])
@@ -644,3 +650,32 @@ def test_llada21_edits_with_the_drawn_tokens_probability():
     out = dllm.generate(model, None, [[1, 2, 3]], gen_length=8, block_length=8, sampler="llada21", temperature=1.0,
                         seed=0, sampler_kwargs={"top_k": 1, "editing_threshold": 0.9})
     assert out.generated[0].tolist() == [8] + [9] * 7 and out.edits[0] == 1
+
+
+def _rewrite(folder, change):
+    from safetensors.torch import save_file
+    state = load_state_dict(folder)
+    change(state)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_shape_errors_name_checkpoint_tensors(tmp_path):
+    """An expert of another shape, all experts of another shape and a fused q/k/v of another height
+    are named by their checkpoint names, not by the stacked or split internal ones."""
+    one = write_llada2_checkpoint(tmp_path / "one")
+    expert = "model.layers.1.mlp.experts.3.gate_proj.weight"
+    _rewrite(one, lambda s: s.__setitem__(expert, s[expert][:-1]))
+    with pytest.raises(ValueError, match=rf"differ in shape: model.layers.1.mlp.experts.0.gate_proj.weight "
+                                         rf"\(\d+, \d+\), {re.escape(expert)} \(\d+, \d+\)"):
+        dllm.load(one)
+    every = write_llada2_checkpoint(tmp_path / "every")
+    _rewrite(every, lambda s: s.update({k: v[:-1] for k, v in s.items()
+                                        if k.startswith("model.layers.1.mlp.experts.") and "gate_proj" in k}))
+    with pytest.raises(ValueError, match=r"model.layers.1.mlp.experts.0.gate_proj.weight and the tensors stacked "
+                                         r"with it: checkpoint \(\d+, \d+, \d+\) vs config"):
+        dllm.load(every)
+    qkv = write_llada2_checkpoint(tmp_path / "qkv")
+    name = "model.layers.0.attention.query_key_value.weight"
+    _rewrite(qkv, lambda s: s.__setitem__(name, s[name][:-2]))
+    with pytest.raises(ValueError, match=rf"fused q/k/v weight {re.escape(name)} has \d+ rows"):
+        dllm.load(qkv)

@@ -317,3 +317,49 @@ def test_auto_dtype_casts_a_float32_expert_bias_beside_bfloat16_weights(tmp_path
     prompt = [list(range(5, 37))]
     assert torch.equal(dllm.generate(model, None, prompt, gen_length=32).sequences,
                        dllm.generate(want, None, prompt, gen_length=32).sequences)
+
+
+def test_init_weights_zeroes_buffers_left_uninitialised():
+    """A model built on meta and moved with `to_empty` (the accelerator path of `build_model`) holds
+    uninitialised memory: LLaDA2's `expert_bias` buffer must start at zero as on the CPU path."""
+    from dllm.config import ModelConfig
+    from dllm.models.loading import FAMILY_CLASSES, build_model, init_weights
+    cfg = ModelConfig.from_name("llada2-tiny")
+    with torch.device("meta"):
+        model = FAMILY_CLASSES[cfg.family](cfg, attention="sdpa")
+    model = model.to_empty(device="cpu")
+    buffers = dict(model.named_buffers())
+    assert any(name.endswith("expert_bias") for name in buffers)
+    for b in buffers.values():
+        b.fill_(float("nan"))
+    init_weights(model, torch.Generator().manual_seed(0), 0.02)
+    want = dict(build_model(cfg, "sdpa", seed=0).named_buffers())
+    for name, b in model.named_buffers():
+        assert torch.equal(b, want[name]) and not b.any(), name
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dtype="float8"), "unsupported dtype 'float8'"),
+    (dict(device="cuda:7" if not torch.cuda.is_available() else "cuda:99"), "device 'cuda:"),
+    (dict(device="gpu0"), "unknown device 'gpu0'"),
+    (dict(device="meta"), "device 'meta' holds no weights"),
+    (dict(attention="flash9"), "flash9"),
+])
+def test_build_model_refuses_bad_arguments_by_name(kwargs, message):
+    from dllm.config import ModelConfig
+    with pytest.raises(ValueError, match=message):
+        dllm.build_model(ModelConfig.from_name("llada-tiny"), **kwargs)
+
+
+def test_build_model_takes_dtype_names_and_refuses_a_preset_name():
+    from dllm.config import ModelConfig
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), dtype="bfloat16", device="auto")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"build_model takes a ModelConfig \(ModelConfig.from_name\(...\) "
+                                         r"for a preset\), got 'llada-tiny'"):
+        dllm.build_model("llada-tiny")
+
+
+def test_load_refuses_the_meta_device(llada_dir):
+    with pytest.raises(ValueError, match="device 'meta' holds no weights"):
+        dllm.load(llada_dir, device="meta")

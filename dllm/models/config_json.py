@@ -71,6 +71,16 @@ def token_id(value: Any) -> Any:
     return value
 
 
+def id_of(d: dict, key: str, family: str, default: int | None = None) -> int | None:
+    """`d[key]` as a special-token id (`token_id`), an integer >= 0; absent, null or []: `default`."""
+    value = token_id(d.get(key))
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{family} config key {key!r} = {d[key]!r} must be an integer token id >= 0")
+    return value
+
+
 def check_sizes(d: dict, keys: tuple[str, ...], family: str) -> None:
     """The size keys `keys` of `d`: present, and positive JSON integers; a ValueError names the
     missing keys or the first bad value."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .config_json import check_sizes, first_of, flag, integer, number, token_id
+from .config_json import check_sizes, first_of, flag, id_of, integer, number
 from .transformer import DiffusionTransformer
 
 
@@ -26,7 +26,7 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     if d.get("partial_rotary_factor") not in (None, 1, 1.0):
         raise ValueError(f"Dream config key 'partial_rotary_factor' = {d['partial_rotary_factor']!r} is not "
                          f"supported (supported: 1: Dream rotates every dimension of a head)")
-    if d.get("hidden_act", "silu") != "silu":
+    if first_of(d, "hidden_act", default="silu") != "silu":
         raise ValueError(f"Dream config key 'hidden_act' = {d['hidden_act']!r} is not supported (supported: 'silu')")
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
                 "mask_token_id")
@@ -38,7 +38,7 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     if d.get("head_dim") not in (None, d["hidden_size"] // n_heads) or d["hidden_size"] % n_heads:
         raise ValueError(f"Dream config key 'head_dim' = {d.get('head_dim')!r} with {n_heads} heads is not supported "
                          f"(supported: hidden_size {d['hidden_size']} / num_attention_heads)")
-    eos = token_id(first_of(d, "eos_token_id", "pad_token_id"))
+    eos = id_of(d, "eos_token_id", "Dream", default=id_of(d, "pad_token_id", "Dream"))
     if eos is None:
         raise ValueError("Dream config.json has neither eos_token_id nor pad_token_id")
     return ModelConfig(
@@ -48,8 +48,9 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         mlp_hidden=d["intermediate_size"], norm_eps=number(d, "rms_norm_eps", 1e-6, "Dream"),
         rope_theta=number(d, "rope_theta", 10000.0, "Dream"),
         max_seq_len=integer(d, "max_position_embeddings", 32768, "Dream"),
-        mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
-        bos_token_id=d.get("bos_token_id"), qkv_bias=True, tie_embeddings=flag(d, "tie_word_embeddings", False, "Dream"),
+        mask_token_id=id_of(d, "mask_token_id", "Dream"), eos_token_id=eos,
+        pad_token_id=id_of(d, "pad_token_id", "Dream", default=eos), bos_token_id=id_of(d, "bos_token_id", "Dream"),
+        qkv_bias=True, tie_embeddings=flag(d, "tie_word_embeddings", False, "Dream"),
         rope_fp32=False, logit_shift=True,
     )
 

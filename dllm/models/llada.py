@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .config_json import check_sizes, check_stated, first_of, flag, integer, number, token_id
+from .config_json import check_sizes, check_stated, first_of, flag, id_of, integer, number
 from .transformer import DiffusionTransformer
 
 # Keys of an OLMo-style config whose values this implementation does not cover, with the value
@@ -30,7 +30,7 @@ _STATED = ("rope", "block_type", "layer_norm_type", "activation_type")
 def _kv_heads(d: dict[str, Any], n_heads: int) -> int:
     """The key/value head count as LLaDA's config class derives it from `n_kv_heads` and
     `multi_query_attention` (both set: they must agree)."""
-    n_kv, mqa = d.get("n_kv_heads"), d.get("multi_query_attention")
+    n_kv, mqa = integer(d, "n_kv_heads", None, "LLaDA"), d.get("multi_query_attention")
     if mqa is None:
         return n_heads if n_kv is None else n_kv
     implied = 1 if mqa else n_heads
@@ -62,16 +62,18 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     if embedding is not None and embedding < sizes["vocab_size"]:
         raise ValueError(f"LLaDA config key 'embedding_size' = {embedding} is smaller than vocab_size "
                          f"{sizes['vocab_size']} (it must be at least as large: the embedding holds every token)")
-    eos = token_id(d["eos_token_id"])
+    eos = id_of(d, "eos_token_id", "LLaDA")
     return ModelConfig(
         family="llada",
         # The logit width is `embedding_size` (the embedding may be padded past the tokenizer vocab).
         vocab_size=first_of(d, "embedding_size", "vocab_size"),
         d_model=d_model, n_layers=sizes["n_layers"], n_heads=n_heads, n_kv_heads=n_kv,
         mlp_hidden=mlp, norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA"),
-        max_seq_len=first_of(d, "max_sequence_length", "max_position_embeddings", default=1024),  # LLaDAConfig default
-        mask_token_id=d["mask_token_id"], eos_token_id=eos, pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
-        bos_token_id=d.get("bos_token_id"), qkv_bias=flag(d, "include_qkv_bias", False, "LLaDA"),
+        max_seq_len=integer(d, "max_sequence_length", None, "LLaDA")
+        or integer(d, "max_position_embeddings", 1024, "LLaDA"),   # LLaDAConfig default
+        mask_token_id=id_of(d, "mask_token_id", "LLaDA"), eos_token_id=eos,
+        pad_token_id=id_of(d, "pad_token_id", "LLaDA", default=eos), bos_token_id=id_of(d, "bos_token_id", "LLaDA"),
+        qkv_bias=flag(d, "include_qkv_bias", False, "LLaDA"),
         tie_embeddings=flag(d, "weight_tying", False, "LLaDA"),
         rope_fp32=flag(d, "rope_full_precision", True, "LLaDA"),
         logit_shift=False,

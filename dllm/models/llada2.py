@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, MoEConfig
-from .config_json import check_required, check_sizes, check_stated, first_of, flag, integer, number, token_id
+from .config_json import check_required, check_sizes, check_stated, first_of, flag, id_of, integer, number
 from .llada_moe import EOS_TOKEN, MASK_TOKEN, special_id
 from .transformer import DiffusionTransformer
 
@@ -49,7 +49,7 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     if head_dim * n_heads != d["hidden_size"]:
         raise ValueError(f"LLaDA2 config key 'head_dim' = {head_dim} with {n_heads} heads is not hidden_size "
                          f"{d['hidden_size']} / num_attention_heads (supported)")
-    factor = d.get("partial_rotary_factor", 0.5)      # the published model's rotary width; rotary_dim is unread
+    factor = first_of(d, "partial_rotary_factor", default=0.5)   # the published rotary width; rotary_dim is unread
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
         raise ValueError(f"LLaDA2 config key 'partial_rotary_factor' = {factor!r} must lie in (0, 1]")
     rotary = int(head_dim * factor)
@@ -68,8 +68,8 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
         norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA2"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA2"),
         max_seq_len=integer(d, "max_position_embeddings", 16384, "LLaDA2"),
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens, "LLaDA2"), eos_token_id=eos,
-        pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
-        bos_token_id=d.get("bos_token_id"), tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA2"),
+        pad_token_id=id_of(d, "pad_token_id", "LLaDA2", default=eos), bos_token_id=id_of(d, "bos_token_id", "LLaDA2"),
+        tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA2"),
         rope_fp32=False, logit_shift=False, qk_norm=True, rotary_dim=rotary, moe=moe,
         attention_block=ATTENTION_BLOCK,
     )
@@ -114,7 +114,8 @@ def adapt_weights(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[st
             out[name] = t
             continue
         if t.shape[0] != sum(sizes):
-            raise ValueError(f"fused q/k/v weight {name} has {t.shape[0]} rows; the config needs {sum(sizes)} "
+            stored = f"model.{name[:-len('attn.qkv')]}attention.query_key_value.weight"
+            raise ValueError(f"fused q/k/v weight {stored} has {t.shape[0]} rows; the config needs {sum(sizes)} "
                              f"({cfg.n_heads} q and 2 x {cfg.n_kv_heads} k/v heads of {cfg.head_dim})")
         for part, piece in zip("qkv", t.split(sizes)):
             out[f"{name[:-3]}{part}.weight"] = piece.contiguous()

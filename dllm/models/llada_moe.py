@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import ModelConfig, MoEConfig
 from .dream import qwen2_names
-from .config_json import check_required, check_sizes, first_of, flag, integer, number, token_id
+from .config_json import check_required, check_sizes, flag, id_of, integer, number
 from .transformer import DiffusionTransformer
 
 PUBLISHED_VOCAB = 157184
@@ -33,9 +33,7 @@ _REQUIRED = {"hidden_act": "silu", "rope_scaling": None, "attention_bias": False
 
 def special_id(d: dict, key: str, token: str, tokens: dict[str, int] | None, family: str = "LLaDA-MoE") -> int:
     """The id `d[key]`, else the tokenizer's `token`, else its id in the published vocabulary."""
-    value = token_id(d.get(key))
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"{family} config key {key!r} = {d[key]!r} must be an integer token id")
+    value = id_of(d, key, family)
     if value is None and tokens:
         value = tokens.get(token)
     if value is None and d.get("vocab_size") == PUBLISHED_VOCAB:
@@ -88,8 +86,9 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
         norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA-MoE"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA-MoE"),
         max_seq_len=integer(d, "max_position_embeddings", 8192, "LLaDA-MoE"),
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens), eos_token_id=eos,
-        pad_token_id=token_id(first_of(d, "pad_token_id", default=eos)),
-        bos_token_id=d.get("bos_token_id"), tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA-MoE"),
+        pad_token_id=id_of(d, "pad_token_id", "LLaDA-MoE", default=eos),
+        bos_token_id=id_of(d, "bos_token_id", "LLaDA-MoE"),
+        tie_embeddings=flag(d, "tie_word_embeddings", False, "LLaDA-MoE"),
         rope_fp32=False, logit_shift=False, qk_norm=flag(d, "qk_layernorm", False, "LLaDA-MoE"),
         rotary_dim=int(head_dim * factor), moe=moe,
         clip_qkv=None if d.get("clip_qkv") is None else number(d, "clip_qkv", 0, "LLaDA-MoE"),

@@ -1,4 +1,4 @@
-"""Load LLaDA, LLaDA-MoE and Dream checkpoints in the Hugging Face layout, from a folder or a hub id.
+"""Load LLaDA, LLaDA-MoE, LLaDA2 and Dream checkpoints in the Hugging Face layout, from a folder or a hub id.
 
 The folder holds `config.json`, `model.safetensors` (or shards listed in
 `model.safetensors.index.json`) and the tokenizer files. No remote code runs: the architectures are
@@ -128,6 +128,9 @@ def resolve_device(device, auto=None) -> torch.device:
     if device == "auto":
         device = auto if auto is not None else ("cuda" if torch.cuda.is_available() else "cpu")
     dev = parse_device(device)
+    if dev.type == "meta":
+        raise ValueError(f"device {device!r} holds no weights; use 'auto', 'cpu', 'cuda', 'cuda:N' or another "
+                         f"torch device")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu'")
@@ -253,12 +256,23 @@ def load_weights(folder: Path, names: dict[str, str], dtype: torch.dtype | None,
         raise ValueError(f"checkpoint weights in {folder} do not match the architecture: "
                          f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
                          f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}")
-    return stack_slots(out, folder)
+    return stack_slots(out, folder, {ours: hf for hf, ours in names.items()})
 
 
-def stack_slots(tensors: dict[str, torch.Tensor], folder: Path | str = "") -> dict[str, torch.Tensor]:
+def checkpoint_name(source: dict[str, str], ours: str) -> str:
+    """The checkpoint name of internal tensor `ours` (`source`: internal -> checkpoint name); a
+    stacked tensor is named by its slot 0."""
+    if ours in source:
+        return source[ours]
+    if f"{ours}@0" in source:
+        return f"{source[ours + '@0']} and the tensors stacked with it"
+    return ours
+
+
+def stack_slots(tensors: dict[str, torch.Tensor], folder: Path | str = "",
+                source: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
     """Tensors named `name@j` stacked along a new first dim into `name`, slots 0..n-1 in order;
-    shapes must agree."""
+    shapes must agree (an error names them by `source`, internal -> checkpoint name)."""
     slots: dict[str, dict[int, torch.Tensor]] = {}
     out = {}
     for key, t in tensors.items():
@@ -268,9 +282,12 @@ def stack_slots(tensors: dict[str, torch.Tensor], folder: Path | str = "") -> di
         base, j = key.rsplit("@", 1)
         slots.setdefault(base, {})[int(j)] = t
     for base, parts in slots.items():
-        shapes = {tuple(t.shape) for t in parts.values()}
+        shapes = {tuple(t.shape): j for j, t in sorted(parts.items(), reverse=True)}   # shape -> first slot
         if len(shapes) != 1:
-            raise ValueError(f"the tensors stacked into {base} in {folder} differ in shape: {sorted(shapes)}")
+            named = [f"{(source or {}).get(f'{base}@{j}', f'{base}@{j}')} {shape}" for shape, j in
+                     sorted(shapes.items(), key=lambda item: item[1])]
+            raise ValueError(f"the tensors stacked into one parameter in {folder} differ in shape: "
+                             + ", ".join(named))
         out[base] = torch.stack([parts[j] for j in range(len(parts))])
     return out
 
@@ -281,8 +298,14 @@ def build_model(cfg: ModelConfig, attention: str = "auto", *, dtype=torch.float3
 
     On the CPU the weights are drawn in fp32 from a CPU generator and then cast. On an accelerator
     they are drawn there, in `dtype`, from a generator of that device, so that a model of the
-    published size builds in seconds: the same distribution, a different stream from the CPU's."""
-    device = torch.device(device)
+    published size builds in seconds: the same distribution, a different stream from the CPU's.
+    Buffers (LLaDA2's `expert_bias`) start at zero. `dtype` None or "auto" is float32."""
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"build_model takes a ModelConfig (ModelConfig.from_name(...) for a preset), got {cfg!r}")
+    dtype = resolve_dtype(dtype) or torch.float32
+    device = resolve_device(device)
+    get_backend(attention)
+    check_device(attention, device)
     seed = 0 if seed is None else seed
     if device.type == "cpu":
         model = FAMILY_CLASSES[cfg.family](cfg, attention=attention)
@@ -292,28 +315,35 @@ def build_model(cfg: ModelConfig, attention: str = "auto", *, dtype=torch.float3
             model = FAMILY_CLASSES[cfg.family](cfg, attention=attention)
         model = model.to(dtype=dtype).to_empty(device=device)
         gen = torch.Generator(device=device).manual_seed(seed)
+    init_weights(model, gen, init_std)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def init_weights(model: torch.nn.Module, generator: torch.Generator, init_std: float) -> None:
+    """In place: norm weights 1, every other parameter N(0, init_std) from `generator`, buffers 0."""
     with torch.no_grad():
+        for buffer in model.buffers():
+            buffer.zero_()
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             else:
-                p.normal_(0.0, init_std, generator=gen)
-    return model.to(device=device, dtype=dtype).eval()
+                p.normal_(0.0, init_std, generator=generator)
 
 
 def load_model(folder: Path, *, dtype=None, device="cpu", attention: str = "auto") -> DiffusionTransformer:
     cfg, _ = read_config(folder)
     cls = FAMILY_CLASSES[cfg.family]
+    with torch.device("meta"):
+        model = cls(cfg, attention=attention)   # refuses a backend this model cannot use, before any read
     names = cls.hf_names(cfg)
     # a tied head read from the embedding: a copy of it stored under the head's name is not used
     tied_head = frozenset(cls.hf_names(dataclasses.replace(cfg, tie_embeddings=False))) - set(names) \
         if cfg.tie_embeddings else frozenset()
     tensors = cls.adapt_weights(cfg, load_weights(folder, names, resolve_dtype(dtype), device, tied_head))
-    with torch.device("meta"):
-        model = cls(cfg, attention=attention)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     source = {ours: hf for hf, ours in names.items()}
-    bad = [f"{source.get(ours, ours)}: checkpoint {tuple(t.shape)} vs config {expected[ours]}"
+    bad = [f"{checkpoint_name(source, ours)}: checkpoint {tuple(t.shape)} vs config {expected[ours]}"
            for ours, t in sorted(tensors.items()) if tuple(t.shape) != expected[ours]]
     if bad:
         raise ValueError(f"weight shapes in {folder} do not match its config.json: " + "; ".join(bad[:6]))
@@ -387,7 +417,7 @@ def _token_id(tokenizer, token: str) -> int | None:
 
 def load(path_or_id: str | os.PathLike | None = None, dtype="auto", device="cpu", attention: str = "auto",
          cuda_graphs: bool = False, compile: bool = False):
-    """Load a LLaDA or Dream checkpoint: returns (model, tokenizer).
+    """Load a LLaDA, LLaDA-MoE, LLaDA2 or Dream checkpoint: returns (model, tokenizer).
 
     path_or_id: a folder in the Hugging Face layout, the name of a shipped model
         (`shipped_models()`; None = the default, "llada-pb-tiny"), or a hub id such as
