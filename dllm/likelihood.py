@@ -13,8 +13,9 @@ target alone). With
 `cfg_scale` > 0 the logits are u + (cfg_scale + 1)(c - u), u those of a copy whose prefix is all
 masks.
 
-`greedy_matches` is the reference's greedy check: from the target all masked, L steps each commit
-the single most confident masked position with its argmax; True when the result is the target.
+`greedy_matches` is the reference's greedy check: from the target all masked, L steps each give
+the single most confident masked position its argmax over the whole vocabulary (the mask token
+included, which leaves the position masked); True when the result is the target.
 """
 from __future__ import annotations
 
@@ -105,14 +106,14 @@ def mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int
 
 @torch.no_grad()
 def greedy_matches(model, prefix: list[int], target: list[int], *, cfg_scale: float = 0.0) -> bool:
-    """Whether one-token-per-step confidence decoding of the masked target gives the target."""
+    """Whether one-token-per-step confidence decoding of the masked target gives the target
+    (module docstring: the mask token is a candidate, as in the reference)."""
     prefix, target = _check(model, prefix, target, 1, 1, cfg_scale)
     P, L = len(prefix), len(target)
     mask = model.config.mask_token_id
     x = torch.tensor([prefix + [mask] * L], dtype=torch.long, device=model.device)
     for _ in range(L):
         logits = _logits(model, x, P, cfg_scale)[0, P:]                                         # (L, V)
-        logits[:, mask] = float("-inf")
         prob, token = torch.softmax(logits, dim=-1).max(dim=-1)
         still = x[0, P:] == mask
         pick = int(prob.masked_fill(~still, -1.0).argmax())

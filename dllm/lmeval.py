@@ -5,7 +5,8 @@
 strings and temperature (the `temperature` model argument when given, else the request's
 `temperature` / `do_sample`, as lm_eval's HF models take them; 0 when it names none), each batch
 with the next seed of a stream started at `seed`, contexts cut from the left to fit the model
-with the generation, and cuts each answer at its first stop string.
+with the generation, and cuts each answer at its first stop string. Generation kwargs it does not read are named in a
+warning.
 `loglikelihood` is LLaDA's Monte-Carlo estimator (`dllm.likelihood.mc_loglikelihood`) with
 `mc_num` samples in batches of `mc_batch_size` rows and `cfg` guidance; the greedy flag is
 `greedy_matches` when `is_check_greedy`, else False. `loglikelihood_rolling` is not offered (a
@@ -13,8 +14,8 @@ masked-diffusion model has no left-to-right likelihood).
 
 Model arguments: pretrained (a checkpoint folder or a shipped model name; the shipped default
 model when absent), sampler, sampler_kwargs and cache_kwargs (`key=value` pairs separated by `;`,
-values read as in `--sampler-arg`), cache, gen_length (default: each request's `max_gen_toks`),
-block_length, steps, tokens_per_step, temperature (None: the request's), seed, chat (False:
+values read as in `--sampler-arg`), cache, gen_length (default: each request's length, the first of `LENGTH_KEYS` it gives),
+block_length, steps, tokens_per_step, temperature (None: the request's), seed, chat (False, a flag:
 contexts are used as given; lm_eval's `--apply_chat_template` goes through the tokenizer's
 template; True: each context is rendered as the user turn of the template, for generations and
 log-likelihoods alike), dtype, mc_num (128),
@@ -30,6 +31,7 @@ registered. Later releases load it through the `lm_eval.models` entry point.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from lm_eval.api.model import LM
@@ -41,7 +43,11 @@ from dllm.decode import check_request, encode_prompts, with_instances
 from dllm.distributed import Distributed
 from dllm.likelihood import check_settings, greedy_matches, mc_loglikelihood
 
-SEEDS = 2 ** 63          # the batches' seeds run from `seed` modulo this
+SEEDS = 2 ** 64          # the batches' seeds run from `seed` modulo this (torch reads a negative seed modulo 2**64)
+# The names a request may give its generation length by, first found wins (as lm_eval's HF models read them).
+LENGTH_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+# The generation kwargs `generate_until` reads; others (top_p, top_k, ...) are named in a warning and not used.
+READ_KEYS = frozenset({"until", "temperature", "do_sample", *LENGTH_KEYS})
 
 
 def _pairs(text, what: str) -> dict:
@@ -86,13 +92,25 @@ def request_temperature(gen_kwargs: dict) -> float:
 
 
 def request_length(gen_kwargs: dict) -> int:
-    """The tokens a request asks to generate: its `max_gen_toks` (an integer, a whole float or digit
-    text, as lm_eval passes it from a task or --gen_kwargs), 256 when it gives none."""
-    value = gen_kwargs.get("max_gen_toks", 256)
+    """The tokens a request asks to generate: the first of its `LENGTH_KEYS` it gives (an integer, a
+    whole float or digit text, as lm_eval passes it from a task or --gen_kwargs), 256 when none."""
+    key = next((k for k in LENGTH_KEYS if gen_kwargs.get(k) is not None), None)
+    if key is None:
+        return 256
+    value = gen_kwargs[key]
     count = _positive_count(_whole(value))
     if count is None:
-        raise ValueError(f"a request's max_gen_toks must be a positive integer, got {value!r}")
+        raise ValueError(f"a request's {key} must be a positive integer, got {value!r}")
     return count
+
+
+def request_stops(gen_kwargs: dict) -> tuple[str, ...]:
+    """A request's stop strings: its `until`, one string or a list of them (none when absent)."""
+    until = gen_kwargs.get("until") or []
+    until = [until] if isinstance(until, str) else until
+    if not isinstance(until, (list, tuple)) or not all(isinstance(stop, str) for stop in until):
+        raise ValueError(f"a request's until must be a string or a list of strings, got {gen_kwargs['until']!r}")
+    return tuple(until)
 
 
 def _positive_count(value) -> int | None:
@@ -129,7 +147,7 @@ class DLLMEvalModel(LM):
         # lm_eval names a CUDA device by default, also on machines without one: there, the CPU.
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             device = "auto"
-        chat = bool(chat) if chat in (0, 1) else chat                  # lm_eval reads chat=1 as the number 1
+        chat = _flag(chat, "chat")                                    # lm_eval reads chat=1 as the number 1
         mc_num, mc_batch_size = _whole(mc_num), _whole(mc_batch_size)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an integer, got {seed!r}")
@@ -144,6 +162,7 @@ class DLLMEvalModel(LM):
         self.mc_num, self.mc_batch_size, self.cfg = mc_num, mc_batch_size, float(cfg)
         self.is_check_greedy, self.seed = _flag(is_check_greedy, "is_check_greedy"), seed
         self.batches = 0                            # generate_until batches so far: the next seed is seed + this
+        self._warned: set[str] = set()              # generation kwargs already named as not used
         self.model, self.tokenizer = dllm.load(pretrained, dtype=dtype, device=self.dist.device or device)
         if gen_length is not None:
             check_request(self.model, self.config)  # the sampler's own length rules, before any request
@@ -156,11 +175,10 @@ class DLLMEvalModel(LM):
         groups: dict[tuple, list[int]] = {}
         for i, request in enumerate(requests):
             kwargs = dict(request.args[1])
-            until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
+            self._warn_unread(kwargs)
             length = self.config.gen_length or request_length(kwargs)
             temperature = request_temperature(kwargs) if self.temperature is None else self.temperature
-            groups.setdefault((length, tuple(until), temperature), []).append(i)
+            groups.setdefault((length, request_stops(kwargs), temperature), []).append(i)
         configs = {key: self._request_config(key[0], key[2]) for key in groups}    # every setting checked first
         for key, indices in groups.items():
             for start in range(0, len(indices), self.batch_size):
@@ -173,11 +191,19 @@ class DLLMEvalModel(LM):
                     answers[i] = cut_at_stops(text, key[1])
         return answers
 
+    def _warn_unread(self, gen_kwargs: dict) -> None:
+        """A warning, once per key, naming generation kwargs this model does not read."""
+        unread = sorted(set(gen_kwargs) - READ_KEYS - self._warned)
+        if unread:
+            self._warned.update(unread)
+            warnings.warn(f"dllm does not use the generation kwargs {', '.join(unread)} (it reads "
+                          f"{', '.join(sorted(READ_KEYS))}; sampler settings go in sampler_kwargs)", stacklevel=3)
+
     def _request_config(self, length: int, temperature: float) -> dllm.GenerationConfig:
         """The model's settings at a request's generation length and temperature, checked; a
         ValueError says where a length the model arguments do not fit came from."""
         longest = self.model.config.max_seq_len
-        source = "gen_length" if self.config.gen_length else "a request's max_gen_toks"
+        source = "gen_length" if self.config.gen_length else "a request's length"
         if length >= longest:
             raise ValueError(f"{source} {length} leaves no room for a context in the model's maximum sequence "
                              f"length {longest}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -192,9 +193,16 @@ def test_stop_strings_cut_at_the_earliest_one(shipped):
     assert cut == whole[:whole.find(" Je")]
     from dllm.lmeval import request_length
     assert request_length({"max_gen_toks": 16.0}) == 16 and request_length({"max_gen_toks": " 12 "}) == 12
-    for bad in ("abc", None, 8.7, True, 0, "\u00b2"):
+    # lm_eval's HF models take the length by four names, the first given winning.
+    assert request_length({"max_new_tokens": 8}) == 8 and request_length({"max_tokens": "9"}) == 9
+    assert request_length({"max_completion_tokens": 7, "max_tokens": 6}) == 6 == request_length(
+        {"max_gen_toks": None, "max_tokens": 6, "max_new_tokens": None})
+    assert request_length({"max_gen_toks": 5, "max_new_tokens": 3}) == 5 and request_length({}) == 256
+    for bad in ("abc", 8.7, True, 0, "\u00b2"):
         with pytest.raises(ValueError, match=rf"a request's max_gen_toks must be a positive integer, got {bad!r}"):
             DLLMEvalModel(dtype="float32", device="cpu").generate_until([_generation("Copy: a", max_gen_toks=bad)])
+    with pytest.raises(ValueError, match=r"a request's max_new_tokens must be a positive integer, got -1"):
+        request_length({"max_new_tokens": -1})
 
 
 def test_adapter_guidance_and_greedy_check_equal_the_estimator_run_directly(shipped):
@@ -360,11 +368,11 @@ def test_generation_cuts_a_long_context_and_names_a_length_that_does_not_fit(shi
     want = dllm.generate(lm.model, lm.tokenizer, [ids], config=lm.config.replace(gen_length=16, seed=0))
     assert answer == want.texts[0]
     blocks = DLLMEvalModel(dtype="float32", device="cpu", block_length=8)
-    with pytest.raises(ValueError, match=r"a request's max_gen_toks 20 \(temperature 0.0\) does not fit the model "
+    with pytest.raises(ValueError, match=r"a request's length 20 \(temperature 0.0\) does not fit the model "
                                          r"arguments: .*multiple of block_length 8; give gen_length"):
         blocks.generate_until([_generation("Copy: a", max_gen_toks=16), _generation("Copy: b", max_gen_toks=20)])
     assert blocks.batches == 0                                      # refused before any decode
-    with pytest.raises(ValueError, match=rf"max_gen_toks {longest} leaves no room for a context"):
+    with pytest.raises(ValueError, match=rf"a request's length {longest} leaves no room for a context"):
         lm.generate_until([_generation("Copy: a", max_gen_toks=longest)])
     with pytest.raises(ValueError, match="gen_length 20 must be a multiple of block_length 8"):
         DLLMEvalModel(dtype="float32", device="cpu", gen_length=20, block_length=8)   # once the model is loaded
@@ -376,3 +384,93 @@ def test_numbers_lm_eval_reads_from_its_arguments_are_taken():
 
     lm = DLLMEvalModel.create_from_arg_string("chat=1,mc_num=64.0,mc_batch_size=32", {"device": "cpu"})
     assert lm.config.chat is True and lm.mc_num == 64 and isinstance(lm.mc_num, int)
+
+
+def test_stop_strings_and_unread_generation_kwargs(shipped, recwarn):
+    """`until` must be a string or a list of strings; kwargs the model does not read (top_p, ...)
+    are named in one warning each, not dropped in silence."""
+    from dllm.lmeval import DLLMEvalModel, request_stops
+
+    assert request_stops({"until": "\n"}) == ("\n",) and request_stops({}) == () == request_stops({"until": None})
+    for bad in (5, ["a", 3], {"a": 1}):
+        with pytest.raises(ValueError, match=re.escape(f"a request's until must be a string or a list of strings, "
+                                                       f"got {bad!r}")):
+            request_stops({"until": bad})
+    lm = DLLMEvalModel(dtype="float32", device="cpu", gen_length=8)
+    lm.generate_until([_generation("Copy: a", top_p=0.95, top_k=1, max_gen_toks=8)] * 2)
+    messages = [str(w.message) for w in recwarn if "generation kwargs" in str(w.message)]
+    assert len(messages) == 1 and messages[0].startswith("dllm does not use the generation kwargs top_k, top_p (")
+    lm.generate_until([_generation("Copy: a", top_p=0.5, bogus=3)])
+    messages = [str(w.message) for w in recwarn if "generation kwargs" in str(w.message)]
+    assert len(messages) == 2 and messages[1].startswith("dllm does not use the generation kwargs bogus (")
+
+
+def test_chat_must_be_a_flag_and_batch_seeds_wrap_at_two_to_the_64(shipped, monkeypatch):
+    """chat=None would render generations with the template and log-likelihood contexts without
+    it; a seed stream started at -1 or past 2**63 keeps its 64 bits (CUDA generators read them)."""
+    from dllm.lmeval import DLLMEvalModel
+
+    with pytest.raises(ValueError, match="chat must be true or false \\(or 1 / 0\\), got None"):
+        DLLMEvalModel(pretrained="/no/such/checkpoint", device="cpu", chat=None)
+    seen = []
+    real = dllm.generate
+
+    def recording(model, tok, prompts, config):
+        seen.append(config.seed)
+        return real(model, tok, prompts, config=config)
+    monkeypatch.setattr(dllm, "generate", recording)
+    for seed, want in ((-1, [2 ** 64 - 1, 0]), (2 ** 63 + 7, [2 ** 63 + 7, 2 ** 63 + 8])):
+        seen.clear()
+        DLLMEvalModel(dtype="float32", device="cpu", gen_length=8, seed=seed).generate_until(
+            [_generation("Copy: a"), _generation("Copy: b", until=["x"])])
+        assert seen == want
+
+
+class _MaskFavouring(torch.nn.Module):
+    """A toy model: the last column is sure of token 9, the others lean to 9; the first masked
+    column favours the mask token (then token 7), for good or (`while_last_masked`) only while the
+    last column is masked."""
+
+    def __init__(self, mask: int, while_last_masked: bool, vocab: int = 16):
+        super().__init__()
+        from types import SimpleNamespace
+        self.config = SimpleNamespace(mask_token_id=mask, vocab_size=vocab, max_seq_len=64)
+        self.device = torch.device("cpu")
+        self.mask, self.vocab, self.while_last_masked = mask, vocab, while_last_masked
+
+    def forward(self, x):
+        logits = torch.zeros(*x.shape, self.vocab)
+        logits[..., 9] = 2.0
+        logits[:, -1, 9] = 10.0
+        rows = torch.arange(x.shape[0])
+        first = (x == self.mask).int().argmax(1)
+        logits[rows, first, 7] = 5.0
+        favour = (x[:, -1] == self.mask) | (not self.while_last_masked)
+        logits[rows, first, self.mask] = torch.where(favour, 6.0, 0.0)
+        return logits
+
+
+def _reference_greedy(model, prefix, target):
+    """LLaDA's `suffix_greedy_prediction` restated: L steps; every masked column's argmax over the
+    whole vocabulary and its softmax probability; only the most confident column keeps its token."""
+    mask = model.config.mask_token_id
+    seq = torch.tensor([list(prefix) + [mask] * len(target)])
+    for _ in range(len(target)):
+        masked = seq == mask
+        logits = model(seq)[masked]
+        x0 = logits.argmax(-1)
+        confidence = torch.softmax(logits.float(), -1).gather(-1, x0[:, None])[:, 0]
+        order = torch.sort(confidence, descending=True).indices
+        x0[order[1:]] = mask
+        seq[masked] = x0
+    return seq[0, len(prefix):].tolist() == list(target)
+
+
+def test_greedy_check_is_the_references_with_the_mask_token_a_candidate():
+    """As the reference: a column whose argmax is the mask token stays masked when it is the most
+    confident one (for good, here: False for every target), and is decoded once it is not."""
+    targets = ([7, 9, 9], [9, 9, 9], [9, 7, 9], [7, 7, 9], [9, 9, 7])
+    for while_last_masked, matching in ((False, []), (True, [[7, 7, 9]])):
+        model = _MaskFavouring(mask=15, while_last_masked=while_last_masked)
+        got = [t for t in targets if greedy_matches(model, [3, 4], t)]
+        assert got == [t for t in targets if _reference_greedy(model, [3, 4], t)] == matching
