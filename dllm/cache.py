@@ -70,11 +70,13 @@ class Needs:
     full:    (B',) bool, rows that refresh every column (their K/V are all rewritten).
     columns: (B', L) bool, the columns each row recomputes (all of them where `full`).
     unsure:  (B',) bool, rows refreshed by the `guard` only (None without a guard).
+    hidden:  (B',) bool, rows whose forward hides keys (`Sampler.key_end`; None when none can).
     """
 
     full: torch.Tensor
     columns: torch.Tensor
     unsure: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
 
 class KVCache:
@@ -307,8 +309,10 @@ class CachePolicy:
     def setup(self, state: DecodeState, model) -> None:
         """Prepare for a request (idempotent); storing policies allocate or reset `self.kv`."""
 
-    def needs(self, state: DecodeState, rows: torch.Tensor, scored: torch.Tensor | None = None) -> Needs | None:
-        """This step's `Needs` for `rows`, or None when the policy stores nothing (every step is full)."""
+    def needs(self, state: DecodeState, rows: torch.Tensor, scored: torch.Tensor | None = None,
+              key_end: torch.Tensor | None = None) -> Needs | None:
+        """This step's `Needs` for `rows`, or None when the policy stores nothing (every step is full);
+        `key_end` (B',): the column from which the step's forward hides keys (`Sampler.key_end`)."""
         raise NotImplementedError
 
     def advance(self, state: DecodeState, rows: torch.Tensor, needs: Needs | None) -> None:
@@ -342,7 +346,7 @@ class NoCache(CachePolicy):
     name = "none"
     needs_storage = False
 
-    def needs(self, state, rows, scored=None):
+    def needs(self, state, rows, scored=None, key_end=None):
         return None
 
 
@@ -367,6 +371,11 @@ class StoringPolicy(CachePolicy):
     candidates is where that error changes a token, and a confident one is where it does not. The
     confidences come from the previous forward of the row (`observe`), so the test costs nothing.
     `guard=0` never triggers; the refreshes it adds are counted in `guarded` (B,).
+
+    A forward that hides the keys from a column on (`Sampler.key_end`, SlowFast's fast phase)
+    computes K/V of a cut canvas: it recomputes no column from there, is never a full refresh, and
+    the row's next forward that hides nothing refreshes fully (`hidden_kv` (B,): the row's last
+    forward hid keys), so no such forward reads K/V of a cut canvas.
     """
 
     needs_storage = True
@@ -395,9 +404,10 @@ class StoringPolicy(CachePolicy):
         zeros = torch.zeros(B, dtype=torch.long, device=state.x.device)
         self.refreshes, self.partial_steps, self.guarded = zeros, zeros.clone(), zeros.clone()
         self.confidence = torch.zeros(B, L, dtype=torch.float32, device=state.x.device)
+        self.hidden_kv = torch.zeros(B, dtype=torch.bool, device=state.x.device)
         self.shift = bool(model.config.logit_shift)
 
-    _ROW_STATE = ("seen", "refreshes", "partial_steps", "guarded", "confidence")
+    _ROW_STATE = ("seen", "refreshes", "partial_steps", "guarded", "confidence", "hidden_kv")
 
     def keep_rows(self, rows, order):
         self.kv = self.kv.keep_rows(order)
@@ -417,10 +427,13 @@ class StoringPolicy(CachePolicy):
         r = rows[:, None].expand_as(positions)
         self.confidence[r[valid], positions[valid]] = prob[valid].float()
 
-    def needs(self, state, rows, scored=None):
+    def needs(self, state, rows, scored=None, key_end=None):
         x = state.x[rows]                                                   # (B', L)
         changed = x != self.seen[rows]
+        hidden = None if key_end is None else key_end < state.length       # (B',)
         full = self._full(state, rows)                                      # (B',)
+        if hidden is not None:
+            full = full | (self.hidden_kv[rows] & ~hidden)                  # back from a cut canvas
         unsure = None
         if self.guard is not None:
             unsure = self._unsure(state, rows, scored) & ~full
@@ -428,10 +441,15 @@ class StoringPolicy(CachePolicy):
         columns = self._columns(state, rows, changed, scored) | full[:, None]  # (B', L)
         if self.twins:
             columns |= same_token_columns(x, changed)
-        return Needs(full, columns, unsure)
+        if hidden is not None:
+            columns &= state.columns()[None, :] < key_end[:, None]
+            full = full & ~hidden
+        return Needs(full, columns, unsure, hidden)
 
     def advance(self, state, rows, needs):
         self.seen[rows] = state.x[rows]
+        if needs.hidden is not None:
+            self.hidden_kv[rows] = needs.hidden
         if needs.unsure is not None:
             add_at(self.guarded, rows, needs.unsure.long())
         full = needs.full.long()
@@ -466,7 +484,8 @@ class PrefixCache(StoringPolicy):
     refresh: also refresh every `refresh` steps inside a block (None: only at block starts, as
         Fast-dLLM; 1 recomputes everything every step, which equals `none`).
     On Dream the column left of the block is recomputed too: its hidden state predicts the block's
-    first position (Fast-dLLM's Dream code scores that position with a stale logit instead).
+    first position (Fast-dLLM's Dream code commits that position outright at the block's full
+    forward instead).
     twins, guard: see `StoringPolicy` (False, None: Fast-dLLM's rule).
     """
 

@@ -4,7 +4,7 @@
     until every row is finished or the forward cap is hit:
         rows      = unfinished rows (finished rows cost nothing)
         positions = the columns the sampler wants scored
-        plan      = cache_policy.needs(state, rows, scored) which columns to recompute
+        plan      = cache_policy.needs(state, rows, scored, key_end) which columns to recompute
         logits    = model(x[rows], positions, plan)      only at the scored columns
         scores    = token_scores(logits)
         decision  = sampler.step(state, rows, positions, scores)
@@ -517,6 +517,7 @@ class _Step:
     row_end: torch.Tensor                  # (B',)
     needs: Any = None                      # dllm.cache.Needs, or None without stored K/V
     recompute: torch.Tensor | None = None  # (B', L) bool: the needs' columns plus the logit sources
+    key_end: torch.Tensor | None = None    # (B',) keys hidden from this column on (`Sampler.key_end`)
 
 
 def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _Step:
@@ -528,7 +529,8 @@ def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _
     # Columns after a truncation cut are gone: never scored, and the forward stops at the longest kept row.
     row_end = state.row_end[rows]
     score_mask = score_mask & state.in_reach(rows)
-    step = _Step(score_mask, row_end, policy.needs(state, rows, score_mask))
+    key_end = sampler.key_end(state, rows)
+    step = _Step(score_mask, row_end, policy.needs(state, rows, score_mask, key_end), key_end=key_end)
     if step.needs is not None:
         # The forward also recomputes the columns whose hidden states give the scored logits; a
         # row that scores nothing reads column 0.
@@ -780,14 +782,12 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
     mask_keys = state.padded or read["shortest"] < width   # without padding or cuts, no attention mask
     if sampler.shadow_block:
         shadow = sampler.shadow_columns(state, rows)
-        out, shadow_logits = _forward_shadowed(model, state, rows, at, width, mask_keys,
-                                               sampler.key_end(state, rows), shadow)
+        out, shadow_logits = _forward_shadowed(model, state, rows, at, width, mask_keys, step.key_end, shadow)
         shadow_logits[..., state.ids.mask] = float("-inf")
         sampler.read_shadow(state, rows, *shadow, shadow_logits)
     else:
         out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
-                       (read["n_narrow"], read["narrow_width"]), hidden_only=fused,
-                       key_end=sampler.key_end(state, rows))
+                       (read["n_narrow"], read["narrow_width"]), hidden_only=fused, key_end=step.key_end)
     add_at(state.nfe, rows, 1)
     scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out,
                                                                     policy.wants_confidence)

@@ -255,9 +255,9 @@ def on_plans(policy: CachePolicy, check) -> None:
     inner_needs, inner_advance = policy.needs, policy.advance
     asked = {}
 
-    def needs(state, rows, scored=None):
+    def needs(state, rows, scored=None, key_end=None):
         asked["scored"] = scored
-        return inner_needs(state, rows, scored)
+        return inner_needs(state, rows, scored, key_end)
 
     def advance(state, rows, n):
         check(state, rows, asked["scored"], None if bool(n.full.all()) else plan_columns(n.columns))
@@ -646,6 +646,48 @@ def test_cache_contents_after_every_step(family_model, policy_name, sampler):
             for layer in range(len(k_now)):
                 assert torch.equal(k_now[layer][r], snaps[t - 1][0][layer][r])
     assert full_steps >= 3 and partial_steps >= 3
+
+
+@pytest.mark.parametrize("policy_name, kwargs, span", [("dkv-greedy", {}, 0.1), ("dkv-decode", {}, 0.2),
+                                                        ("dual", {"refresh": 3}, 0.2), ("prefix", {"refresh": 3}, 0.2)])
+def test_no_forward_that_hides_nothing_reads_kv_of_a_cut_canvas(policy_name, kwargs, span):
+    """SlowFast's fast-phase forwards hide the keys after the span (`Sampler.key_end`): the K/V they
+    store are of a cut canvas. Every forward that hides nothing first rewrites each column such a
+    forward wrote (found by comparing the stored K/V of every layer before and after each step)."""
+    if "slowfast" not in samplers.available():
+        pytest.skip("the slowfast sampler is not registered")
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), "sdpa", seed=1, init_std=0.3)
+    assert model.config.n_layers >= 2          # layer 0's K/V depend on the token alone
+    policy = get_policy(policy_name, **kwargs)
+    sampler = samplers.get("slowfast", span_threshold=span, high_threshold=0.5, explore_steps=2, window=2,
+                           std_threshold=100.0)
+    asked = {}
+    inner = sampler.key_end
+
+    def key_end(state, rows):
+        asked["rows"], asked["end"] = rows.clone(), inner(state, rows)
+        return asked["end"]
+    sampler.key_end = key_end
+    last, cut_steps, clean_reads = {}, 0, 0
+
+    def on_step(state):
+        nonlocal cut_steps, clean_reads
+        now = torch.stack([torch.stack(policy.kv.k), torch.stack(policy.kv.v)])      # (2, layers, B, H, L, D)
+        before = last.get("kv", torch.full_like(now, float("nan")))
+        written = (now != before).any(-1).any(-2).any(1).any(0)                          # (B, L)
+        tainted = last.setdefault("tainted", torch.zeros_like(written))                 # written by a cut forward
+        for r, end in zip(asked["rows"].tolist(), asked["end"].tolist()):
+            if end < state.length:
+                cut_steps += 1
+                tainted[r] |= written[r]
+            else:
+                clean_reads += bool(tainted[r].any())
+                assert not (tainted[r] & ~written[r]).any(), (state.global_step, r)
+                tainted[r] = False
+        last["kv"] = now.clone()
+    dllm.generate(model, None, [[5, 17, 33, 2, 90, 41, 7], [64, 3]], gen_length=32, block_length=16,
+                  sampler=sampler, cache=policy, on_step=on_step)
+    assert cut_steps >= 2 and clean_reads >= 1
 
 
 def test_dkv_decode_stores_a_commit_one_step_late(llada):

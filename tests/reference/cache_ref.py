@@ -24,7 +24,7 @@ most confident ones. Ties go to the lowest column (a stable sort instead of ``to
 The mask id is never a candidate (its logit is -inf), as in dllm and the other oracles here.
 
 Dream (``logit_shift``): the hidden state at column j-1 predicts token j. Fast-dLLM's Dream code
-scores the block's first position with a stale logit; here (dllm's documented choice,
+commits the block's first position outright at the block's full forward; here (dllm's documented choice,
 docs/caches.md §Policies) every window is widened one column to the left, s-1, so the first block
 position is predicted by a freshly computed hidden state: PrefixCache keeps the K/V of columns
 < s-1 and forwards x[:, s-1:], DualCache replaces [s-1, e). The logits are then shifted.
