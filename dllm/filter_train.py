@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import math
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -311,6 +312,11 @@ def check_filter_path(out) -> None:
         raise ValueError(f"out {str(out)!r} must be a .safetensors file (the metadata is written beside it as .json)")
     if path.is_dir():
         raise ValueError(f"out {str(out)!r} is a folder; give a .safetensors file")
+    try:       # written at the end of a long run: a folder that cannot hold it is refused now
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as err:
+        raise OSError(f"cannot write out {str(out)!r}: {err}") from None
 
 
 def train_filter_for_model(model, tokenizer, out, *, tasks=DEFAULT_TASKS, samples_per_task: int = 40,

@@ -96,7 +96,10 @@ def save_filter(filt: Learn2PDFilter, path: str | os.PathLike, metadata: dict | 
     meta = {"format": FORMAT, "block_length": filt.block_length, "architecture": "linear-relu-linear",
             "accept_thres": DEFAULT_ACCEPT_THRES} | dict(metadata or {})
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in filt.state_dict().items()}
-    save_file(tensors, str(path), metadata={META_KEY: json.dumps(meta)})
+    try:
+        save_file(tensors, str(path), metadata={META_KEY: json.dumps(meta)})
+    except Exception as err:  # safetensors raises its own error type when the file cannot be written
+        raise OSError(f"cannot write the Learn2PD filter {str(path)!r}: {err}") from None
     path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     return path
 
@@ -107,6 +110,9 @@ def load_filter(path: str | os.PathLike) -> Learn2PDFilter:
     from safetensors import safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"Learn2PD filter {str(path)!r} is a folder; give the .safetensors file `dllm "
+                         f"train-filter --out` wrote")
     if not path.is_file():
         raise FileNotFoundError(f"no Learn2PD filter file at {str(path)!r}; write one with `dllm train-filter "
                                 f"--model MODEL --out {path}`")
@@ -119,8 +125,10 @@ def load_filter(path: str | os.PathLike) -> Learn2PDFilter:
     try:
         meta = json.loads(header[META_KEY])
     except (KeyError, json.JSONDecodeError):
+        meta = None
+    if not isinstance(meta, dict):
         raise ValueError(f"{str(path)!r} is not a Learn2PD filter file (its header has no {META_KEY!r} "
-                         f"metadata); write one with `dllm train-filter`") from None
+                         f"metadata object); write one with `dllm train-filter`")
     K = meta.get("block_length")
     if meta.get("format") != FORMAT or isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise ValueError(f"{str(path)!r} is not a Learn2PD filter file (format {meta.get('format')!r}, "
@@ -131,6 +139,12 @@ def load_filter(path: str | os.PathLike) -> Learn2PDFilter:
     if want != got:
         raise ValueError(f"Learn2PD filter file {str(path)!r} holds tensors {got}; a block_length {K} filter "
                          f"needs {want}")
+    thres = meta.get("accept_thres")
+    if thres is not None and (isinstance(thres, bool) or not isinstance(thres, (int, float)) or not 0 <= thres <= 1):
+        raise ValueError(f"Learn2PD filter file {str(path)!r} records accept_thres {thres!r}; it must lie in [0, 1]")
+    broken = [k for k, v in tensors.items() if not torch.isfinite(v).all()]
+    if broken:
+        raise ValueError(f"Learn2PD filter file {str(path)!r} holds NaN or infinite weights in {', '.join(broken)}")
     filt.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
     filt.metadata, filt.path = meta, str(path)
     return filt.eval()

@@ -568,3 +568,53 @@ def test_fit_settings_are_checked_before_the_labels(llada, tmp_path, monkeypatch
             filter_train.train_filter_for_model(model, tok, tmp_path / "f.safetensors", samples_per_task=1,
                                                 progress=False, **kw)
         assert msg in str(err.value)
+
+
+def _write_filter(path, meta, tensors=None):
+    from safetensors.torch import save_file
+    state = tensors if tensors is not None else threshold_filter(8, 0.2).state_dict()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path),
+              metadata={"dllm_learn2pd": json.dumps(meta)})
+    return path
+
+
+def test_filter_files_that_do_not_fit_are_refused_by_name(tmp_path):
+    """A folder, metadata that is not an object, a recorded threshold outside [0, 1] and
+    non-finite weights are each refused naming the file, before any decode."""
+    ok = {"format": "dllm-learn2pd-filter", "block_length": 8}
+    with pytest.raises(ValueError, match=f"Learn2PD filter '{tmp_path}' is a folder; give the .safetensors file"):
+        samplers.get("learn2pd", filter=str(tmp_path))
+    with pytest.raises(ValueError, match="is not a Learn2PD filter file .*metadata object"):
+        samplers.get("learn2pd", filter=str(_write_filter(tmp_path / "list.safetensors", [1, 2])))
+    with pytest.raises(ValueError, match=r"records accept_thres 5; it must lie in \[0, 1\]"):
+        samplers.get("learn2pd", filter=str(_write_filter(tmp_path / "t.safetensors", ok | {"accept_thres": 5})))
+    broken = {k: v.clone() for k, v in threshold_filter(8, 0.2).state_dict().items()}
+    name = sorted(broken)[0]
+    broken[name].view(-1)[0] = float("nan")
+    with pytest.raises(ValueError, match=f"holds NaN or infinite weights in {name}"):
+        samplers.get("learn2pd", filter=str(_write_filter(tmp_path / "nan.safetensors", ok, broken)))
+    assert samplers.get("learn2pd", filter=str(_write_filter(tmp_path / "f.safetensors", ok))).accept_thres == 0.96
+
+
+def test_train_filter_refuses_an_empty_task_list_and_an_unwritable_out_before_the_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(dllm, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["train-filter", "--out", str(tmp_path / "f.safetensors"), "--tasks", ""]) == 2
+    assert "empty task selection" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["train-filter", "--out", str(blocker / "f.safetensors"), "--tasks", "waiting_line/copy"]) == 2
+    assert f"cannot write out '{blocker / 'f.safetensors'}'" in capsys.readouterr().err
+    taken = tmp_path / "taken.safetensors"
+    taken.mkdir()                          # safetensors' own error type becomes an OSError naming the file
+    with pytest.raises(OSError, match=f"cannot write the Learn2PD filter '{taken}'"):
+        save_filter(threshold_filter(8, 0.2), taken)
+
+
+def test_train_filter_says_when_no_record_was_held_out_for_validation(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(dllm, "load", lambda *a, **k: (None, None))
+    out = tmp_path / "f.safetensors"
+    meta = {"validation": None, "counts": {"records": 3, "prompts": 1}}
+    monkeypatch.setattr(filter_train, "train_filter_for_model", lambda *a, **k: (out, meta))
+    assert main(["train-filter", "--out", str(out), "--tasks", "waiting_line/copy"]) == 0
+    printed = capsys.readouterr().out
+    assert "no validation records" in printed and "nan" not in printed

@@ -61,7 +61,7 @@ def run_train(args) -> int:
 
 def _filter_options(args) -> dict:
     tasks = filter_train.DEFAULT_TASKS
-    if args.tasks:
+    if args.tasks is not None:
         tasks = tuple(select_tasks(args.tasks, generators.generator_tasks()))
     opts = dict(tasks=tasks, samples_per_task=args.samples_per_task, shard=args.shard, names=args.names,
                 block_length=args.block_length, epochs=args.epochs, lr=args.lr, seed=args.seed,
@@ -83,7 +83,8 @@ def run_train_filter(args) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     val, counts = meta["validation"] or {}, meta["counts"]
+    accuracy = (f"validation accuracy {val['accuracy']:.4f} at sigmoid > {filter_train.VALIDATION_THRESHOLD}"
+                if "accuracy" in val else "no validation records (too few samples to hold some out)")
     print(f"filter written to {path} (+ {path.with_suffix('.json').name}): {counts['records']} records from "
-          f"{counts['prompts']} prompts; validation accuracy {val.get('accuracy', float('nan')):.4f} at sigmoid > "
-          f"{filter_train.VALIDATION_THRESHOLD}")
+          f"{counts['prompts']} prompts; {accuracy}")
     return 0

@@ -136,6 +136,13 @@ def resolve_device(device, auto=None) -> torch.device:
             raise ValueError(f"device {device!r} asked for, but CUDA is not available on this machine; use 'cpu'")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    elif dev.type != "cpu":
+        try:
+            torch.empty(0, device=dev)
+        except Exception as err:  # torch raises RuntimeError, AssertionError or ImportError by backend
+            why = (str(err).strip().splitlines() or [""])[0][:160]
+            raise ValueError(f"device {device!r} is not available on this machine ({type(err).__name__}: {why}); "
+                             f"use 'cpu' or a device this torch build supports") from None
     return dev
 
 
