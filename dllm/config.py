@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -323,6 +324,7 @@ class GenerationConfig:
     cache_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        self._plain_numbers()
         for name in ("gen_length", "block_length", "steps", "tokens_per_step", "max_forwards"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -359,6 +361,17 @@ class GenerationConfig:
                 raise ValueError(f"{name} must be a dict, got {type(getattr(self, name)).__name__}")
         self._check_guidance()
 
+
+    def _plain_numbers(self) -> None:
+        """numpy (or other registered) integers and reals as Python ints and floats."""
+        for name in ("gen_length", "block_length", "steps", "tokens_per_step", "max_forwards", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value) is not int:
+                setattr(self, name, int(value))
+        for name in ("temperature", "cfg_scale"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value) not in (int, float):
+                setattr(self, name, float(value))
 
     def _check_guidance(self) -> None:
         """The one refusal of guidance with a storing cache: the guided batch doubles every row,

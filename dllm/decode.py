@@ -106,12 +106,12 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool | None) -> list
         raise ValueError("string prompts need a tokenizer; pass token ids (input_ids) otherwise")
     has_template = getattr(tokenizer, "chat_template", None) is not None
     if chat and not has_template:
-        raise ValueError("chat=True but the tokenizer has no chat template; pass chat=False for raw prompts")
+        raise ValueError("chat=True but the tokenizer has no chat template; pass chat=False (--no-chat) for raw "
+                         "prompts")
     use_chat = has_template if chat is None else chat
+    check_texts(prompts)
     out = []
     for p in prompts:
-        if not isinstance(p, str):
-            raise ValueError(f"prompts must all be strings, got {type(p).__name__}")
         if use_chat:
             text = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                  tokenize=False)
@@ -119,6 +119,19 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool | None) -> list
         else:
             out.append(list(tokenizer(p)["input_ids"]))
     return out
+
+
+def check_texts(prompts: Sequence[str]) -> None:
+    """A ValueError naming the first prompt that is not a string of valid Unicode (a command-line
+    argument that was not UTF-8 arrives with lone surrogates)."""
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise ValueError(f"prompts must all be strings, got {type(p).__name__}")
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"prompt {i + 1} is not valid UTF-8 text ({p!r:.60}: {err.reason} at character "
+                             f"{err.start})") from None
 
 
 def _as_rows(prompts, attention_mask) -> list[list[int]]:
@@ -591,8 +604,8 @@ class Decoder:
         if not sampler.uses_blocks:
             state.block_length = state.gen_length
             state.block_end = (state.block_start + state.gen_length).clamp(max=state.gen_end)
-        if state.aligned_blocks and sampler.fixed_schedule:
-            _check_fixed_schedule_fits(state, sampler)
+        if state.aligned_blocks and sampler.whole_blocks:
+            _check_whole_blocks_fit(state, sampler)
         sampler.setup(state)
         self.rows = torch.arange(state.batch_size, device=state.x.device)
         sampler.begin_block(state, self.rows)
@@ -751,13 +764,14 @@ def _forward_shadowed(model, state: DecodeState, rows, at, width: int, padded: b
     return logits[:, :at.shape[1]], logits[:, at.shape[1]:]
 
 
-def _check_fixed_schedule_fits(state: DecodeState, sampler) -> None:
-    """A fixed schedule spreads its steps over gen_length / block_length blocks; blocks aligned with
-    a model's attention blocks add a partial first block unless every prompt fills whole blocks."""
+def _check_whole_blocks_fit(state: DecodeState, sampler) -> None:
+    """A `whole_blocks` sampler spreads its steps over gen_length / block_length blocks; blocks
+    aligned with a model's attention blocks add a partial first block unless every prompt fills
+    whole blocks."""
     lengths = (state.gen_start - state.pad_len).tolist()
     partial = [n for n in lengths if n % state.block_length]
     if partial:
-        raise ValueError(f"sampler {sampler.name!r} spreads a fixed step count over gen_length / block_length "
+        raise ValueError(f"sampler {sampler.name!r} spreads its step schedule over gen_length / block_length "
                          f"blocks, but a prompt of {partial[0]} tokens leaves a partial first block of the model's "
                          f"{state.block_length}-column attention blocks; use llada2, llada21 or threshold, or prompts "
                          f"of a multiple of {state.block_length} tokens")
@@ -921,16 +935,18 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
     return _output(state, tokenizer, request, forwards, seconds)
 
 
-def check_request(model, cfg: GenerationConfig) -> None:
+def check_request(model, cfg: GenerationConfig, tokenizer=None) -> None:
     """Raise the ValueError `generate` raises at its start for `cfg` on `model` (the lengths, the
     sampler's and the cache policy's checks against the request), without a forward: the decode
-    of a prompt of one token (one attention block on a block-causal model) is set up, not run."""
+    of a prompt of one token (one attention block on a block-causal model) is set up, not run.
+    `tokenizer`: the one `generate` will get (samplers such as AdaBlock read token ids from it)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")      # warnings about ignored settings are shown when decoding
         request = resolve_request(model, cfg)
     token = 0 if special_ids(model).mask != 0 else 1
     state = build_state(model, [[token] * (model.config.attention_block or 1)], request.config,
                         request.block_length)
+    state.tokenizer = tokenizer
     Decoder(model, state, request)
 
 

@@ -165,7 +165,7 @@ class DLLMEvalModel(LM):
         self._warned: set[str] = set()              # generation kwargs already named as not used
         self.model, self.tokenizer = dllm.load(pretrained, dtype=dtype, device=self.dist.device or device)
         if gen_length is not None:
-            check_request(self.model, self.config)  # the sampler's own length rules, before any request
+            check_request(self.model, self.config, self.tokenizer)   # the sampler's own rules, before any request
         self._device = self.model.device            # lm_eval puts its per-rank request counts here
 
     # -- requests ----------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ class DLLMEvalModel(LM):
                              f"length {longest}")
         try:
             config = self.config.replace(gen_length=length, temperature=temperature)
-            check_request(self.model, config)
+            check_request(self.model, config, self.tokenizer)
         except ValueError as err:
             advice = "" if self.config.gen_length else "; give gen_length to decode one length for every request"
             raise ValueError(f"{source} {length} (temperature {temperature!r}) does not fit the model arguments: "

@@ -28,6 +28,9 @@ class Sampler:
                        False means the whole generation region is one block.
       fixed_schedule:  True for a reference schedule with a fixed number of steps that may commit
                        nothing in a step (LLaDA's and Dream's own samplers); the step count bounds it.
+      whole_blocks:    it spreads its schedule over gen_length / block_length whole blocks (LLaDA's
+                       rule, gen_length a multiple of block_length): on a block-causal model every
+                       prompt must then fill whole attention blocks.
       uses_steps:      the request's `steps` / `tokens_per_step` set its schedule; False for a
                        sampler that decides its own number of steps (a request giving them is
                        warned that they are ignored).
@@ -52,6 +55,7 @@ class Sampler:
     name: ClassVar[str] = "base"
     uses_blocks: ClassVar[bool] = True
     fixed_schedule: ClassVar[bool] = False
+    whole_blocks: ClassVar[bool] = False
     uses_steps: ClassVar[bool] = True
     needs_logits: ClassVar[bool] = False
     gumbel_candidates: ClassVar[bool] = True

@@ -61,6 +61,7 @@ class Dilated(Sampler):
     uses_steps = False
     uses_blocks = True
     fixed_schedule = True
+    whole_blocks = True
     row_state = ()
 
     def __init__(self, *, base: int = 2, base_skip: int = 1):

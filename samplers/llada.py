@@ -20,8 +20,9 @@ Options (LLaDA commit 8e01df8, used per task in its EVAL.md):
   at temperature > 0 only EOT is affected.
 Classifier-free guidance is `cfg_scale` of the request (it applies to every sampler).
 
-Requirements, as in the reference: gen_length % block_length == 0, steps % (gen_length /
-block_length) == 0, steps <= gen_length. Ties between equal scores go to the lower position.
+Requirements: gen_length % block_length == 0 and steps % (gen_length / block_length) == 0, as in
+the reference, and steps <= gen_length (the reference spends more steps on forwards that commit
+nothing). Ties between equal scores go to the lower position.
 Published defaults: steps = gen_length = block_length = 128 (chat demo: block 32), temperature 0,
 both options off.
 """
@@ -39,6 +40,7 @@ class LowConfidence(Sampler):
     name = "low_confidence"
     uses_blocks = True
     fixed_schedule = True
+    whole_blocks = True
     row_state = ("counts",)
 
     def __init__(self, *, logits_eos_inf: bool = False, confidence_eos_eot_inf: bool = False):
@@ -59,12 +61,16 @@ class LowConfidence(Sampler):
         if G % K:
             raise ValueError(f"sampler {self.name!r}: gen_length {G} must be a multiple of block_length {K}")
         n_blocks = G // K
+        region, note = f"gen_length {G}", ""
+        if state.answer_length != G:
+            region = f"{G} columns"
+            note = f"; gen_length {state.answer_length} runs on to the end of the model's attention blocks"
         if steps % n_blocks:
             raise ValueError(f"sampler {self.name!r}: steps {steps} must be a multiple of the number of blocks "
-                             f"{n_blocks} (gen_length {G} / block_length {K})")
+                             f"{n_blocks} ({region} / block_length {K}{note})")
         if steps > G:
-            raise ValueError(f"sampler {self.name!r}: steps {steps} must be <= gen_length {G} "
-                             f"(at least one token per step)")
+            raise ValueError(f"sampler {self.name!r}: steps {steps} must be <= {region} (at least one token per "
+                             f"step{note})")
         per_block = steps // n_blocks
         state.extra["steps_per_block"] = per_block
         state.extra["counts"] = torch.zeros(state.batch_size, per_block, dtype=torch.long, device=state.x.device)

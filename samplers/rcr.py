@@ -41,6 +41,7 @@ class RCR(Sampler):
     name = "rcr"
     uses_blocks = True
     fixed_schedule = True
+    whole_blocks = True
     remasks = True
     reaches_back = True
     rewrites_tokens = True

@@ -203,3 +203,26 @@ def test_generate_without_a_length_decodes_the_checkpoints(capsys):
     rc = main(["generate", "hi", "--block-length", "32", "--dtype", "float32", "--no-chat"])
     err = capsys.readouterr().err
     assert rc == 0 and err.strip().splitlines()[-1].startswith("[64 forwards,"), err
+
+
+def test_a_prompt_that_is_not_utf8_and_a_device_torch_lacks_are_clean_errors(capsys, monkeypatch):
+    """A command-line argument that was not UTF-8 arrives with lone surrogates: refused by number
+    before the model loads, as the Python API refuses it; a device type this torch build cannot
+    make is refused before any weight is read."""
+    import dllm
+    from dllm.decode import encode_prompts
+    from dllm.models.loading import resolve_device
+
+    real_load = dllm.load
+    monkeypatch.setattr(dllm, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["generate", "fine", "\udcff\udcfe bad", "--gen-length", "8"]) == 2
+    assert "error: prompt 2 is not valid UTF-8 text" in capsys.readouterr().err
+    monkeypatch.setattr(dllm, "load", real_load)
+    model, tok = dllm.load()
+    with pytest.raises(ValueError, match="prompt 1 is not valid UTF-8 text"):
+        encode_prompts(tok, ["\udcff x"], chat=False)
+    with pytest.raises(ValueError, match="prompt 1 is not valid UTF-8 text"):
+        dllm.generate(model, tok, "\udcff x", gen_length=8)
+    for device in ("xpu", "hpu"):
+        with pytest.raises(ValueError, match=f"device '{device}' is not available on this machine"):
+            resolve_device(device)

@@ -464,3 +464,27 @@ def test_float8_checkpoint_asks_for_a_dtype(tmp_path):
         load(path)
     model, _ = load(path, dtype="float32")
     assert next(model.parameters()).dtype == torch.float32
+
+
+def test_numpy_numbers_are_taken_as_python_numbers(tiny):
+    import numpy as np
+    cfg = GenerationConfig(gen_length=np.int64(8), block_length=np.int32(8), temperature=np.float32(0.5),
+                           cfg_scale=np.float64(0.0), seed=np.uint64(3))
+    assert (cfg.gen_length, cfg.block_length, cfg.seed) == (8, 8, 3) and cfg.temperature == 0.5
+    assert {type(v) for v in (cfg.gen_length, cfg.block_length, cfg.seed)} == {int}
+    assert type(cfg.temperature) is float and type(cfg.cfg_scale) is float
+    with pytest.raises(ValueError, match="GenerationConfig.gen_length must be a positive integer"):
+        GenerationConfig(gen_length=np.bool_(True))
+    out = dllm.generate(tiny, None, [[1, 2]], config=cfg)
+    assert out.generated.shape[1] == 8
+
+
+def test_check_request_reads_token_ids_from_the_tokenizer_as_generate_does():
+    """AdaBlock's default delimiter is text: without the tokenizer `generate` gets, the pre-check
+    would refuse what the decode accepts."""
+    model, tok = dllm.load()
+    cfg = GenerationConfig(gen_length=32, sampler="adablock")
+    check_request(model, cfg, tok)
+    dllm.generate(model, tok, "Hi", config=cfg)
+    with pytest.raises(ValueError, match="need the tokenizer"):
+        check_request(model, cfg)

@@ -679,3 +679,21 @@ def test_shape_errors_name_checkpoint_tensors(tmp_path):
     _rewrite(qkv, lambda s: s.__setitem__(name, s[name][:-2]))
     with pytest.raises(ValueError, match=rf"fused q/k/v weight {re.escape(name)} has \d+ rows"):
         dllm.load(qkv)
+
+
+def test_samplers_on_whole_blocks_are_refused_by_their_rule_and_name_the_region(tmp_path):
+    """A sampler that spreads its steps over gen_length / block_length blocks (not only the fixed
+    schedules: klass, learn2pd) is refused for a prompt leaving a partial first attention block,
+    by that rule; a length error names the columns the region runs on to, not a gen_length the
+    request never gave."""
+    model = dllm.build_model(dllm.ModelConfig.from_name("llada2-tiny"), "sdpa")
+    for sampler in ("klass", "low_confidence", "margin_topk"):
+        with pytest.raises(ValueError, match=rf"sampler '{sampler}' spreads its step schedule over gen_length / "
+                                             r"block_length blocks, but a prompt of 2 tokens leaves a partial"):
+            dllm.generate(model, None, [[1, 2]], gen_length=32, sampler=sampler)
+    with pytest.raises(ValueError, match=r"steps 33 must be a multiple of the number of blocks 2 \(64 columns / "
+                                         r"block_length 32; gen_length 33 runs on to the end of the model's "
+                                         r"attention blocks\)"):
+        dllm.generate(model, None, [list(range(1, 33))], gen_length=33, sampler="low_confidence")
+    out = dllm.generate(model, None, [list(range(1, 33))], gen_length=32, sampler="klass")
+    assert out.generated.shape[1] == 32

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 import dllm
+from dllm.decode import check_texts
 
 from .options import (add_model_option, add_request_options, add_runtime_options, check_before_load,
                       generation_config)
@@ -52,6 +53,7 @@ def _summary(out) -> str:
 def run(args) -> int:
     try:
         request = generation_config(args)
+        check_texts(args.prompt)
         check_before_load(request)
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device, attention=args.attention,
                                      cuda_graphs=args.cuda_graphs, compile=args.compile)
