@@ -62,6 +62,8 @@ class GenerationOutput:
     edits:      tokens rewritten per row by an editing sampler (LLaDA2.1's `llada21`).
     remasks:    written tokens masked again per row (`wino`, `remdm`).
     cache, cache_args: the cache policy and its arguments (model-dependent defaults resolved).
+    block_length: the blocks it decoded in (resolved: the model's attention blocks, a Learn2PD
+                filter's; gen_length for a sampler without blocks).
     """
 
     sequences: torch.Tensor
@@ -81,6 +83,7 @@ class GenerationOutput:
     remasks: list[int] | None = None
     cache: str = "none"
     cache_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    block_length: int | None = None
 
     @property
     def mean_tokens_per_forward(self) -> float:
@@ -236,7 +239,7 @@ def build_state(model, rows: list[list[int]], cfg: GenerationConfig, block_lengt
                         temperature=float(cfg.temperature), generator=gen,
                         score_dtype=_score_dtype(cfg.score_dtype, model), steps=cfg.resolved_steps,
                         family=mc.family, aligned_blocks=mc.attention_block is not None, vocab_size=mc.vocab_size,
-                        source=getattr(model, "checkpoint_dir", None) or getattr(model, "name_or_path", None),
+                        source=model_source(model),
                         answer_length=cfg.gen_length)
     short = [b for b, tail in enumerate(tails) if tail < longest_tail]
     if short:      # a row's region ends with its last attention block
@@ -298,6 +301,11 @@ class Request:
     block_length: int
 
 
+def model_source(model) -> str | None:
+    """Where the model was loaded from: its checkpoint folder, else the name it was loaded by."""
+    return getattr(model, "checkpoint_dir", None) or getattr(model, "name_or_path", None)
+
+
 def checkpoint_gen_length(model) -> int | None:
     """The generation length the checkpoint's generation_config.json names (`max_new_tokens`, as
     Hugging Face's `generate` reads it; a dllm-trained model names the canvas it was trained on),
@@ -323,6 +331,9 @@ def resolve_request(model, cfg: GenerationConfig) -> Request:
         warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region at once; "
                       f"block_length {cfg.block_length} is ignored", stacklevel=3)
     _warn_unused_schedule(cfg, sampler, stacklevel=3)
+    own = sampler.block_length_for(model_source(model)) if sampler.uses_blocks and cfg.block_length is None else None
+    if own is not None and cfg.gen_length % own == 0:
+        cfg = cfg.replace(block_length=own)
     block_length = cfg.resolved_block_length if sampler.uses_blocks else cfg.gen_length
     return Request(cfg.replace(sampler=sampler), sampler, cfg.cache, block_length)
 
@@ -978,4 +989,4 @@ def _output(state: DecodeState, tokenizer, request: Request, forwards: int, seco
         seconds=seconds, hit_cap=[b in capped for b in range(state.batch_size)], sampler=request.sampler.name,
         sampler_args=request.sampler.arguments(), trace=answer_steps if request.config.trace else None,
         cache=request.policy.name, cache_args=request.policy.arguments(), edits=state.edits.tolist(),
-        remasks=state.remasks.tolist())
+        remasks=state.remasks.tolist(), block_length=request.block_length)

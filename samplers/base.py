@@ -119,6 +119,11 @@ class Sampler:
         schedule is done). Called after `setup`. Default: None (the loop reads it every step)."""
         return None
 
+    def block_length_for(self, source: str | None) -> int | None:
+        """The block length a request decodes with when it gives none, for the checkpoint folder
+        `source` (when it divides gen_length); None (the default): the whole generation region."""
+        return None
+
     def logits_needed(self, state: DecodeState) -> bool:
         """Whether this request's steps pass the (B', Q, V) logits in `scores.logits`.
         Default: `needs_logits`."""

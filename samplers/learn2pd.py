@@ -200,6 +200,15 @@ class Learn2PD(LowConfidence):
         return float(recorded) if isinstance(recorded, (int, float)) else DEFAULT_ACCEPT_THRES
 
     # -- lifecycle -------------------------------------------------------------------------
+    def block_length_for(self, source):
+        """The block length of the filter: the given one, else the one shipped with `source`."""
+        if not self.use_filter:
+            return None
+        if self.from_model:
+            found = shipped_filter(source)
+            return None if found is None else load_filter(found).block_length
+        return self.filter.block_length
+
     def setup(self, state):
         if self.from_model:
             found = shipped_filter(state.source)

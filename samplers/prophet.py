@@ -135,6 +135,9 @@ class Prophet(Sampler):
     def logits_needed(self, state):
         return self.base.logits_needed(state)
 
+    def block_length_for(self, source):
+        return self.base.block_length_for(source)
+
     def begin_block(self, state, rows):
         self.base.begin_block(state, rows)
 

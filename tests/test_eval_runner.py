@@ -551,3 +551,14 @@ def test_sampler_identity_reads_integers_for_float_arguments_as_floats(name, giv
 
     assert hashed(given) == hashed(same)
     assert runner.sampler_identity(samplers.get("adablock", window=3))["window"] == 3     # an int argument stays
+
+
+def test_rows_record_the_blocks_the_decode_used(bench_data, tmp_path):
+    """A block-causal model decodes in its attention blocks whatever the request leaves open: rows
+    say so (they recorded the whole generation length)."""
+    from tests.fixtures.checkpoints import write_llada2_checkpoint
+    model, tok = dllm.load(write_llada2_checkpoint(tmp_path / "m"), dtype="float32")
+    cfg = runner.config_from_dict(dict(model="tiny2", data_dir=str(bench_data), limit=1, out=str(tmp_path / "r.jsonl"),
+                                       tasks=["waiting_line/copy"], gen_length=64))
+    (row,) = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
+    assert row["gen_length_used"] == 64 and row["block_length_used"] == 32

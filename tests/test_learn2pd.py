@@ -618,3 +618,23 @@ def test_train_filter_says_when_no_record_was_held_out_for_validation(tmp_path, 
     assert main(["train-filter", "--out", str(out), "--tasks", "waiting_line/copy"]) == 0
     printed = capsys.readouterr().out
     assert "no validation records" in printed and "nan" not in printed
+
+
+def test_a_request_without_block_length_decodes_in_the_filters_blocks(tmp_path):
+    """The shipped model's filter is for blocks of 32: `generate` without block_length decodes in
+    them (and records them), as with block_length=32 given; a filter given by path does the same,
+    and a length its blocks do not divide keeps the whole-region default (refused by setup)."""
+    model, tok = dllm.load()
+    plain = dllm.generate(model, tok, "Copy: a b", gen_length=64, sampler="learn2pd")
+    given = dllm.generate(model, tok, "Copy: a b", gen_length=64, block_length=32, sampler="learn2pd")
+    assert plain.block_length == given.block_length == 32 and torch.equal(plain.sequences, given.sequences)
+    path = save_filter(threshold_filter(8, 0.2), tmp_path / "f8.safetensors")
+    out = dllm.generate(model, tok, "Copy: a b", gen_length=16, sampler="learn2pd", sampler_kwargs={"filter": str(path)})
+    assert out.block_length == 8
+    with pytest.raises(ValueError, match="trained for block_length 8, and this request has block_length 12"):
+        dllm.generate(model, tok, "Copy: a b", gen_length=12, sampler="learn2pd", sampler_kwargs={"filter": str(path)})
+    assert dllm.generate(model, tok, "Copy: a b", gen_length=16, sampler="learn2pd",
+                         sampler_kwargs={"filter": "none"}).block_length == 16
+    wrapped = dllm.generate(model, tok, "Copy: a b", gen_length=64, sampler="prophet",
+                            sampler_kwargs={"base": "learn2pd"})
+    assert wrapped.block_length == 32

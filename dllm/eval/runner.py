@@ -375,7 +375,7 @@ def _rows_of_batch(run: _Run, batch: list[Sample]) -> list[dict]:
     predictions = run.tokenizer.batch_decode(out.generated.tolist(), skip_special_tokens=True)
     sampler = request.sampler        # what it ignores was not used: the whole generation, no step count
     gen = request.gen_length
-    block = request.resolved_block_length if sampler.uses_blocks else gen
+    block = out.block_length if sampler.uses_blocks else gen
     steps = request.resolved_steps if sampler.uses_steps else None
     rows = []
     for i, s in enumerate(batch):
