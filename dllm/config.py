@@ -293,8 +293,9 @@ class GenerationConfig:
     max_forwards: hard cap on the steps a row takes part in (a step is one forward of the row; a
         ragged batch may run a step as several model calls, one per width group); when hit,
         every remaining mask is filled with the current prediction and the output says so.
-        Default: max(steps, gen_length) (steps only for samplers that use them), plus what a
-        sampler adds (`Sampler.forward_allowance`: `llada21`'s max_post_steps per block,
+        Default: max(steps, gen_length) (steps only for samplers that use them), plus the columns
+        a block-causal model decodes past the answer to the end of its attention block, plus what
+        a sampler adds (`Sampler.forward_allowance`: `llada21`'s max_post_steps per block,
         `remdm`'s and `wino`'s extra forwards).
     chat: apply the tokenizer's chat template to string prompts (None: when it has one).
     score_dtype: precision of the softmax behind the LLaDA-style confidences: "logits" (the model

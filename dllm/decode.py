@@ -60,7 +60,7 @@ class GenerationOutput:
     trace:      (B, G) step at which each generated position was committed, or last edited (when
                 asked for); a position masked again and committed later holds the later step.
     edits:      tokens rewritten per row by an editing sampler (LLaDA2.1's `llada21`).
-    remasks:    written tokens masked again per row (`wino`, `remdm`).
+    remasks:    written tokens masked again per row (`wino`, `remdm`, `rcr`).
     cache, cache_args: the cache policy and its arguments (model-dependent defaults resolved).
     block_length: the blocks it decoded in (resolved: the model's attention blocks, a Learn2PD
                 filter's; gen_length for a sampler without blocks).
