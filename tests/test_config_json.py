@@ -111,6 +111,6 @@ def test_a_size_of_the_wrong_type_names_its_key(family, changes, message):
         parse(family, **changes)
 
 
-@pytest.mark.parametrize("family,default", [("Dream", 32768), ("LLaDA-MoE", 8192), ("LLaDA2", 16384)])
+@pytest.mark.parametrize("family,default", [("Dream", 32768), ("LLaDA-MoE", 4096), ("LLaDA2", 16384)])
 def test_a_null_context_length_takes_the_default(family, default):
     assert parse(family, max_position_embeddings=None).max_seq_len == default

@@ -84,7 +84,7 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
         n_heads=n_heads, n_kv_heads=integer(d, "num_key_value_heads", n_heads, "LLaDA-MoE"),
         mlp_hidden=d.get("dense_intermediate_size") or d["expert_intermediate_size"],
         norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA-MoE"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA-MoE"),
-        max_seq_len=integer(d, "max_position_embeddings", 8192, "LLaDA-MoE"),
+        max_seq_len=integer(d, "max_position_embeddings", 4096, "LLaDA-MoE"),   # the config class default
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens), eos_token_id=eos,
         pad_token_id=id_of(d, "pad_token_id", "LLaDA-MoE", default=eos),
         bos_token_id=id_of(d, "bos_token_id", "LLaDA-MoE"),
