@@ -14,11 +14,11 @@ masked-diffusion model has no left-to-right likelihood).
 
 Model arguments: pretrained (a checkpoint folder or a shipped model name; the shipped default
 model when absent), sampler, sampler_kwargs and cache_kwargs (`key=value` pairs separated by `;`,
-values read as in `--sampler-arg`), cache, gen_length (default: each request's length, the first of `LENGTH_KEYS` it gives),
-block_length, steps, tokens_per_step, temperature (None: the request's), seed, chat (False, a flag:
-contexts are used as given; lm_eval's `--apply_chat_template` goes through the tokenizer's
-template; True: each context is rendered as the user turn of the template, for generations and
-log-likelihoods alike), dtype, mc_num (128),
+values read as in `--sampler-arg`), cache, gen_length (default: each request's length, the first
+of `LENGTH_KEYS` it gives), block_length, steps, tokens_per_step, temperature (None: the
+request's), seed, chat (False, a flag: contexts are used as given; lm_eval's
+`--apply_chat_template` goes through the tokenizer's template; True: each context is rendered as
+the user turn of the template, for generations and log-likelihoods alike), dtype, mc_num (128),
 mc_batch_size (32), cfg (0), is_check_greedy (False), checked before the model loads. Under
 `accelerate launch` each process takes its share of the requests, as lm_eval expects (rank,
 world size, gather, barrier); lm_eval's default CUDA device falls back to the CPU on a machine
