@@ -57,8 +57,43 @@ def test_summaries_average_within_then_across_tasks_and_skip_unavailable():
 def test_rows_lacking_a_field_the_summary_reads_are_named():
     rows = _rows("r1", "threshold", {"a/x": [1, 0]}, 2.0)
     del rows[1]["nfe"], rows[1]["tokens_per_forward"]
-    with pytest.raises(ValueError, match=r"result row 2 lacks tokens_per_forward, nfe; rows come from dllm bench"):
+    with pytest.raises(ValueError, match=r"result row of run r1, task a/x, index 1 lacks tokens_per_forward, nfe; "
+                                         r"rows come from dllm bench"):
         report.summarize(rows)
+    with pytest.raises(ValueError, match=r"result row 1 lacks run_id"):
+        report.summarize([{"task": "a/x", "tokens_per_forward": 1.0, "nfe": 2}])
+
+
+@pytest.mark.parametrize("field, value", [("score", "1"), ("tokens_per_forward", None), ("nfe", True),
+                                          ("seconds", "0.5")])
+def test_rows_with_a_field_of_the_wrong_type_are_named(field, value):
+    rows = _rows("r1", "threshold", {"a/x": [1, 0]}, 2.0)
+    rows[0][field] = value
+    with pytest.raises(ValueError, match=rf"result row of run r1, task a/x, index 0: {field} {value!r} must be a "
+                                         rf"number"):
+        report.summarize(rows)
+
+
+def test_report_refuses_a_file_without_result_rows_and_reads_compare_files_before_decoding(tmp_path, capsys,
+                                                                                           monkeypatch):
+    from dllm.cli import main
+    from dllm.eval import runner
+
+    empty, summaries = tmp_path / "empty.jsonl", tmp_path / "summaries.jsonl"
+    empty.write_text("")
+    summaries.write_text('{"label": "threshold", "status": "ok"}\n')
+    assert main(["bench", "--report", "--out", str(empty)]) == 2
+    assert f"'{empty}' holds no result rows of dllm bench\n" in capsys.readouterr().err
+    assert main(["bench", "--report", "--out", str(summaries)]) == 2
+    assert "a sweep's summaries? its rows are in rows.jsonl" in capsys.readouterr().err
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "bom.csv").write_bytes("\ufefftask,tps,accuracy\navg,1.0,90.0\n".encode())
+    (figures / "latin1.csv").write_bytes(b"task,tps,accuracy\navg,1.0,90.0\n\xff\n")
+    monkeypatch.setattr(runner, "run_bench", lambda *a, **k: pytest.fail("decoded before reading --compare"))
+    assert main(["bench", "--tasks", "waiting_line/copy", "--limit", "1", "--out", str(tmp_path / "r.jsonl"),
+                 "--compare", str(figures)]) == 2
+    assert f"{figures / 'latin1.csv'}: not UTF-8 text" in capsys.readouterr().err
 
 
 def test_a_points_tokens_per_forward_covers_the_tasks_its_average_does():

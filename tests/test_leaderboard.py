@@ -8,6 +8,7 @@ import json
 import pytest
 from matplotlib.figure import Figure
 
+from dllm import samplers
 from dllm.cli import main
 from dllm.eval import leaderboard, report
 from dllm.sweep import plots as sweep_plots
@@ -51,9 +52,9 @@ def test_every_task_and_the_published_ids():
     assert leaderboard.model_id("GSAI-ML/LLaDA-1.5") == "llada15"
     assert leaderboard.model_id("/ckpt/Dream-v0-Instruct-7B/") == "dream"
     assert leaderboard.model_id("runs/My-Model") == "my-model"
-    assert leaderboard.method_id("low_confidence") == "confidence-topk"
-    assert leaderboard.method_id("left_to_right") == "l2r"
-    assert leaderboard.method_id("threshold", "dual") == "confidence-threshold+dual"
+    assert report.method_id("low_confidence") == "confidence-topk"
+    assert report.method_id("left_to_right") == "l2r"
+    assert report.method_id("threshold", "dual") == "confidence-threshold+dual"
     with pytest.raises(ValueError, match="task 'waiting_line_n15/copy' has no leaderboard id"):
         leaderboard.task_id("waiting_line_n15/copy")
 
@@ -137,14 +138,27 @@ def test_compare_with_a_task_the_leaderboard_lacks_fails_before_decoding(tmp_pat
     assert not out.exists() or not out.read_text()
 
 
-def test_a_curve_of_dllm_runs_takes_its_schedule_from_the_runs_not_the_methods_name():
-    rows = [r for run, tpf, score in (("a", 1.0, 0.9), ("b", 2.0, 0.85), ("c", 4.0, 0.5))
-            for r in _rows(run, "low_confidence", "dual", {"waiting_line/copy": score}, tpf, "fixed")]
+@pytest.mark.parametrize("sampler, stepwise", [("low_confidence", True), ("dus", False), ("rcr", True),
+                                               ("entropy", True), ("threshold", False), ("margin_topk", True)])
+def test_pb_of_a_method_follows_its_name_for_runs_and_files_alike(tmp_path, sampler, stepwise):
+    """One rule per method, whatever the runs' `schedule` says and wherever the points come from:
+    dllm's runs, the PB@X table and the same curve written and read back agree (DUS interpolated,
+    as the leaderboard computes it)."""
+    rows = [r for run, tpf, score in (("a", 1.0, 0.8), ("b", 2.0, 0.5))
+            for r in _rows(run, sampler, "dual", {"waiting_line/copy": score}, tpf, "fixed")]
     summaries = report.summarize(rows)
     (curve,) = leaderboard.curves_from_runs(summaries)
-    assert curve.method == "confidence-topk+dual" and curve.adaptive is False
-    (row,) = report.leaderboard(summaries, (80, 70, 60))
-    assert [curve.pb(x) for x in (80, 70, 60)] == [row["PB80"], row["PB70"], row["PB60"]] == [2.0, 2.0, 2.0]
+    (row,) = report.leaderboard(summaries, (70,))
+    leaderboard.write_curves([curve], tmp_path)
+    (back,) = leaderboard.read_curves(tmp_path)
+    assert curve.pb(70) == row["PB70"] == back.pb(70) == (1.0 if stepwise else pytest.approx(4 / 3))
+    assert report.interpolated(curve.method) is not stepwise
+
+
+def test_every_sampler_has_its_own_method_id():
+    ids = [report.method_id(name) for name in samplers.available()]
+    assert len(set(ids)) == len(ids)
+    assert report.method_id("topk_margin") == "dream-topk-margin" and report.method_id("margin_topk") == "topk-margin"
 
 
 def test_a_curve_keeps_the_runs_over_the_most_tasks_and_names_the_rest(results, capsys):

@@ -206,10 +206,29 @@ def test_the_per_task_legend_names_every_sampler_when_the_first_panel_is_empty(t
     monkeypatch.setattr(MplFigure, "legend", lambda fig, *a, **k: (shown.append(list(a[1])), legend(fig, *a, **k))[1])
     summaries = [{"status": "ok", "label": name, "sampler": name, "cache": "none", "tokens_per_forward": tpf,
                   "tokens_per_second": 1.0, "average": 50.0,
-                  "accuracy": {"paraphrase_summarize/samsum": None, "waiting_line/copy": 50.0}}
+                  "accuracy": {"paraphrase_summarize/samsum": None, "waiting_line/copy": 50.0},
+                  "per_task": [{"task": t, "tokens_per_forward": tpf} for t in ("paraphrase_summarize/samsum",
+                                                                                "waiting_line/copy")]}
                  for name, tpf in (("low_confidence", 1.0), ("threshold", 2.0))]
     sweep.write_plots(summaries, tmp_path)
     assert {"low_confidence", "threshold"} <= set(shown[-1])
+
+
+def test_each_task_panel_places_a_configuration_at_that_tasks_tokens_per_forward(tmp_path, monkeypatch):
+    """An adaptive sampler runs faster on some tasks than others: a task's panel uses the task's own
+    tokens per forward (its `per_task` entry), not the configuration's average."""
+    from matplotlib.axes import Axes
+
+    drawn = []
+    scatter = Axes.scatter
+    monkeypatch.setattr(Axes, "scatter", lambda ax, x, y, **k: (drawn.append(list(x)), scatter(ax, x, y, **k))[1])
+    summary = {"status": "ok", "label": "threshold", "sampler": "threshold", "cache": "none",
+               "tokens_per_forward": 2.0, "tokens_per_second": 1.0, "average": 50.0,
+               "accuracy": {"waiting_line/copy": 60.0, "waiting_line/sort": 40.0},
+               "per_task": [{"task": "waiting_line/copy", "tokens_per_forward": 1.5},
+                            {"task": "waiting_line/sort", "tokens_per_forward": 2.5}]}
+    sweep.write_plots([summary], tmp_path)
+    assert [1.5] in drawn and [2.5] in drawn                # the panels; the overall figures draw 2.0
 
 
 def test_the_per_task_figure_grows_to_hold_a_legend_wider_than_its_panels(tmp_path):
@@ -217,7 +236,8 @@ def test_the_per_task_figure_grows_to_hold_a_legend_wider_than_its_panels(tmp_pa
 
     names = ["low_confidence", "threshold", "factor", "eb", "adablock", "localleap", "dus", "slowfast"]
     summaries = [{"status": "ok", "label": name, "sampler": name, "cache": "none", "tokens_per_forward": 1.0 + k,
-                  "tokens_per_second": 1.0, "average": 50.0, "accuracy": {"waiting_line/copy": 50.0}}
+                  "tokens_per_second": 1.0, "average": 50.0, "accuracy": {"waiting_line/copy": 50.0},
+                  "per_task": [{"task": "waiting_line/copy", "tokens_per_forward": 1.0 + k}]}
                  for k, name in enumerate(names)]
     written = sweep.write_plots(summaries, tmp_path)
     per_task = imread(str(next(p for p in written if p.name == sweep.plots.PLOT_TASKS)))

@@ -81,6 +81,18 @@ def print_report(rows, levels, current=None, args=None) -> None:
         print(leaderboard.format_comparison(ours, leaderboard.read_curves(args.compare), levels))
 
 
+def report_rows(path) -> list[dict]:
+    """The result rows of `path`; a ValueError when it holds none (an empty file, a sweep's
+    summaries)."""
+    results = runner.ResultsFile(path)
+    rows = results.rows()
+    if not rows:
+        other = " (it holds other records: a sweep's summaries? its rows are in rows.jsonl)" if results.records() \
+            else ""
+        raise ValueError(f"--report: {str(path)!r} holds no result rows of dllm bench{other}")
+    return rows
+
+
 def check_report_options(args) -> None:
     """--format leaderboard needs --out-dir, and --out-dir only serves it."""
     if args.format == "leaderboard" and not args.out_dir:
@@ -174,11 +186,12 @@ def run(args) -> int:
                 raise ValueError("--report prints the tables of a results file; give it with --out FILE")
             if not Path(args.out).is_file():
                 raise FileNotFoundError(f"--report: no results file {args.out!r}")
-            print_report(runner.ResultsFile(args.out).rows(), levels, args=args)
+            print_report(report_rows(args.out), levels, args=args)
             return 0
         if args.compare:   # the comparison needs each task's leaderboard id: known before anything is decoded
             for task in runner.load_dataset(bench_config(args)).tasks:
                 leaderboard.task_id(task)
+            leaderboard.read_curves(args.compare)              # the files too: read again for the table
         rows = runner.run_bench(bench_config(args), progress=not args.no_progress)
     except (ValueError, OSError, FloatingPointError, RuntimeError, ImportError) as err:
         # OSError: files it cannot read or write; ImportError: an optional package a task's score needs

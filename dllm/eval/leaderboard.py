@@ -8,9 +8,10 @@ task id and then tps; then one `avg` row per operating point, its tps and accura
 the tasks. Task ids are the leaderboard's (`waitingline-copy`, `puzzles-sudoku`, ...).
 
 Here a dllm run is an operating point, and runs of the same model, sampler and cache make one
-method (`method_id`: the leaderboard's name where it has one, `confidence-topk` for
+method (`report.method_id`: the leaderboard's name where it has one, `confidence-topk` for
 `low_confidence`; a cache other than none is appended, `confidence-threshold+dual`). PB@X of a curve
-is `report.pb_score` over its `avg` rows, discrete for the top-k methods (fixed tokens per step).
+is `report.pb_score` over its `avg` rows, stepwise for `report.STEPWISE_METHODS`, whether the curve
+comes from dllm's runs or from a file.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .report import RunSummary, pb_score
+from .report import RunSummary, interpolated, method_id, pb_score
 
 HEADER = ["task", "tps", "accuracy"]
 AVG = "avg"
@@ -35,11 +36,6 @@ _TASK_IDS = {
 }
 _MODEL_IDS = {"LLaDA-1.5": "llada15", "LLaDA-8B-Instruct": "llada10", "Dream-v0-Instruct-7B": "dream",
               "DiffuCoder-7B-Instruct": "diffucoder"}
-_METHOD_IDS = {"low_confidence": "confidence-topk", "threshold": "confidence-threshold",
-               "factor": "confidence-factor", "left_to_right": "l2r", "margin_topk": "topk-margin",
-               "entropy_topk": "entropy-topk"}
-# Methods whose tokens per step are fixed in advance: PB@X takes the best point, no interpolation.
-FIXED_METHODS = {"confidence-topk", "topk-margin", "entropy-topk", "l2r", "random"}
 
 
 def task_id(task: str) -> str:
@@ -60,12 +56,6 @@ def model_id(model: str) -> str:
     return _MODEL_IDS.get(name, name.lower())
 
 
-def method_id(sampler: str, cache: str = "none") -> str:
-    """The leaderboard's id of a sampler, with the cache appended when there is one."""
-    name = _METHOD_IDS.get(sampler, sampler.replace("_", "-"))
-    return name if cache == "none" else f"{name}+{cache}"
-
-
 @dataclass
 class Curve:
     """One model and method: its rows (task id, tps, accuracy), `avg` rows included."""
@@ -74,7 +64,7 @@ class Curve:
     method: str
     rows: list[tuple[str, float, float]] = field(default_factory=list)
     source: str = "dllm"
-    adaptive: bool | None = None      # None: known from the method's name (the leaderboard's files)
+    adaptive: bool | None = None      # None: known from the method's name (`report.interpolated`)
 
     @property
     def points(self) -> list[tuple[float, float]]:
@@ -82,8 +72,7 @@ class Curve:
         return [(tps, acc) for task, tps, acc in self.rows if task == AVG]
 
     def pb(self, x: float) -> float | None:
-        method = self.method.split("+", 1)[0]            # a cache suffix leaves the schedule as it is
-        adaptive = method not in FIXED_METHODS if self.adaptive is None else self.adaptive
+        adaptive = interpolated(self.method) if self.adaptive is None else self.adaptive
         return pb_score(self.points, x, adaptive=adaptive)
 
     def sorted_rows(self) -> list[tuple[str, float, float]]:
@@ -115,7 +104,7 @@ def curves_from_runs(summaries: list[RunSummary]) -> list[Curve]:
 
 
 def _curve(key: tuple[str, str], runs: list[RunSummary]) -> Curve:
-    curve = Curve(*key, adaptive=any(s.schedule != "fixed" for s in runs))   # as the runs' own PB@X table decides
+    curve = Curve(*key)
     for s in runs:
         rows = [(task_id(t.task), t.tokens_per_forward, t.score) for t in s.scored]
         curve.rows += rows + [(AVG, sum(r[1] for r in rows) / len(rows), sum(r[2] for r in rows) / len(rows))]
@@ -154,8 +143,11 @@ def read_curves(folder: str | os.PathLike) -> list[Curve]:
 
 
 def _read_csv(path: Path, root: Path) -> Curve:
-    with open(path, newline="") as f:
-        lines = list(csv.reader(f))
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:      # a spreadsheet's byte-order mark is read past
+            lines = list(csv.reader(f))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     if not lines or [h.strip() for h in lines[0]] != HEADER:
         got = ",".join(lines[0]) if lines else "(empty)"
         raise ValueError(f"{path}: the header must be {','.join(HEADER)}, got {got}")

@@ -8,9 +8,9 @@ averages, and the average is then labelled with the number of tasks it covers.
 PB@X (the ParallelBench leaderboard score) is computed per method, i.e. per (model, sampler,
 cache with its arguments, data, set of scored tasks), over the points of its runs (the sampler's
 arguments are what moves along a method's curve):
-  * fixed schedules (top-k: tokens per forward known in advance): the largest tokens/forward
-    whose average is >= X;
-  * adaptive rules (measured tokens/forward): points sorted by tokens/forward (the higher score
+  * stepwise methods (`STEPWISE_METHODS`: tokens per forward set in advance by a count or a step
+    number): the largest tokens/forward whose average is >= X;
+  * every other method (`interpolated`; measured tokens/forward): points sorted by tokens/forward (the higher score
     kept where two share one); if the last point reaches X its tokens/forward is the answer;
     otherwise the first adjacent pair from the right with avg_lo >= X > avg_hi is interpolated
     linearly; with no such pair there is no score (None).
@@ -19,6 +19,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable
+
+
+_METHOD_IDS = {"low_confidence": "confidence-topk", "threshold": "confidence-threshold",
+               "factor": "confidence-factor", "left_to_right": "l2r", "margin_topk": "topk-margin",
+               "entropy_topk": "entropy-topk", "topk_margin": "dream-topk-margin"}
+# Methods whose tokens per forward the request sets in advance (top-k counts, fixed step numbers):
+# PB@X takes their best qualifying point. Every other method is interpolated, DUS included, as the
+# leaderboard computes it.
+STEPWISE_METHODS = frozenset({"confidence-topk", "topk-margin", "entropy-topk", "l2r", "random", "entropy",
+                              "origin", "maskgit-plus", "dream-topk-margin", "rcr", "remdm"})
+
+
+def method_id(sampler: str, cache: str = "none") -> str:
+    """The leaderboard's id of a sampler (one id per sampler), with the cache appended when there is one."""
+    name = _METHOD_IDS.get(sampler, sampler.replace("_", "-"))
+    return name if cache == "none" else f"{name}+{cache}"
+
+
+def interpolated(method: str) -> bool:
+    """Whether PB@X interpolates the curve of `method` (a `method_id`; a cache suffix changes nothing)."""
+    return method.split("+", 1)[0] not in STEPWISE_METHODS
 
 
 @dataclass
@@ -78,6 +99,22 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def check_row(row: dict, i: int) -> None:
+    """A ValueError naming the row (its run, task and index; else its place `i` among the rows)
+    when it lacks a field the summaries read or holds one of the wrong type."""
+    where = (f"result row of run {row['run_id']}, task {row['task']}, index {row.get('index')}"
+             if "run_id" in row and "task" in row else f"result row {i + 1}")
+    lacking = [k for k in ("run_id", "task", "tokens_per_forward", "nfe") if k not in row]
+    if lacking:
+        raise ValueError(f"{where} lacks {', '.join(lacking)}; rows come from dllm bench")
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    wrong = [k for k in ("tokens_per_forward", "nfe") if not number(row[k])]
+    wrong += [k for k in ("score", "seconds") if row.get(k) is not None and not number(row[k])]
+    if wrong:
+        raise ValueError(f"{where}: {', '.join(f'{k} {row[k]!r}' for k in wrong)} must be a number "
+                         f"(score: or null); rows come from dllm bench")
+
+
 def summarize(rows: Iterable[dict]) -> list[RunSummary]:
     """One summary per run, in the order runs first appear; a sample stored twice (decoded again
     after its data changed) counts once, with its last row."""
@@ -85,9 +122,7 @@ def summarize(rows: Iterable[dict]) -> list[RunSummary]:
     by_task: dict[tuple[str, str], list[dict]] = {}
     rows = list(rows)
     for i, r in enumerate(rows):
-        lacking = [k for k in ("run_id", "task", "tokens_per_forward", "nfe") if k not in r]
-        if lacking:
-            raise ValueError(f"result row {i + 1} lacks {', '.join(lacking)}; rows come from dllm bench")
+        check_row(r, i)
     last = {(r["run_id"], r["task"], r.get("index", i)): r for i, r in enumerate(rows)}
     for r in last.values():
         rid = r["run_id"]
@@ -136,7 +171,7 @@ def leaderboard(summaries: list[RunSummary], levels=(80, 70, 60)) -> list[dict]:
             methods.setdefault(s.method, []).append(s)
     out = []
     for key, runs in methods.items():
-        adaptive = any(r.schedule != "fixed" for r in runs)
+        adaptive = interpolated(method_id(key[1]))
         points = [(r.tokens_per_forward, r.average) for r in runs]
         out.append({"model": key[0], "sampler": key[1], "cache": key[2], "data_mode": key[3],
                     "tasks": len(key[4]), "runs": len(runs), "points": sorted(points),

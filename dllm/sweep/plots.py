@@ -43,11 +43,13 @@ def _log2_if_positive(ax, xs) -> None:
         ax.set_xscale("log", base=2)
 
 
-def _scatter_panel(ax, summaries, styles, xkey: str, ykey, front: bool, legend: bool) -> None:
-    pts = [(s, s[xkey], ykey(s)) for s in summaries if s.get(xkey) is not None and ykey(s) is not None]
+def _scatter_panel(ax, summaries, styles, xkey, ykey, front: bool, legend: bool) -> None:
+    """`xkey`: a summary field, or a function of a summary (as `ykey`)."""
+    xval = xkey if callable(xkey) else (lambda s: s.get(xkey))
+    pts = [(s, xval(s), ykey(s)) for s in summaries if xval(s) is not None and ykey(s) is not None]
     for name, group in _series([s for s, _, _ in pts]).items():
         colour, marker = styles[name]
-        ax.scatter([s[xkey] for s in group], [ykey(s) for s in group], color=colour, marker=marker, s=36,
+        ax.scatter([xval(s) for s in group], [ykey(s) for s in group], color=colour, marker=marker, s=36,
                    label=name, alpha=0.85, edgecolors="none")
     if front and pts:
         idx = pareto_front([(x, y) for _, x, y in pts])
@@ -60,6 +62,15 @@ def _scatter_panel(ax, summaries, styles, xkey: str, ykey, front: bool, legend: 
     ax.grid(True, alpha=0.3)
     if legend:
         ax.legend(fontsize=7, loc="best")
+
+
+def task_tokens_per_forward(summary: dict, task: str) -> float | None:
+    """The tokens per forward of one task of a configuration (its `per_task` entry), not the
+    configuration's average."""
+    for entry in summary.get("per_task") or []:
+        if entry.get("task") == task:
+            return entry.get("tokens_per_forward")
+    return None
 
 
 def _curves(ax, compare) -> None:
@@ -107,8 +118,8 @@ def write_plots(summaries: list[dict], out_dir: str | os.PathLike, compare=()) -
     axes = fig.subplots(rows_n, cols, squeeze=False, sharex=True, sharey=True)
     for k, task in enumerate(tasks):
         ax = axes[k // cols][k % cols]
-        _scatter_panel(ax, ok, styles, "tokens_per_forward", lambda s, t=task: s["accuracy"].get(t), front=True,
-                       legend=False)
+        _scatter_panel(ax, ok, styles, lambda s, t=task: task_tokens_per_forward(s, t),
+                       lambda s, t=task: s["accuracy"].get(t), front=True, legend=False)
         ax.set_title(names[task], fontsize=9)
         ax.tick_params(labelbottom=True)     # shared x: keep the ticks above empty panels
     for k in range(len(tasks), rows_n * cols):
