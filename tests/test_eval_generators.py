@@ -85,10 +85,10 @@ def test_generator_tasks():
 def test_wordlists():
     assert 90 <= len(W.FIRST_NAMES) <= 100 and len(set(W.FIRST_NAMES)) == len(W.FIRST_NAMES)
     assert 150 <= len(W.LAST_NAMES) <= 200 and len(set(W.LAST_NAMES)) == len(W.LAST_NAMES)
-    words = list(W.W2S_HARD) + [w for d in (W.W2S_EASY, W.W2S_MEDIUM) for ws in d.values() for w in ws]
+    words = list(W.W2S_HARD) + [w for ws in W.W2S_EASY.values() for w in ws]
     for item in list(W.FIRST_NAMES) + list(W.LAST_NAMES) + words:
         assert re.fullmatch(r"[A-Za-z]+", item), item
-    for theme in list(W.W2S_EASY.values()) + list(W.W2S_MEDIUM.values()) + [W.W2S_HARD]:
+    for theme in list(W.W2S_EASY.values()) + [W.W2S_HARD]:
         assert len(set(theme)) == len(theme) >= 4
     assert len(G.POOL) == len(set(G.POOL)) == len(W.FIRST_NAMES) * len(W.LAST_NAMES)
     assert G.POOL[:2] == (f"{W.FIRST_NAMES[0]} {W.LAST_NAMES[0]}", f"{W.FIRST_NAMES[0]} {W.LAST_NAMES[1]}")
@@ -284,9 +284,12 @@ def test_words_to_sentence(task):
         assert record["input"]["words"] == f"{words[0]}, {words[1]}, {words[2]}, and {words[3]}"
         if level == "hard":
             assert set(words) <= set(W.W2S_HARD)
-        else:
-            themes = W.W2S_EASY if level == "easy" else W.W2S_MEDIUM
-            assert any(set(words) <= set(ws) for ws in themes.values())
+        elif level == "easy":                     # related common words: one theme
+            assert any(set(words) <= set(ws) for ws in W.W2S_EASY.values())
+        else:                                     # unrelated common words: no two from one theme alone
+            assert set(words) <= {w for ws in W.W2S_EASY.values() for w in ws}
+            assert not any(set(words) <= set(ws) for ws in W.W2S_EASY.values())
+            assert not any(len(set(words) & set(ws)) == 4 for ws in W.W2S_EASY.values())
         sets.add(frozenset(words))
     assert len(sets) == 100
 

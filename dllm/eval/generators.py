@@ -99,7 +99,7 @@ from functools import lru_cache
 from itertools import product
 
 from .names import NAME_SOURCES, check_source, open_pool, pseudo_pool
-from .wordlists import FIRST_NAMES, LAST_NAMES, W2S_EASY, W2S_HARD, W2S_MEDIUM
+from .wordlists import FIRST_NAMES, LAST_NAMES, W2S_EASY, W2S_HARD
 
 TEST_SPLIT = "test"
 TRAIN_SPLIT = "train"
@@ -391,12 +391,16 @@ def _grid_text(grid: list[list[int]]) -> str:
 
 
 def _draw_w2s(rng: random.Random, level: str) -> tuple:
-    """The 4 words of one Words-to-Sentence sample."""
+    """The 4 words of one Words-to-Sentence sample: related common words (easy), unrelated common
+    words, one from each of 4 themes (medium), unrelated uncommon words (hard)."""
     if level == "hard":
         return tuple(rng.sample(W2S_HARD, 4))
-    themes = W2S_EASY if level == "easy" else W2S_MEDIUM
-    theme = themes[rng.choice(sorted(themes))]
-    return tuple(rng.sample(theme, 4))
+    if level == "easy":
+        return tuple(rng.sample(W2S_EASY[rng.choice(sorted(W2S_EASY))], 4))
+    words: list[str] = []
+    for theme in rng.sample(sorted(W2S_EASY), 4):
+        words.append(rng.choice([w for w in W2S_EASY[theme] if w not in words]))
+    return tuple(words)
 
 
 def _draw(spec: dict, rng: random.Random, pool=None) -> tuple:

@@ -8,9 +8,10 @@ FIRST_NAMES   96 first names, one word each, no duplicates.
 LAST_NAMES    180 surnames, one word each, no duplicates.
               The Waiting Line pool is every "First Last" pair, first-name-major (17,280 names).
 W2S_EASY      themes of simple words that belong together (a park, a kitchen, a beach, ...);
-W2S_MEDIUM    themes of longer, less everyday words that still belong together;
 W2S_HARD      one flat list of abstract or technical words with nothing in common.
-              Easy and medium sets take 4 words from one theme; hard sets take 4 from the list.
+              As the benchmark's levels: an easy set takes 4 words of one theme (related common
+              words), a medium set one word from each of 4 themes (unrelated common words), a
+              hard set 4 words of the flat list (unrelated, mostly uncommon words).
 
 All entries are ASCII letters only (no spaces, commas, quotes, hyphens or apostrophes), so a
 rendered list like `["Emma Hughes", "Paul Reed"]` splits back into the same names, and every word
@@ -65,34 +66,6 @@ W2S_EASY: dict[str, tuple[str, ...]] = {
     "winter": ("snow", "cold", "coat", "hat", "ice", "skate", "fire", "warm", "boots", "sled"),
     "music": ("guitar", "drum", "dance", "band", "loud", "music", "piano", "stage", "listen", "song"),
     "market": ("apple", "buy", "market", "basket", "fruit", "bag", "fresh", "price", "sell", "orange"),
-}
-
-# Medium: longer, less everyday words; the four words of a set still share a topic.
-W2S_MEDIUM: dict[str, tuple[str, ...]] = {
-    "science": ("experiment", "laboratory", "hypothesis", "measure", "microscope", "analyze", "result",
-                "scientist", "observe", "sample"),
-    "travel": ("passport", "journey", "airport", "luggage", "destination", "explore", "ticket", "delayed",
-               "tourist", "souvenir"),
-    "business": ("negotiate", "contract", "investor", "profit", "strategy", "meeting", "budget", "proposal",
-                 "client", "deadline"),
-    "health": ("physician", "diagnosis", "recovery", "medicine", "symptom", "hospital", "patient", "treatment",
-               "exercise", "nutrition"),
-    "environment": ("climate", "pollution", "recycle", "forest", "conservation", "species", "ecosystem",
-                    "drought", "habitat", "energy"),
-    "history": ("ancient", "empire", "archaeologist", "ruins", "civilization", "manuscript", "monument",
-                "dynasty", "excavate", "artifact"),
-    "technology": ("software", "algorithm", "engineer", "database", "network", "upgrade", "device", "encrypt",
-                   "server", "install"),
-    "law": ("lawyer", "verdict", "evidence", "witness", "courtroom", "testimony", "judge", "appeal",
-            "defendant", "jury"),
-    "art": ("sculpture", "gallery", "canvas", "portrait", "exhibition", "artist", "inspire", "museum",
-            "painting", "critic"),
-    "cooking": ("recipe", "ingredient", "simmer", "bake", "flavor", "chef", "season", "dough", "oven",
-                "garnish"),
-    "ocean": ("submarine", "coral", "navigate", "current", "voyage", "sailor", "lighthouse", "harbor",
-              "anchor", "storm"),
-    "politics": ("election", "candidate", "campaign", "debate", "policy", "vote", "senator", "citizen",
-                 "reform", "parliament"),
 }
 
 # Hard: abstract or technical words from unrelated fields; a set is any four of them.
