@@ -20,6 +20,13 @@ def world_size() -> int:
     return size
 
 
+def refuse_several_processes(what: str) -> None:
+    """A ValueError when this is one of several launched processes: `what` runs in one process."""
+    if world_size() > 1:
+        raise ValueError(f"{what} runs in one process, but this is one of {world_size()} launched processes "
+                         f"(WORLD_SIZE={world_size()}); run it without torchrun / accelerate launch")
+
+
 def is_main_process() -> bool:
     """True in a single-process run and on the main process of a multi-process launch."""
     if world_size() <= 1:
@@ -60,3 +67,11 @@ class Distributed:
             return rows
         from accelerate.utils import gather_object
         return gather_object(rows)
+
+    def first_failure(self, failure: str | None) -> str | None:
+        """The first failure any process reports (None when none does), so that every process takes
+        the same path after a step that failed on some; every process must call it."""
+        if self.state is None:
+            return failure
+        found = [f for f in self.gather([failure]) if f is not None]
+        return found[0] if found else None

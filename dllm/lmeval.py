@@ -4,9 +4,9 @@
 `generate_until` runs `dllm.generate` on batches of `--batch_size` requests sharing a length, stop
 strings and temperature (the `temperature` model argument when given, else the request's
 `temperature` / `do_sample`, as lm_eval's HF models take them; 0 when it names none), each batch
-with the next seed of a stream started at `seed`, contexts cut from the left to fit the model
-with the generation, and cuts each answer at its first stop string. Generation kwargs it does not read are named in a
-warning.
+with its own seed (`seed + k * world + rank` for batch k of a process), contexts cut from the left
+to fit the model with the generation, and cuts each answer at its first stop string. Generation
+kwargs it does not read are named in a warning.
 `loglikelihood` is LLaDA's Monte-Carlo estimator (`dllm.likelihood.mc_loglikelihood`) with
 `mc_num` samples in batches of `mc_batch_size` rows and `cfg` guidance; the greedy flag is
 `greedy_matches` when `is_check_greedy`, else False. `loglikelihood_rolling` is not offered (a
@@ -161,7 +161,7 @@ class DLLMEvalModel(LM):
         check_settings(mc_num, mc_batch_size, cfg, names=("mc_batch_size", "cfg"))
         self.mc_num, self.mc_batch_size, self.cfg = mc_num, mc_batch_size, float(cfg)
         self.is_check_greedy, self.seed = _flag(is_check_greedy, "is_check_greedy"), seed
-        self.batches = 0                            # generate_until batches so far: the next seed is seed + this
+        self.batches = 0                            # generate_until batches of this process so far
         self._warned: set[str] = set()              # generation kwargs already named as not used
         self.model, self.tokenizer = dllm.load(pretrained, dtype=dtype, device=self.dist.device or device)
         if gen_length is not None:
@@ -183,7 +183,8 @@ class DLLMEvalModel(LM):
         for key, indices in groups.items():
             for start in range(0, len(indices), self.batch_size):
                 batch = indices[start:start + self.batch_size]
-                config = configs[key].replace(seed=(self.seed + self.batches) % SEEDS)
+                seed = self.seed + self.batches * self._world_size + self._rank     # distinct across processes
+                config = configs[key].replace(seed=seed % SEEDS)
                 self.batches += 1
                 prompts = [self._fit_context(requests[i].args[0], config.gen_length) for i in batch]
                 out = dllm.generate(self.model, self.tokenizer, prompts, config=config)

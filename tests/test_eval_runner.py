@@ -562,3 +562,34 @@ def test_rows_record_the_blocks_the_decode_used(bench_data, tmp_path):
                                        tasks=["waiting_line/copy"], gen_length=64))
     (row,) = runner.run_bench(cfg, model=model, tokenizer=tok, progress=False)
     assert row["gen_length_used"] == 64 and row["block_length_used"] == 32
+
+
+class _TwoProcesses:
+    """Rank 0 of a two-process launch whose other process fails its first batch (`other`) or not."""
+
+    rank, world, is_main = 0, 2, True
+
+    def __init__(self, other=None):
+        self.other, self.asked = other, []
+
+    def first_failure(self, failure):
+        self.asked.append(failure)
+        return failure or self.other
+
+    def gather(self, rows):
+        return rows
+
+
+def test_a_batch_failing_on_one_process_stops_every_process_at_the_same_round(monkeypatch):
+    """A process whose batch raises tells the others before they gather its rows (they would wait
+    for them for ever): it raises its own error, and the others a RuntimeError naming it."""
+    monkeypatch.setattr(runner, "_rows_of_batch", lambda run, batch: (_ for _ in ()).throw(FloatingPointError("nan")))
+    mine = _TwoProcesses()
+    with pytest.raises(FloatingPointError, match="nan"):
+        runner._decode_pending(None, mine, [["b0"], ["b1"]], None, {}, progress=False)
+    assert mine.asked == ["process 0: FloatingPointError: nan"]
+    monkeypatch.setattr(runner, "_rows_of_batch", lambda run, batch: [])
+    theirs = _TwoProcesses(other="process 1: FloatingPointError: nan")
+    with pytest.raises(RuntimeError, match=r"a batch failed on another process \(process 1: FloatingPointError"):
+        runner._decode_pending(None, theirs, [["b0"], ["b1"]], None, {}, progress=False)
+    assert theirs.asked == [None]

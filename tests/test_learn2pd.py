@@ -638,3 +638,12 @@ def test_a_request_without_block_length_decodes_in_the_filters_blocks(tmp_path):
     wrapped = dllm.generate(model, tok, "Copy: a b", gen_length=64, sampler="prophet",
                             sampler_kwargs={"base": "learn2pd"})
     assert wrapped.block_length == 32
+
+
+def test_train_filter_refuses_a_multi_process_launch(tmp_path, capsys, monkeypatch):
+    """Every process would collect the same labels and write the same file: refused, as `dllm train`."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dllm, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["train-filter", "--out", str(tmp_path / "f.safetensors"), "--tasks", "waiting_line/copy"]) == 2
+    assert "train-filter runs in one process, but this is one of 2 launched processes" in capsys.readouterr().err
+    assert not (tmp_path / "f.safetensors").exists()

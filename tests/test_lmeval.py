@@ -474,3 +474,21 @@ def test_greedy_check_is_the_references_with_the_mask_token_a_candidate():
         model = _MaskFavouring(mask=15, while_last_masked=while_last_masked)
         got = [t for t in targets if greedy_matches(model, [3, 4], t)]
         assert got == [t for t in targets if _reference_greedy(model, [3, 4], t)] == matching
+
+
+def test_processes_draw_batches_with_seeds_no_other_process_uses(shipped, monkeypatch):
+    """Batch k of process r of w draws with seed + k w + r: two processes' batches never share a
+    seed (process 1's first batch drew seed, as process 0's first)."""
+    from dllm.lmeval import DLLMEvalModel
+
+    seen = []
+    real = dllm.generate
+
+    def recording(model, tok, prompts, config):
+        seen.append(config.seed)
+        return real(model, tok, prompts, config=config)
+    monkeypatch.setattr(dllm, "generate", recording)
+    lm = DLLMEvalModel(dtype="float32", device="cpu", gen_length=8, seed=5)
+    lm._rank, lm._world_size = 1, 2
+    lm.generate_until([_generation("Copy: a"), _generation("Copy: b", until=["x"])])
+    assert seen == [6, 8]

@@ -6,6 +6,7 @@ import sys
 
 import dllm
 from dllm import filter_train, train
+from dllm.distributed import refuse_several_processes
 from dllm.eval import generators
 from dllm.eval.names import DEFAULT_SOURCE, NAME_SOURCES
 from dllm.eval.tasks import select_tasks
@@ -74,6 +75,7 @@ def _filter_options(args) -> dict:
 
 def run_train_filter(args) -> int:
     try:
+        refuse_several_processes("train-filter")           # every process would write the same file
         opts = _filter_options(args)
         filter_train.check_filter_path(args.out)          # before the model loads
         model, tokenizer = dllm.load(args.model, dtype=args.dtype, device=args.device)

@@ -435,7 +435,18 @@ def _decode_pending(run: _Run, dist: Distributed, batches: list, results, order:
     new_rows: list[dict] = []
     for rnd in range((len(batches) + dist.world - 1) // dist.world):
         slot = rnd * dist.world + dist.rank
-        rows = _rows_of_batch(run, batches[slot]) if slot < len(batches) else []
+        rows, failure, error = [], None, None
+        try:
+            rows = _rows_of_batch(run, batches[slot]) if slot < len(batches) else []
+        except Exception as err:          # on one process of several: every process stops with it
+            if dist.world == 1:
+                raise
+            failure, error = f"process {dist.rank}: {type(err).__name__}: {err}", err
+        first = dist.first_failure(failure)
+        if error is not None:
+            raise error
+        if first is not None:
+            raise RuntimeError(f"a batch failed on another process ({first})")
         gathered = dist.gather(rows)
         if dist.is_main:
             uniq = {(r["task"], r["index"]): r for r in gathered}

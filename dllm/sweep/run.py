@@ -277,15 +277,17 @@ def _run_point(i: int, plan: _Plan, models: _Models, bar: _Progress, dist) -> No
             write_summary(plan.summaries_path, failed_summary(p, sid=plan.sids[i], run_id=rid, tasks=plan.dataset.tasks,
                                                               limit=plan.settings.limit, error=message))
 
+    failure = None
     try:
         model, tok = models.get(p.model)
-    except _LoadError as err:
-        fail(str(err))
-        return
-    try:
         _preflight(p, cfg, model, tok, plan.dataset)
+    except _LoadError as err:
+        failure = str(err)
     except CONFIG_ERRORS as err:
-        fail(error_text(err))
+        failure = error_text(err)
+    failure = dist.first_failure(failure)      # a failure on one process skips the point on every one
+    if failure is not None:
+        fail(failure)
         return
     try:
         with bar.follow():

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from ..distributed import world_size
+from ..distributed import refuse_several_processes
 from ..models.llada import LLaDAModel
 from .config import MAX_SEQ_LEN, TrainConfig, complete_recipe, phase_configs, recipe_fields, step_precision
 from .cover import cover_pool, with_cover_names
@@ -48,9 +48,7 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
     returns that folder, or None when `stop_after` optimizer steps (all phases counted) stopped
     the run first, checkpointed as an interruption would leave it. Training runs in one process:
     a multi-process launch (WORLD_SIZE > 1) is refused."""
-    if world_size() > 1:
-        raise ValueError(f"training runs in one process, but this is one of {world_size()} launched processes "
-                         f"(WORLD_SIZE={world_size()}); run it without torchrun / accelerate launch")
+    refuse_several_processes("training")
     if cfg.then_steps:
         return _train_phases(cfg, progress, stop_after)
     return _train_phase(cfg, progress, stop_after)
