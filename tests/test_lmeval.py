@@ -405,13 +405,8 @@ def test_stop_strings_and_unread_generation_kwargs(shipped, recwarn):
     assert len(messages) == 2 and messages[1].startswith("dllm does not use the generation kwargs bogus (")
 
 
-def test_chat_must_be_a_flag_and_batch_seeds_wrap_at_two_to_the_64(shipped, monkeypatch):
-    """chat=None would render generations with the template and log-likelihood contexts without
-    it; a seed stream started at -1 or past 2**63 keeps its 64 bits (CUDA generators read them)."""
-    from dllm.lmeval import DLLMEvalModel
-
-    with pytest.raises(ValueError, match="chat must be true or false \\(or 1 / 0\\), got None"):
-        DLLMEvalModel(pretrained="/no/such/checkpoint", device="cpu", chat=None)
+def record_seeds(monkeypatch) -> list:
+    """The seed of every `dllm.generate` call from now on, in order (the calls still decode)."""
     seen = []
     real = dllm.generate
 
@@ -419,6 +414,17 @@ def test_chat_must_be_a_flag_and_batch_seeds_wrap_at_two_to_the_64(shipped, monk
         seen.append(config.seed)
         return real(model, tok, prompts, config=config)
     monkeypatch.setattr(dllm, "generate", recording)
+    return seen
+
+
+def test_chat_must_be_a_flag_and_batch_seeds_wrap_at_two_to_the_64(shipped, monkeypatch):
+    """chat=None would render generations with the template and log-likelihood contexts without
+    it; a seed stream started at -1 or past 2**63 keeps its 64 bits (CUDA generators read them)."""
+    from dllm.lmeval import DLLMEvalModel
+
+    with pytest.raises(ValueError, match="chat must be true or false \\(or 1 / 0\\), got None"):
+        DLLMEvalModel(pretrained="/no/such/checkpoint", device="cpu", chat=None)
+    seen = record_seeds(monkeypatch)
     for seed, want in ((-1, [2 ** 64 - 1, 0]), (2 ** 63 + 7, [2 ** 63 + 7, 2 ** 63 + 8])):
         seen.clear()
         DLLMEvalModel(dtype="float32", device="cpu", gen_length=8, seed=seed).generate_until(
@@ -481,13 +487,7 @@ def test_processes_draw_batches_with_seeds_no_other_process_uses(shipped, monkey
     seed (process 1's first batch drew seed, as process 0's first)."""
     from dllm.lmeval import DLLMEvalModel
 
-    seen = []
-    real = dllm.generate
-
-    def recording(model, tok, prompts, config):
-        seen.append(config.seed)
-        return real(model, tok, prompts, config=config)
-    monkeypatch.setattr(dllm, "generate", recording)
+    seen = record_seeds(monkeypatch)
     lm = DLLMEvalModel(dtype="float32", device="cpu", gen_length=8, seed=5)
     lm._rank, lm._world_size = 1, 2
     lm.generate_until([_generation("Copy: a"), _generation("Copy: b", until=["x"])])
