@@ -733,3 +733,21 @@ def test_a_sweep_with_a_bertscore_model_knows_its_run_ids(model_dir, tmp_path, m
     assert not [w for w in caught if "run id" in str(w.message)]   # "the runner gave run id ..., the sweep expected"
     assert first["status"] == again["status"] == "ok" and first["run_id"] == again["run_id"]
     assert len(_lines(tmp_path / "out" / sweep.ROWS_FILE)) == 1
+
+
+def test_plot_titles_count_the_configurations_drawn_and_labels_say_log2_only_on_log_axes(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure as MplFigure
+
+    figures = []
+    savefig = MplFigure.savefig
+    monkeypatch.setattr(MplFigure, "savefig", lambda fig, *a, **k: (figures.append(fig), savefig(fig, *a, **k))[1])
+    base = {"status": "ok", "cache": "none", "average": 50.0, "accuracy": {"waiting_line/copy": 50.0}}
+    summaries = [{**base, "label": "a", "sampler": "threshold", "tokens_per_forward": 0.0, "tokens_per_second": 3.0,
+                  "per_task": [{"task": "waiting_line/copy", "tokens_per_forward": 0.0}]},
+                 {**base, "label": "b", "sampler": "factor", "tokens_per_forward": 2.0, "tokens_per_second": None,
+                  "per_task": [{"task": "waiting_line/copy", "tokens_per_forward": 2.0}]}]
+    sweep.write_plots(summaries, tmp_path)
+    tpf, tps = (fig.axes[0] for fig in figures[:2])
+    assert tpf.get_title().endswith("2 configurations") and tpf.get_xlabel() == "tokens per forward"
+    assert tps.get_title().endswith("1 configurations") and tps.get_xlabel() == "tokens per second (log2)"
+    assert figures[2]._supxlabel.get_text() == "tokens per forward"

@@ -102,9 +102,10 @@ def write_plots(summaries: list[dict], out_dir: str | os.PathLike, compare=()) -
         if xkey == "tokens_per_forward":
             _curves(ax, compare)
         _scatter_panel(ax, ok, styles, xkey, avg, front=True, legend=True)
-        ax.set_xlabel(f"{xlabel} (log2)")
+        ax.set_xlabel(xlabel + (" (log2)" if ax.get_xscale() == "log" else ""))
         ax.set_ylabel("average accuracy (%)")
-        ax.set_title(f"Accuracy vs {title}, {len(ok)} configurations")
+        drawn = sum(s.get(xkey) is not None for s in ok)    # a failed timing leaves a configuration out
+        ax.set_title(f"Accuracy vs {title}, {drawn} configurations")
         written.append(out_dir / name)
         fig.savefig(written[-1])
 
@@ -130,7 +131,8 @@ def write_plots(summaries: list[dict], out_dir: str | os.PathLike, compare=()) -
             legend.setdefault(label, handle)
     handles, labels = list(legend.values()), list(legend)
     fig.legend(handles, labels, loc="outside upper center", ncols=min(8, len(labels)), fontsize=8)
-    fig.supxlabel("tokens per forward (log2)", fontsize=9)
+    logged = any(ax.get_xscale() == "log" for ax in axes.flat if ax.get_visible())
+    fig.supxlabel("tokens per forward" + (" (log2)" if logged else ""), fontsize=9)
     fig.supylabel("accuracy (%)", fontsize=9)
     written.append(out_dir / PLOT_TASKS)
     fig.savefig(written[-1], bbox_inches="tight")      # the legend may be wider than a few task panels
