@@ -269,8 +269,10 @@ class GenerationConfig:
         checkpoint's `max_new_tokens` (generation_config.json) when it names one, else the
         caller's default: `DEFAULT_GEN_LENGTH` (128) in `dllm.generate` and `dllm serve`, each
         task's `max_tokens` in `dllm bench` and `dllm sweep`.
-    block_length: semi-autoregressive block size for block samplers (default: gen_length, i.e.
-        one block); samplers without blocks (Dream's) ignore it.
+    block_length: semi-autoregressive block size for block samplers (default: the sampler's own
+        when it has one and it divides gen_length, `Sampler.block_length_for`, e.g. a Learn2PD
+        filter's; else gen_length, one block; a block-causal model's attention blocks); samplers
+        without blocks (Dream's) ignore it.
     steps: denoising steps for fixed-schedule samplers (default: gen_length, one token per step).
     tokens_per_step: k, the other way to give the step count: steps = gen_length / k (k must
         divide gen_length); exclusive with `steps`.
@@ -397,27 +399,29 @@ class GenerationConfig:
     def for_length(self, gen_length: int | None = None) -> "GenerationConfig":
         """This request with its generation length fixed (`gen_length`, default
         `DEFAULT_GEN_LENGTH`, where the config left it None) and checked against the block length
-        (unless the sampler is known to ignore it) and tokens per step. `dllm.generate` runs this
+        and tokens per step (unless the sampler is known to ignore them). `dllm.generate` runs this
         first; a grid of lengths can hold combinations that only fail here."""
         cfg = self
         if cfg.gen_length is None:
             cfg = cfg.replace(gen_length=DEFAULT_GEN_LENGTH if gen_length is None else gen_length)
-        if cfg.block_length is not None and cfg.block_length > cfg.gen_length and cfg.may_use_blocks():
+        if cfg.block_length is not None and cfg.block_length > cfg.gen_length and cfg.sampler_may_use("uses_blocks"):
             raise ValueError(f"block_length {cfg.block_length} exceeds gen_length {cfg.gen_length}")
-        if cfg.tokens_per_step is not None and cfg.gen_length % cfg.tokens_per_step:
+        uneven = cfg.tokens_per_step is not None and cfg.gen_length % cfg.tokens_per_step
+        if uneven and cfg.sampler_may_use("uses_steps", unknown=True):
             raise ValueError(f"tokens_per_step {cfg.tokens_per_step} does not divide gen_length {cfg.gen_length}")
         return cfg
 
-    def may_use_blocks(self) -> bool:
-        """Whether the sampler is known to decode in blocks: False for one that decodes the whole
-        generation region at once (it ignores block_length) and for one the model chooses (None:
-        `dllm.decode.resolve_request` checks again once it is chosen)."""
+    def sampler_may_use(self, attribute: str, unknown: bool = False) -> bool:
+        """Whether the sampler has the class attribute `attribute` true (`uses_blocks`: False for
+        one that decodes the whole generation region at once, ignoring block_length; `uses_steps`);
+        `unknown` for a sampler the model chooses (None: `dllm.decode.resolve_request` checks
+        again once it is chosen)."""
         sampler = self.sampler
         if sampler is None:
-            return False
+            return unknown
         if isinstance(sampler, str) and sampler in samplers.available():
-            return samplers.sampler_class(sampler).uses_blocks
-        return getattr(sampler, "uses_blocks", True)
+            return getattr(samplers.sampler_class(sampler), attribute)
+        return getattr(sampler, attribute, True)
 
     @property
     def resolved_block_length(self) -> int:

@@ -488,3 +488,13 @@ def test_check_request_reads_token_ids_from_the_tokenizer_as_generate_does():
     dllm.generate(model, tok, "Hi", config=cfg)
     with pytest.raises(ValueError, match="need the tokenizer"):
         check_request(model, cfg)
+
+
+def test_a_tokens_per_step_the_sampler_ignores_is_warned_not_refused(tiny):
+    """threshold decides its own steps: tokens_per_step 3 on gen_length 8 is ignored with a
+    warning (as tokens_per_step 2 is), not refused for not dividing a length it never splits."""
+    with pytest.warns(UserWarning, match="tokens_per_step 3 is ignored"):
+        out = dllm.generate(tiny, None, [[1, 2]], gen_length=8, sampler="threshold", tokens_per_step=3)
+    assert out.generated.shape[1] == 8
+    with pytest.raises(ValueError, match="tokens_per_step 3 does not divide gen_length 8"):
+        dllm.generate(tiny, None, [[1, 2]], gen_length=8, sampler="low_confidence", tokens_per_step=3)

@@ -89,8 +89,9 @@ def add_sampling_options(p) -> None:
     g.add_argument("--seed", action=Given, type=int, default=0, help="seed of every random draw (default 0)")
     g.add_argument("--max-forwards", action=Given, type=int, default=None,
                    help="hard cap on forwards; remaining masks are then filled (default: max(steps, gen length), steps "
-                        "counting for samplers that use them, "
-                        "plus the forwards a sampler that re-masks or edits tokens may add)")
+                        "counting for samplers that use them, plus the columns a block-causal model decodes to the "
+                        "end of its attention block, plus the forwards a sampler that re-masks or edits tokens may "
+                        "add)")
 
 
 def add_request_options(p) -> None:
@@ -108,7 +109,8 @@ def add_request_options(p) -> None:
                    help="tokens to generate (default: the checkpoint's max_new_tokens when its generation "
                         "config names one, else 128 for generate; each task's max_tokens for bench)")
     g.add_argument("--block-length", action=Given, type=int, default=None,
-                   help="semi-autoregressive block length (default: one block over the generation)")
+                   help="semi-autoregressive block length (default: one block over the generation; a Learn2PD "
+                        "filter's blocks; a block-causal model's attention blocks)")
     steps = g.add_mutually_exclusive_group()
     steps.add_argument("--steps", action=Given, type=int, default=None,
                        help="denoising steps of fixed schedules (default: the generation length)")

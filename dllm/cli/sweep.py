@@ -33,7 +33,8 @@ def add_arguments(p) -> None:
     axes.add_argument("--cache", action="append", default=None, metavar="'NAME key=v1,v2 ...'",
                       help="cache axis (repeatable), e.g. none, dual or 'dkv-decode refresh=4,8'")
     axes.add_argument("--block-length", default=None,
-                      help="block length axis, comma-separated ('default' = one block)")
+                      help="block length axis, comma-separated ('default' = the request's default: one block, "
+                           "or the sampler's or model's own)")
     axes.add_argument("--gen-length", default=None,
                       help="generation length axis, comma-separated ('default' = the checkpoint's length when "
                            "it names one, else the task's max_tokens)")

@@ -65,8 +65,10 @@ Draw details
   probability 1/3 and from the second otherwise: every valid grid is equally likely. Four cells,
   `rng.sample(range(16), 4)`, become 0; the puzzle is kept only if brute force finds exactly one
   solution.
-* Words to sentence: easy and medium take 4 distinct words of one theme (`rng.choice` of theme,
-  then `rng.sample`); hard takes 4 distinct words of the flat list. Rendered `a, b, c, and d`.
+* Words to sentence: easy takes 4 distinct words of one theme (`rng.choice` of theme, then
+  `rng.sample`); medium one word of each of 4 distinct themes (`rng.sample` of 4 themes, then
+  `rng.choice` of a word not yet taken); hard 4 distinct words of the flat list. Rendered
+  `a, b, c, and d`.
 
 Conventions and the benchmark's quirks
 --------------------------------------

@@ -75,8 +75,9 @@ def markdown_report(summaries: list[dict], levels: Sequence[float], plots: Seque
                  *[_num(s["accuracy"].get(t)) if t in s["accuracy"] else "" for t in tasks]]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += ["", "## PB@X", "",
-              "The largest tokens/forward at which a method's average accuracy is still >= X (fixed schedules: the "
-              "best qualifying point; adaptive ones: interpolated between the points around X); n/a: never reached.",
+              "The largest tokens/forward at which a method's average accuracy is still >= X (stepwise methods, "
+              "`dllm.eval.report.STEPWISE_METHODS`: the best qualifying point; every other method: interpolated "
+              "between the points around X); n/a: never reached.",
               ""]
     board = bench_report.leaderboard([_run_summary(s) for s in scored], levels)
     head = ["model", "sampler", "cache", "configurations", *[f"PB@{x:g}" for x in levels]]
