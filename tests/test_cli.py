@@ -192,7 +192,8 @@ def test_train_filter_out_must_be_a_safetensors_file(tmp_path, capsys):
 def test_no_progress_is_taken_by_every_mode(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     out.write_text("")
-    assert main(["bench", "--report", "--out", str(out), "--no-progress"]) == 0
+    assert main(["bench", "--report", "--out", str(out), "--no-progress"]) == 2     # taken; the file is empty
+    assert "holds no result rows" in capsys.readouterr().err
     assert main(["bench", "--write-data", str(tmp_path / "w"), "--tasks", "waiting_line/copy", "--limit", "1",
                  "--no-progress", "--names", "lists"]) == 0
 
