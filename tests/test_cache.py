@@ -676,15 +676,18 @@ def test_no_forward_that_hides_nothing_reads_kv_of_a_cut_canvas(policy_name, kwa
         before = last.get("kv", torch.full_like(now, float("nan")))
         written = (now != before).any(-1).any(-2).any(1).any(0)                          # (B, L)
         tainted = last.setdefault("tainted", torch.zeros_like(written))                 # written by a cut forward
+        refreshes = last.get("refreshes", torch.zeros_like(policy.refreshes))
         for r, end in zip(asked["rows"].tolist(), asked["end"].tolist()):
             if end < state.length:
                 cut_steps += 1
+                assert not written[r, end:].any(), (state.global_step, r)       # nothing past the cut is stored
+                assert policy.refreshes[r] == refreshes[r]                      # and it is not a full refresh
                 tainted[r] |= written[r]
             else:
                 clean_reads += bool(tainted[r].any())
                 assert not (tainted[r] & ~written[r]).any(), (state.global_step, r)
                 tainted[r] = False
-        last["kv"] = now.clone()
+        last["kv"], last["refreshes"] = now.clone(), policy.refreshes.clone()
     dllm.generate(model, None, [[5, 17, 33, 2, 90, 41, 7], [64, 3]], gen_length=32, block_length=16,
                   sampler=sampler, cache=policy, on_step=on_step)
     assert cut_steps >= 2 and clean_reads >= 1
@@ -812,3 +815,15 @@ def test_fill_from_the_end_keeps_rows_in_place_and_fills_the_gaps_in_order():
             assert sorted(order) == kept
             assert all(order[j] == j for j in range(size) if j in kept)
             assert all(r >= size for j, r in enumerate(order) if r != j)
+
+
+def test_the_hidden_key_flag_follows_its_rows_when_rows_leave():
+    """`hidden_kv` is per-row state: rows leaving a batch (`keep_rows`) take their flags along."""
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), "sdpa", seed=0)
+    policy = get_policy("dual")
+    from dllm.decode import build_state
+    state = build_state(model, [[5, 6], [7, 8], [9, 10]], dllm.GenerationConfig(gen_length=8), 8)
+    policy.setup(state, model)
+    policy.hidden_kv = torch.tensor([False, True, False])
+    policy.keep_rows(torch.tensor([1, 2]), [1, 2])
+    assert policy.hidden_kv.tolist() == [True, False]

@@ -270,6 +270,15 @@ def test_sudoku_grids_cover_all_valid_grids():
     assert len(grids) == 288
 
 
+def test_medium_word_sets_hold_four_distinct_words_from_four_themes():
+    """A word of two themes ("song": party, music) is never drawn twice into one set."""
+    themes = {w: {t for t, ws in W.W2S_EASY.items() if w in ws} for ws in W.W2S_EASY.values() for w in ws}
+    for record in G.make_records("words_to_sentence/medium", split="train", num_samples=5000, shard=0):
+        words = record["answer"]["words"]
+        assert len(set(words)) == 4, words
+        assert len(set().union(*(themes[w] for w in words))) >= 4
+
+
 @pytest.mark.parametrize("task", W2S_TASKS)
 def test_words_to_sentence(task):
     level = op_of(task)

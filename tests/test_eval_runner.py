@@ -593,3 +593,15 @@ def test_a_batch_failing_on_one_process_stops_every_process_at_the_same_round(mo
     with pytest.raises(RuntimeError, match=r"a batch failed on another process \(process 1: FloatingPointError"):
         runner._decode_pending(None, theirs, [["b0"], ["b1"]], None, {}, progress=False)
     assert theirs.asked == [None]
+
+
+def test_first_failure_is_the_first_any_process_reports(monkeypatch):
+    from dllm.distributed import Distributed
+    dist = Distributed()
+    assert dist.first_failure("mine") == "mine" and dist.first_failure(None) is None      # one process
+    dist.state = object()                                                                  # as in a launch
+    monkeypatch.setattr(dist, "gather", lambda items: [None, *items, "process 2: later"])
+    assert dist.first_failure(None) == "process 2: later"
+    assert dist.first_failure("process 1: X") == "process 1: X"
+    monkeypatch.setattr(dist, "gather", lambda items: [None, *items])
+    assert dist.first_failure(None) is None

@@ -155,6 +155,15 @@ def test_pb_of_a_method_follows_its_name_for_runs_and_files_alike(tmp_path, samp
     assert report.interpolated(curve.method) is not stepwise
 
 
+@pytest.mark.parametrize("method", sorted(report.STEPWISE_METHODS))
+def test_each_stepwise_method_takes_its_best_point_with_or_without_a_cache(method):
+    assert not report.interpolated(method) and not report.interpolated(method + "+dual")
+    assert report.interpolated("dus") and report.interpolated("confidence-threshold+prefix")
+    assert sorted(report.STEPWISE_METHODS) == ["confidence-topk", "dream-topk-margin", "entropy", "entropy-topk",
+                                               "l2r", "maskgit-plus", "origin", "random", "rcr", "remdm",
+                                               "topk-margin"]
+
+
 def test_every_sampler_has_its_own_method_id():
     ids = [report.method_id(name) for name in samplers.available()]
     assert len(set(ids)) == len(ids)

@@ -604,6 +604,10 @@ def test_train_filter_refuses_an_empty_task_list_and_an_unwritable_out_before_th
     blocker.write_text("")
     assert main(["train-filter", "--out", str(blocker / "f.safetensors"), "--tasks", "waiting_line/copy"]) == 2
     assert f"cannot write out '{blocker / 'f.safetensors'}'" in capsys.readouterr().err
+    monkeypatch.setattr(filter_train.tempfile, "TemporaryFile", lambda **k: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied")))      # a folder that exists but takes no files
+    assert main(["train-filter", "--out", str(tmp_path / "ok" / "f.safetensors"), "--tasks", "waiting_line/copy"]) == 2
+    assert "cannot write out" in capsys.readouterr().err
     taken = tmp_path / "taken.safetensors"
     taken.mkdir()                          # safetensors' own error type becomes an OSError naming the file
     with pytest.raises(OSError, match=f"cannot write the Learn2PD filter '{taken}'"):
@@ -638,6 +642,7 @@ def test_a_request_without_block_length_decodes_in_the_filters_blocks(tmp_path):
     wrapped = dllm.generate(model, tok, "Copy: a b", gen_length=64, sampler="prophet",
                             sampler_kwargs={"base": "learn2pd"})
     assert wrapped.block_length == 32
+    assert samplers.get("prophet", base="learn2pd", base_kwargs={"filter": str(path)}).block_length_for(None) == 8
 
 
 def test_train_filter_refuses_a_multi_process_launch(tmp_path, capsys, monkeypatch):

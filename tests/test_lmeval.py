@@ -198,6 +198,7 @@ def test_stop_strings_cut_at_the_earliest_one(shipped):
     assert request_length({"max_completion_tokens": 7, "max_tokens": 6}) == 6 == request_length(
         {"max_gen_toks": None, "max_tokens": 6, "max_new_tokens": None})
     assert request_length({"max_gen_toks": 5, "max_new_tokens": 3}) == 5 and request_length({}) == 256
+    assert request_length({"max_new_tokens": 8, "max_tokens": 9, "max_completion_tokens": 10}) == 8
     for bad in ("abc", 8.7, True, 0, "\u00b2"):
         with pytest.raises(ValueError, match=rf"a request's max_gen_toks must be a positive integer, got {bad!r}"):
             DLLMEvalModel(dtype="float32", device="cpu").generate_until([_generation("Copy: a", max_gen_toks=bad)])
@@ -403,6 +404,10 @@ def test_stop_strings_and_unread_generation_kwargs(shipped, recwarn):
     lm.generate_until([_generation("Copy: a", top_p=0.5, bogus=3)])
     messages = [str(w.message) for w in recwarn if "generation kwargs" in str(w.message)]
     assert len(messages) == 2 and messages[1].startswith("dllm does not use the generation kwargs bogus (")
+    read = dict(until=["\n"], temperature=0.0, do_sample=False, max_gen_toks=8, max_new_tokens=8, max_tokens=8,
+                max_completion_tokens=8)
+    DLLMEvalModel(dtype="float32", device="cpu", gen_length=8).generate_until([_generation("Copy: a", **read)])
+    assert len([w for w in recwarn if "generation kwargs" in str(w.message)]) == 2     # none of these
 
 
 def record_seeds(monkeypatch) -> list:
@@ -492,3 +497,15 @@ def test_processes_draw_batches_with_seeds_no_other_process_uses(shipped, monkey
     lm._rank, lm._world_size = 1, 2
     lm.generate_until([_generation("Copy: a"), _generation("Copy: b", until=["x"])])
     assert seen == [6, 8]
+
+
+def test_settings_are_checked_with_the_tokenizer_generate_gets(shipped):
+    """AdaBlock reads its default delimiter's id from the tokenizer: the model arguments and each
+    request's settings are checked with it, as `dllm.generate` decodes with it."""
+    from dllm.lmeval import DLLMEvalModel
+
+    lm = DLLMEvalModel(dtype="float32", device="cpu", gen_length=32, sampler="adablock")
+    assert lm.config.gen_length == 32
+    (answer,) = DLLMEvalModel(dtype="float32", device="cpu", sampler="adablock").generate_until(
+        [_generation("Copy: a", max_gen_toks=32)])
+    assert isinstance(answer, str)

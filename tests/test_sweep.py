@@ -751,3 +751,21 @@ def test_plot_titles_count_the_configurations_drawn_and_labels_say_log2_only_on_
     assert tpf.get_title().endswith("2 configurations") and tpf.get_xlabel() == "tokens per forward"
     assert tps.get_title().endswith("1 configurations") and tps.get_xlabel() == "tokens per second (log2)"
     assert figures[2]._supxlabel.get_text() == "tokens per forward"
+
+
+def test_a_configuration_failing_on_another_process_is_skipped_here_too(grid_file, tmp_path, monkeypatch):
+    """A configuration whose model or preflight fails on one process only is skipped on every
+    process (this one would otherwise start its decode and wait for the other for ever)."""
+    import dllm.sweep.run as sweep_run
+    from dllm.distributed import Distributed
+
+    class OtherFails(Distributed):
+        def first_failure(self, failure):
+            return failure or "process 1: ValueError: boom"
+    monkeypatch.setattr(sweep_run, "Distributed", OtherFails)
+    monkeypatch.setattr(sweep_run.runner, "run_bench", lambda *a, **k: pytest.fail("decoded a skipped configuration"))
+    out = tmp_path / "o"
+    sweep.run_sweep(sweep.parse_grid(sweep.load_grid_file(grid_file)), out, progress=False, plots=False)
+    summaries = _lines(out / sweep.SUMMARIES_FILE)
+    assert summaries and all(s["status"] == "failed" and s["error"] == "process 1: ValueError: boom"
+                             for s in summaries)
