@@ -227,3 +227,12 @@ def test_a_prompt_that_is_not_utf8_and_a_device_torch_lacks_are_clean_errors(cap
     for device in ("xpu", "hpu"):
         with pytest.raises(ValueError, match=f"device '{device}' is not available on this machine"):
             resolve_device(device)
+
+
+def test_warnings_show_as_one_line_without_the_source(tmp_path):
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "dllm", "generate", "Hi", "--steps", "4", "--sampler", "threshold",
+                           "--gen-length", "8"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning: sampler 'threshold' decides its own number of steps; steps 4 is ignored\n" in proc.stderr
+    assert "UserWarning" not in proc.stderr and "dllm.generate(" not in proc.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 from . import bench, generate, samplers, serve, sweep, train
 from .options import parse_kv
@@ -25,8 +26,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the command shows it: `warning: <message>`, without the source line."""
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    shown_as = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning
     try:
         return args.func(args)
     except SystemExit as err:    # a bad option value found while reading it (`--sampler-arg tau`): a usage error
@@ -37,3 +45,5 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:      # the reader of stdout stopped early (`dllm samplers | head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
         return 1
+    finally:
+        warnings.formatwarning = shown_as
