@@ -17,6 +17,13 @@ def test_generate_prints_text_and_stats(llada_dir, capsys):
     want = dllm.generate(model, tok, ["hello", "a longer prompt"], gen_length=8, block_length=4, steps=4)
     assert out == "".join(t + "\n" for t in want.texts)
     assert "4 forwards" in err and "2.00 tokens/forward" in err and "tokens/s" in err
+    # --format jsonl: one object per prompt, answers with newlines kept apart.
+    assert main(["generate", "--model", str(llada_dir), "hello", "a longer prompt", "--gen-length", "8",
+                 "--block-length", "4", "--steps", "4", "--dtype", "float32", "--format", "jsonl"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"prompt": p, "text": t, "nfe": n, "answer_length": a, "hit_cap": h} for p, t, n, a, h in
+        zip(["hello", "a longer prompt"], want.texts, want.nfe, want.answer_lengths, want.hit_cap)]
 
 
 def test_show_redraws_the_canvas(dream_dir, capsys):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import dllm
@@ -22,6 +23,9 @@ def add_parser(sub) -> None:
                    help="apply the chat template (default: when the tokenizer has one)")
     add_runtime_options(g)
     g.add_argument("--show", action="store_true", help="redraw the canvas in the terminal as tokens are unmasked")
+    g.add_argument("--format", choices=("text", "jsonl"), default="text",
+                   help="text: each answer on its own line (default); jsonl: one JSON object per prompt with its "
+                        "answer, forwards, answer length and whether it hit the forward cap")
     g.set_defaults(func=run)
 
 
@@ -62,7 +66,9 @@ def run(args) -> int:
     except (ValueError, FileNotFoundError, FloatingPointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for text in out.texts:
-        print(text)
+    for i, text in enumerate(out.texts):
+        print(text if args.format == "text" else json.dumps(
+            {"prompt": args.prompt[i], "text": text, "nfe": out.nfe[i], "answer_length": out.answer_lengths[i],
+             "hit_cap": out.hit_cap[i]}, ensure_ascii=False))
     print(_summary(out), file=sys.stderr)
     return 0
