@@ -444,6 +444,7 @@ class StoringPolicy(CachePolicy):
         if hidden is not None:
             columns &= state.columns()[None, :] < key_end[:, None]
             full = full & ~hidden
+            unsure = None if unsure is None else unsure & ~hidden     # a hiding row takes no refresh
         return Needs(full, columns, unsure, hidden)
 
     def advance(self, state, rows, needs):

@@ -407,7 +407,7 @@ class GenerationConfig:
         if cfg.block_length is not None and cfg.block_length > cfg.gen_length and cfg.sampler_may_use("uses_blocks"):
             raise ValueError(f"block_length {cfg.block_length} exceeds gen_length {cfg.gen_length}")
         uneven = cfg.tokens_per_step is not None and cfg.gen_length % cfg.tokens_per_step
-        if uneven and cfg.sampler_may_use("uses_steps", unknown=True):
+        if uneven and cfg.sampler_may_use("uses_steps"):
             raise ValueError(f"tokens_per_step {cfg.tokens_per_step} does not divide gen_length {cfg.gen_length}")
         return cfg
 

@@ -39,7 +39,7 @@ def test_a_flag_must_be_a_boolean(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("key,value", [("mask_token_id", "3"), ("bos_token_id", [1.5]), ("pad_token_id", -2),
+@pytest.mark.parametrize("key,value", [("mask_token_id", "3"), ("bos_token_id", [1.5]), ("pad_token_id", "-2"),
                                        ("bos_token_id", True)])
 def test_a_token_id_must_be_an_integer(family, key, value):
     with pytest.raises(ValueError, match=re.escape(f"{family} config key {key!r} = {value!r} must be an integer token id")):
@@ -49,6 +49,12 @@ def test_a_token_id_must_be_an_integer(family, key, value):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_bos_id_written_as_a_list_is_read_as_its_first_entry(family):
     assert parse(family, bos_token_id=[7, 9]).bos_token_id == 7
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_negative_id_means_none_as_in_hugging_face_configs(family):
+    cfg = parse(family, pad_token_id=-1, bos_token_id=-1)
+    assert cfg.pad_token_id == cfg.eos_token_id and cfg.bos_token_id is None
 
 
 @pytest.mark.parametrize("changes, message", [

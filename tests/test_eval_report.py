@@ -64,6 +64,13 @@ def test_rows_lacking_a_field_the_summary_reads_are_named():
         report.summarize([{"task": "a/x", "tokens_per_forward": 1.0, "nfe": 2}])
 
 
+def test_rows_without_seconds_count_none():
+    rows = _rows("r1", "threshold", {"a/x": [1, 0]}, 2.0)
+    rows[0]["seconds"] = None
+    (s,) = report.summarize(rows)
+    assert s.tasks[0].seconds == 0.5
+
+
 @pytest.mark.parametrize("field, value", [("score", "1"), ("tokens_per_forward", None), ("nfe", True),
                                           ("seconds", "0.5")])
 def test_rows_with_a_field_of_the_wrong_type_are_named(field, value):

@@ -166,7 +166,8 @@ def test_config_errors():
     with pytest.raises(ValueError, match="limit must be a positive integer"):
         runner.BenchConfig(model="m", generated=True, limit=0)
     with pytest.raises(ValueError, match="tokens_per_step 5 does not divide gen_length 32"):
-        runner.config_from_dict(dict(model="m", generated=True, tokens_per_step=5)).lengths(32)
+        runner.config_from_dict(dict(model="m", generated=True, tokens_per_step=5,
+                                     sampler="low_confidence")).lengths(32)
     with pytest.raises(ValueError, match="sort_key"):
         runner.BenchConfig(model="m", generated=True, sort_key="first")
     with pytest.raises(ValueError, match="unknown bench option"):

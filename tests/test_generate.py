@@ -390,9 +390,11 @@ def test_request_errors_name_the_value():
     with pytest.raises(ValueError, match=r"give steps \(4\) or tokens_per_step \(2\), not both"):
         dllm.GenerationConfig(steps=4, tokens_per_step=2)
     with pytest.raises(ValueError, match="tokens_per_step 5 does not divide gen_length 32"):
-        dllm.GenerationConfig(gen_length=32, tokens_per_step=5).for_length()
+        dllm.GenerationConfig(gen_length=32, tokens_per_step=5, sampler="low_confidence").for_length()
     with pytest.raises(ValueError, match="tokens_per_step 5 does not divide gen_length 32"):
-        dllm.GenerationConfig(tokens_per_step=5).for_length(32)
+        dllm.GenerationConfig(tokens_per_step=5, sampler="low_confidence").for_length(32)
+    # The model's sampler may decide its own steps (LLaDA2's): checked once it is chosen.
+    assert dllm.GenerationConfig(tokens_per_step=5).for_length(32).tokens_per_step == 5
     with pytest.raises(ValueError, match="block_length 64 exceeds gen_length 32"):
         dllm.GenerationConfig(block_length=64, sampler="threshold").for_length(32)
     with pytest.raises(ValueError, match="cache must be a registered policy name or a CachePolicy instance"):

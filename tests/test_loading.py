@@ -360,6 +360,12 @@ def test_build_model_takes_dtype_names_and_refuses_a_preset_name():
         dllm.build_model("llada-tiny")
 
 
+def test_build_model_takes_every_compute_dtype():
+    from dllm.config import ModelConfig
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), dtype=torch.float64)
+    assert next(model.parameters()).dtype == torch.float64
+
+
 def test_load_refuses_the_meta_device(llada_dir):
     with pytest.raises(ValueError, match="device 'meta' holds no weights"):
         dllm.load(llada_dir, device="meta")

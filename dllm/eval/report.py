@@ -138,7 +138,7 @@ def summarize(rows: Iterable[dict]) -> list[RunSummary]:
         runs[rid].tasks.append(TaskSummary(
             task, len(rs), score, None if strict is None else 100.0 * strict,
             sum(r["tokens_per_forward"] for r in rs) / len(rs), sum(r["nfe"] for r in rs) / len(rs),
-            sum(r.get("seconds", 0.0) for r in rs)))
+            sum(r.get("seconds") or 0.0 for r in rs)))
     return list(runs.values())
 
 

@@ -72,11 +72,12 @@ def token_id(value: Any) -> Any:
 
 
 def id_of(d: dict, key: str, family: str, default: int | None = None) -> int | None:
-    """`d[key]` as a special-token id (`token_id`), an integer >= 0; absent, null or []: `default`."""
+    """`d[key]` as a special-token id (`token_id`), an integer >= 0; absent, null, [] or negative
+    (Hugging Face configs write -1 for "none"): `default`."""
     value = token_id(d.get(key))
-    if value is None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value < 0):
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{family} config key {key!r} = {d[key]!r} must be an integer token id >= 0")
     return value
 

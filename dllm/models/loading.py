@@ -306,10 +306,11 @@ def build_model(cfg: ModelConfig, attention: str = "auto", *, dtype=torch.float3
     On the CPU the weights are drawn in fp32 from a CPU generator and then cast. On an accelerator
     they are drawn there, in `dtype`, from a generator of that device, so that a model of the
     published size builds in seconds: the same distribution, a different stream from the CPU's.
-    Buffers (LLaDA2's `expert_bias`) start at zero. `dtype` None or "auto" is float32."""
+    Buffers (LLaDA2's `expert_bias`) start at zero. `dtype` None or "auto" is float32; a torch
+    dtype may be any of `COMPUTE_DTYPES`."""
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"build_model takes a ModelConfig (ModelConfig.from_name(...) for a preset), got {cfg!r}")
-    dtype = resolve_dtype(dtype) or torch.float32
+    dtype = dtype if dtype in COMPUTE_DTYPES else (resolve_dtype(dtype) or torch.float32)
     device = resolve_device(device)
     get_backend(attention)
     check_device(attention, device)
