@@ -75,3 +75,23 @@ class Distributed:
             return failure
         found = [f for f in self.gather([failure]) if f is not None]
         return found[0] if found else None
+
+
+def run_together(dist, step, what: str):
+    """`step()` on this process, then agreement with the others (`first_failure`, also a barrier)
+    on whether it failed on any: every process then raises (the failing one its own error, the
+    others a RuntimeError naming it), so none waits in a collective for a process that left.
+    Returns `step()`'s value; in a single process an error is raised as it comes."""
+    value, failure, error = None, None, None
+    try:
+        value = step()
+    except Exception as err:          # noqa: BLE001 - any error on one process must stop every process
+        if dist.world == 1:
+            raise
+        failure, error = f"process {dist.rank}: {type(err).__name__}: {err}", err
+    first = dist.first_failure(failure)
+    if error is not None:
+        raise error
+    if first is not None:
+        raise RuntimeError(f"{what} failed on another process ({first})")
+    return value

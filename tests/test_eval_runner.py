@@ -606,3 +606,28 @@ def test_first_failure_is_the_first_any_process_reports(monkeypatch):
     assert dist.first_failure("process 1: X") == "process 1: X"
     monkeypatch.setattr(dist, "gather", lambda items: [None, *items])
     assert dist.first_failure(None) is None
+
+
+def test_a_store_failing_on_the_main_process_stops_the_others_too(monkeypatch):
+    """Only the main process writes the rows: a write that fails there (a full disk) is agreed on
+    like a failed batch, so the other processes stop instead of waiting in the next round."""
+    monkeypatch.setattr(runner, "_rows_of_batch", lambda run, batch: [{"task": "t", "index": batch[0]}])
+
+    class Full:
+        def append(self, rows):
+            raise OSError("disk full")
+    main = _TwoProcesses()
+    with pytest.raises(OSError, match="disk full"):
+        runner._decode_pending(None, main, [[0], [1]], Full(), {"t": 0}, progress=False)
+    assert main.asked == [None, "process 0: OSError: disk full"]
+
+    class Other(_TwoProcesses):
+        rank, is_main = 1, False
+
+        def first_failure(self, failure):
+            self.asked.append(failure)
+            return "process 0: OSError: disk full" if len(self.asked) == 2 else failure
+    other = Other()
+    with pytest.raises(RuntimeError, match=r"storing the rows failed on another process \(process 0: OSError"):
+        runner._decode_pending(None, other, [[0], [1]], None, {"t": 0}, progress=False)
+    assert other.asked == [None, None]

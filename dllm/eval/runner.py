@@ -35,7 +35,7 @@ from dllm import provenance, samplers
 from dllm.cache import CachePolicy, get_policy
 from dllm.config import GenerationConfig
 from dllm.decode import checkpoint_gen_length, resolve_sampler, with_instances
-from dllm.distributed import Distributed
+from dllm.distributed import Distributed, run_together
 from dllm.models.loading import resolve_device
 from dllm.samplers import Sampler
 
@@ -418,10 +418,12 @@ def _start_run(cfg: BenchConfig, dist: Distributed, model, tokenizer) -> tuple[_
 
 def _stored_rows(cfg: BenchConfig, dist: Distributed, run_id: str) -> tuple[ResultsFile | None, list[dict]]:
     results = ResultsFile(cfg.out) if cfg.out else None
-    if results is not None and dist.is_main:
-        results.check_writable()
-        results.repair()
-    dist.barrier()
+
+    def prepare():
+        if results is not None and dist.is_main:
+            results.check_writable()
+            results.repair()
+    run_together(dist, prepare, "preparing the results file")
     stored = [r for r in results.rows() if r.get("run_id") == run_id] if results is not None else []
     return results, stored
 
@@ -435,20 +437,13 @@ def _decode_pending(run: _Run, dist: Distributed, batches: list, results, order:
     new_rows: list[dict] = []
     for rnd in range((len(batches) + dist.world - 1) // dist.world):
         slot = rnd * dist.world + dist.rank
-        rows, failure, error = [], None, None
-        try:
-            rows = _rows_of_batch(run, batches[slot]) if slot < len(batches) else []
-        except Exception as err:          # on one process of several: every process stops with it
-            if dist.world == 1:
-                raise
-            failure, error = f"process {dist.rank}: {type(err).__name__}: {err}", err
-        first = dist.first_failure(failure)
-        if error is not None:
-            raise error
-        if first is not None:
-            raise RuntimeError(f"a batch failed on another process ({first})")
+        rows = run_together(dist, lambda: _rows_of_batch(run, batches[slot]) if slot < len(batches) else [],
+                            "a batch")
         gathered = dist.gather(rows)
-        if dist.is_main:
+
+        def store():
+            if not dist.is_main:
+                return
             uniq = {(r["task"], r["index"]): r for r in gathered}
             ordered = [uniq[k] for k in sorted(uniq, key=lambda k: (order[k[0]], k[1]))]
             if results is not None:
@@ -456,6 +451,7 @@ def _decode_pending(run: _Run, dist: Distributed, batches: list, results, order:
             new_rows.extend(ordered)
             if bar is not None:
                 bar.update(len(ordered))
+        run_together(dist, store, "storing the rows")
     if bar is not None:
         bar.close()
     return new_rows
