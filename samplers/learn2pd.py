@@ -204,14 +204,20 @@ class Learn2PD(LowConfidence):
         """The block length of the filter: the given one, else the one shipped with `source`."""
         if not self.use_filter:
             return None
-        if self.from_model:
-            found = shipped_filter(source)
-            return None if found is None else load_filter(found).block_length
+        if self.from_model and self._shipped(source) is None:
+            return None
         return self.filter.block_length
+
+    def _shipped(self, source) -> Path | None:
+        """The filter shipped with `source`, loaded into `self.filter` unless it is already there."""
+        found = shipped_filter(source)
+        if found is not None and (self.filter is None or self.filter.path != str(found)):
+            self.filter = load_filter(found)
+        return found
 
     def setup(self, state):
         if self.from_model:
-            found = shipped_filter(state.source)
+            found = self._shipped(state.source)
             if found is None:
                 where = f"model {state.source!r}" if state.source else "this model"
                 raise ValueError(
@@ -219,8 +225,6 @@ class Learn2PD(LowConfidence):
                     f"its checkpoint folder): train one with `dllm train-filter --model MODEL --out "
                     f"filter.safetensors` and pass filter='filter.safetensors', or filter='none' for LLaDA's schedule "
                     f"with end-of-text prediction only")
-            if self.filter is None or self.filter.path != str(found):
-                self.filter = load_filter(found)
             self.accept_thres = self._resolve_thres()
             self._args.update(filter=str(found), accept_thres=self.accept_thres)
         if self.filter is not None:

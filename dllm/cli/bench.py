@@ -61,10 +61,10 @@ def parse_levels(text: str) -> tuple[float, ...]:
     return levels
 
 
-def print_report(rows, levels, current=None, args=None) -> None:
+def print_report(rows, levels, current=None, args=None, compare=()) -> None:
     """Each run's per-task table (with `current`, the rows of the run just made: its table alone),
     then the PB@X leaderboard of `rows`; with `--format leaderboard` the runs' leaderboard CSV
-    files, with `--compare` PB@X beside the leaderboard's files."""
+    files, with `--compare` PB@X beside the leaderboard's files (`compare`, their curves as read)."""
     summaries = report.summarize(rows)
     for s in summaries if current is None else report.summarize(current):
         print(report.format_run(s) + "\n")
@@ -78,7 +78,7 @@ def print_report(rows, levels, current=None, args=None) -> None:
             print(f"wrote {path}")
     if args.compare:
         print(f"\nBeside the leaderboard files under {args.compare} (tps: tokens per forward)")
-        print(leaderboard.format_comparison(ours, leaderboard.read_curves(args.compare), levels))
+        print(leaderboard.format_comparison(ours, compare, levels))
 
 
 def report_rows(path) -> list[dict]:
@@ -181,17 +181,17 @@ def run(args) -> int:
             raise ValueError(f"--train-shard {args.train_shard} selects the records --write-data writes; "
                              "add --write-data DIR")
         check_report_options(args)
+        compare = leaderboard.read_curves(args.compare) if args.compare else []   # before anything is decoded
         if args.report:
             if not args.out:
                 raise ValueError("--report prints the tables of a results file; give it with --out FILE")
             if not Path(args.out).is_file():
                 raise FileNotFoundError(f"--report: no results file {args.out!r}")
-            print_report(report_rows(args.out), levels, args=args)
+            print_report(report_rows(args.out), levels, args=args, compare=compare)
             return 0
         if args.compare:   # the comparison needs each task's leaderboard id: known before anything is decoded
             for task in runner.load_dataset(bench_config(args)).tasks:
                 leaderboard.task_id(task)
-            leaderboard.read_curves(args.compare)              # the files too: read again for the table
         rows = runner.run_bench(bench_config(args), progress=not args.no_progress)
     except (ValueError, OSError, FloatingPointError, RuntimeError, ImportError) as err:
         # OSError: files it cannot read or write; ImportError: an optional package a task's score needs
@@ -204,7 +204,7 @@ def run(args) -> int:
         return 0
     stored = runner.ResultsFile(args.out).rows() if args.out else rows
     try:
-        print_report(stored, levels, current=rows, args=args)
+        print_report(stored, levels, current=rows, args=args, compare=compare)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
