@@ -51,17 +51,18 @@ class _LLaDA2Sampling(Sampler):
     def setup(self, state) -> None:
         check_temperature(self.name, state.temperature)
 
-    def candidates(self, state, valid, scores) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(float64 confidence (B', Q), -inf off `valid`; the drawn tokens, None at temperature 0)."""
+    def candidates(self, state, valid, scores) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(float64 confidence (B', Q), -inf off `valid`; the candidate tokens; the drawn tokens,
+        None at temperature 0, where the candidates are the loop's)."""
         if state.temperature == 0:
-            return scores.prob.double().masked_fill(~valid, float("-inf")), None
+            return scores.prob.double().masked_fill(~valid, float("-inf")), scores.token, None
 
         def draw(logits):
             _, conf, token = sample_filtered(logits.to(state.score_dtype), state.temperature, self.top_p,
                                              self.top_k, state.generator, top_k_first=True)
             return conf, token
         conf, token = sample_at(scores.logits, valid, draw, sampled=True)
-        return conf.double(), token
+        return conf.double(), token, token
 
 
 class LLaDA2Block(_LLaDA2Sampling):
@@ -97,9 +98,8 @@ class LLaDA2Block(_LLaDA2Sampling):
         return torch.where(step >= steps, left, torch.minimum(n, left))
 
     def step(self, state, rows, positions, valid, scores):
-        conf, drawn = self.candidates(state, valid, scores)                           # (B', Q)
+        conf, token, drawn = self.candidates(state, valid, scores)                    # (B', Q)
         commit = (top_k_mask(conf, self.counts(state, rows, valid)) | (conf > self.threshold)) & valid
-        token = scores.token if drawn is None else drawn
         return Decision(commit=commit, tokens=drawn,
                         truncate_at=self._stop(state, rows, positions, valid, commit, token))
 
@@ -163,8 +163,7 @@ class LLaDA21Edit(_LLaDA2Sampling):
     def step(self, state, rows, positions, valid, scores):
         current = state.x[rows].gather(1, positions)
         masked = valid & (current == state.ids.mask)
-        prob, drawn = self.candidates(state, valid, scores)                          # (B', Q)
-        token = scores.token if drawn is None else drawn
+        prob, token, drawn = self.candidates(state, valid, scores)                   # (B', Q)
         conf = prob.masked_fill(~masked, float("-inf"))
         commit = masked & ((conf > self.threshold) | top_k_mask(conf, masked.any(1).long()))
         written = valid & ~masked
