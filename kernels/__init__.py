@@ -36,6 +36,7 @@ def _interpreted() -> bool:
 
 
 INTERPRET = _interpreted()
+INTERPRET_VARIABLE = os.environ.get("TRITON_INTERPRET")   # as it was when INTERPRET was read
 
 
 def triton_runs_on(device: torch.device | str) -> bool:
@@ -75,7 +76,7 @@ def require_triton(device: torch.device | str, what: str) -> None:
     if not triton_runs_on(device):
         raise RuntimeError(f"{what} runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 set before "
                            f"dllm.kernels is imported; got tensors on {device} "
-                           f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} at import)")
+                           f"(TRITON_INTERPRET={INTERPRET_VARIABLE!r} at import)")
 
 
 def chosen_impl(impl: str | None, variable: str, impls: tuple[str, ...], what: str) -> str:

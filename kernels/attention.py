@@ -30,7 +30,8 @@ times each of them at the real models' shapes (timings: docs/kernels.md §Measur
 DLLM_ATTENTION_LAUNCH=tuned, each shape's first call times every configuration with 1, 2, 4, ...
 key ranges instead and the shape keeps the fastest (`tuned_launch`).
 Under TRITON_INTERPRET=1 bf16 tiles are converted to fp32 before the dots, since the interpreter
-gets bf16 arithmetic wrong; on a GPU bf16 dots run natively.
+gets bf16 arithmetic wrong, and the output is written in fp32 and rounded to bf16 by torch (the
+interpreter truncates); on a GPU bf16 dots run natively.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import HAS_TRITON, INTERPRET, chosen_impl, launching, on_device, require_triton
+from . import HAS_TRITON, INTERPRET, chosen_impl, interpreter_bf16, launching, on_device, require_triton
 
 if HAS_TRITON:
     import triton
@@ -410,6 +411,11 @@ def bidir_attn_fwd(q, k, v, key_valid, scale, *, out=None, config: AttnConfig | 
     (benchmarks and tests); num_splits > 1 goes through the split-K partials and the merge."""
     B, H, P, D = q.shape
     H_kv, L = k.shape[1], k.shape[2]
+    if interpreter_bf16(q.device, q.dtype) and (out is None or out.dtype == q.dtype):
+        # The interpreter truncates float32 to bf16 where a GPU rounds: write float32, let torch round.
+        wide = torch.empty(B, P, H, D, dtype=torch.float32, device=q.device).transpose(1, 2)
+        wide = bidir_attn_fwd(q, k, v, key_valid, scale, out=wide, config=config, num_splits=num_splits)
+        return out.copy_(wide) if out is not None else wide.to(q.dtype)
     if out is None:
         # (B, P, H, D) storage seen as (B, H, P, D): the model's out.transpose(1, 2).reshape(B, P, H * D)
         # is then a view, not a copy.

@@ -114,7 +114,7 @@ def _check(q, k, v, cos_q, sin_q, cos_k, sin_k, kb, vb, rows, positions) -> None
     if tuple(k.shape) != (B, P, H_kv, D) or tuple(v.shape) != tuple(k.shape):
         problems.append(f"k and v must be (B, P, H_kv, D) = (B, P, H_kv, {D}) with B = {B}, got "
                         f"{tuple(k.shape)} and {tuple(v.shape)}")
-    if D % 2 or H % H_kv:
+    if D % 2 or H_kv == 0 or H % H_kv:
         problems.append(f"the head dim must be even and H a multiple of H_kv, got D {D}, H {H}, H_kv {H_kv}")
     for name, t, cols in (("cos_q", cos_q, Q), ("sin_q", sin_q, Q), ("cos_k", cos_k, P), ("sin_k", sin_k, P)):
         if tuple(t.shape) != (B, 1, cols, D) or t.stride(-1) != 1 or t.dtype != torch.float32:

@@ -17,9 +17,7 @@ from dllm.kernels.attention import (CONFIGS, AttnConfig, bidir_attn, bidir_attn_
 from tests.fixtures.triton_marks import DEVICE, TRITON_MARKS  # noqa: E402
 
 pytestmark = TRITON_MARKS
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
-if DEVICE == "cuda":  # the interpreter computes bf16 wrongly; a GPU checks it
-    DTYPES["bf16"] = torch.bfloat16
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _inputs(B, H, H_kv, P, L, D, dtype, seed=0, pad=True):
@@ -70,6 +68,19 @@ def test_split_keys_and_merge(dtype):
     out = torch.full_like(q, float("nan"))
     bidir_attn_fwd(q, k, v, key_valid, 0.125, out=out, config=AttnConfig(32, 32, 4, 2), num_splits=4)
     _check(out, q, k, v, key_valid, 0.125)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's rounding; a GPU runs bf16 dots natively")
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_bf16_under_the_interpreter_is_the_fp32_result_rounded_to_nearest(num_splits):
+    """The interpreter truncates float32 to bf16; the kernel's bf16 output is rounded as a GPU's is."""
+    q, k, v, key_valid = _inputs(2, 4, 2, 17, 45, 64, torch.bfloat16, seed=3)
+    wide = bidir_attn_fwd(q.float(), k.float(), v.float(), key_valid, 0.125, num_splits=num_splits)
+    out = torch.full_like(q, float("nan"))
+    assert bidir_attn_fwd(q, k, v, key_valid, 0.125, out=out, num_splits=num_splits) is out
+    assert torch.equal(out, wide.to(torch.bfloat16))
+    assert torch.equal(bidir_attn(q, k, v, key_valid, 0.125), bidir_attn(q.float(), k.float(), v.float(), key_valid,
+                                                                         0.125).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])

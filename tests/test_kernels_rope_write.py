@@ -88,6 +88,9 @@ def test_bad_inputs_are_named():
         rope_write_triton(q, k, k, cos, cos, cos, cos, kb, kb, rows, positions, True)
     with pytest.raises(ValueError, match=r"k and v must be \(B, P, H_kv, D\)"):
         rope_write_triton(q, k, k[:, :2], cos[:, :, :2], cos[:, :, :2], cos, cos, kb, kb, rows, positions, True)
+    with pytest.raises(ValueError, match=r"H a multiple of H_kv, got D 8, H 2, H_kv 0"):
+        rope_write_triton(q, k[:, :2, :0], k[:, :2, :0], cos[:, :, :2], cos[:, :, :2], cos[:, :, :2], cos[:, :, :2],
+                          kb, kb, rows, positions, True)
     with pytest.raises(ValueError, match=r"kb and vb must be alike"):
         rope_write_triton(q, k, k, cos[:, :, :2], cos[:, :, :2], cos, cos, kb, kb.half(), rows, positions, True)
     with pytest.raises(ValueError, match=r"rows and positions must be int32 or int64, got torch.float32"):

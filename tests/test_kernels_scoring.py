@@ -11,6 +11,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'dllm[triton]')")
 
+from dllm import kernels  # noqa: E402
 from dllm.kernels import token_scores, token_scores_ref, token_scores_triton  # noqa: E402
 from dllm.kernels.scoring import token_scores_fwd  # noqa: E402
 from tests.fixtures.triton_marks import DEVICE, TRITON_MARKS  # noqa: E402
@@ -213,6 +214,13 @@ def test_dispatcher_picks_the_kernel_on_cuda_and_honours_the_override(monkeypatc
     monkeypatch.setenv("DLLM_SCORING", "fused")
     with pytest.raises(ValueError, match=r"DLLM_SCORING='fused'; valid: auto, torch, triton"):
         token_scores(logits)
+
+
+def test_an_unrunnable_device_names_the_variable_as_read_at_import(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "set later")
+    with pytest.raises(RuntimeError, match=rf"got tensors on meta \(TRITON_INTERPRET={kernels.INTERPRET_VARIABLE!r} "
+                                           rf"at import\)"):
+        kernels.require_triton("meta", "the kernel")
 
 
 @pytest.mark.parametrize("call, match", [
