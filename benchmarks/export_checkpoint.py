@@ -7,6 +7,7 @@ tokenizer (`tokenizer/` beside the checkpoint) and the weights as they stood; pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -26,7 +27,8 @@ def export_checkpoint(checkpoint: Path, out: Path) -> int:
     state = torch.load(checkpoint, weights_only=False, map_location="cpu")
     cfg = TrainConfig(**complete_recipe(dict(state["recipe"])))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
-    model = LLaDAModel(model_config(cfg, tokenizer))
+    rows = state["model"]["embed.weight"].shape[0]          # a padded start model's rows, not the tokenizer's
+    model = LLaDAModel(dataclasses.replace(model_config(cfg, tokenizer), vocab_size=rows))
     model.load_state_dict(state["model"])
     save_pretrained(model.eval(), tokenizer, out, generation_defaults(cfg))
     return state["step"]

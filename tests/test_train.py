@@ -121,6 +121,19 @@ def test_auto_precision_is_bf16_only_on_a_cpu_with_bf16_matrix_units(monkeypatch
         T.step_precision("half")
 
 
+def test_a_resumed_auto_precision_run_keeps_the_precision_its_steps_ran_in(tmp_path, monkeypatch):
+    units = {"bf16": True}
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: units["bf16"])
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: units["bf16"])
+    cfg = T.TrainConfig(out=str(tmp_path / "auto"), **{**TINY, "precision": "auto"})
+    assert T.train(cfg, progress=False, stop_after=1) is None
+    assert torch.load(tmp_path / "auto" / "checkpoint.pt", weights_only=False)["precision"] == "bf16"
+    units["bf16"] = False                                   # resumed on a CPU without bf16 units
+    T.train(cfg, progress=False)
+    assert json.loads((tmp_path / "auto" / "train_info.json").read_text())["precision"] == "bf16"
+    assert torch.load(tmp_path / "auto" / "checkpoint.pt", weights_only=False)["precision"] == "bf16"
+
+
 def test_llada_loss_weights_a_fixed_mask_by_its_share_of_the_response():
     """A row given a fixed mask of m of G columns stands for t = m / G, whatever t was drawn: with
     uniform logits its loss is log V for every seed."""
@@ -358,6 +371,7 @@ def test_interrupted_run_resumes_to_the_same_weights(trained, tmp_path):
     out, folder = trained
     cfg = T.TrainConfig(out=str(tmp_path / "b"), **TINY)
     assert T.train(cfg, progress=False, stop_after=4) is None
+    assert T.train(cfg, progress=False, stop_after=4) is None                 # already there: no step more
     assert (tmp_path / "b" / "checkpoint.pt").is_file() and not (tmp_path / "b" / "model").exists()
     _check_export_of_checkpoint(tmp_path / "b" / "checkpoint.pt", tmp_path / "step4")
     resumed = T.train(cfg, progress=False)
@@ -418,6 +432,20 @@ def test_a_run_whose_start_weights_changed_does_not_resume(trained, tmp_path):
         T.train(cfg, progress=False)
 
 
+def test_a_missing_start_or_other_settings_are_refused_before_the_records_are_made(tmp_path, monkeypatch):
+    import dllm.train.loop as loop
+    cfg = T.TrainConfig(out=str(tmp_path / "r"), **TINY)
+    assert T.train(cfg, progress=False, stop_after=1) is None
+
+    def no_records(cfg):
+        raise AssertionError("the records were made before the settings were checked")
+    monkeypatch.setattr(loop, "training_records", no_records)
+    with pytest.raises(ValueError, match=r"r/checkpoint.pt was made with other settings \(canvas\)"):
+        T.train(T.TrainConfig(out=str(tmp_path / "r"), **{**TINY, "canvas": 8}), progress=False)
+    with pytest.raises(FileNotFoundError, match=r"init_from '.*none' is not a model folder"):
+        T.train(T.TrainConfig(out=str(tmp_path / "s"), **{**TINY, "init_from": str(tmp_path / "none")}), progress=False)
+
+
 def test_a_start_model_with_fewer_embedding_rows_than_the_recipe_is_refused():
     from dllm.train.model_init import start_config
     want = dllm.ModelConfig.from_name("llada2-tiny")
@@ -459,6 +487,9 @@ def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):
                                                             "warmup": 1})
     padded = T.train(run, progress=False)
     assert load_file(str(padded / "model.safetensors"))["model.transformer.wte.weight"].shape[0] == rows
+    assert load_benchmark("export_checkpoint").export_checkpoint(tmp_path / "ft-padded" / "checkpoint.pt",
+                                                                 tmp_path / "exported") == 1
+    assert load_file(str(tmp_path / "exported" / "model.safetensors"))["model.transformer.wte.weight"].shape[0] == rows
 
 
 def test_later_phases_go_on_from_the_model_before(trained, tmp_path):

@@ -60,10 +60,7 @@ def _train_phases(cfg: TrainConfig, progress: bool, stop_after: int | None) -> P
     steps of all phases together."""
     runs = phase_configs(cfg)
     for run in runs:     # a phase's checkpoint made with other settings is refused before any phase trains
-        ckpt_path = Path(run.out) / "checkpoint.pt"
-        if ckpt_path.is_file():   # its start weights (the phase before's model) are compared when it resumes
-            recorded = torch.load(ckpt_path, weights_only=False)["recipe"]
-            _refuse_other_settings(ckpt_path, recipe_fields(run), recorded, same_start=True, same_start_weights=True)
+        _check_recorded_recipe(run, Path(run.out) / "checkpoint.pt")
     done = 0
     for run in runs:
         left = None if stop_after is None else stop_after - done
@@ -286,6 +283,14 @@ def _build_model(cfg: TrainConfig, tokenizer, start, precision: str) -> LLaDAMod
     return model
 
 
+def _check_recorded_recipe(cfg: TrainConfig, ckpt_path: Path) -> None:
+    """Before any costly setup: a ValueError when the checkpoint at `ckpt_path`, if there is one, was
+    made with other settings than `cfg` (its start weights are compared when it resumes)."""
+    if ckpt_path.is_file():
+        recorded = torch.load(ckpt_path, weights_only=False, mmap=True)["recipe"]
+        _refuse_other_settings(ckpt_path, recipe_fields(cfg), recorded, same_start=True, same_start_weights=True)
+
+
 def _refuse_other_settings(ckpt_path: Path, recipe: dict, recorded: dict, same_start: bool,
                            same_start_weights: bool = False) -> None:
     """A ValueError naming the recipe fields in which `recorded` (a checkpoint's, completed with
@@ -325,6 +330,16 @@ def _resume(run: _Phase) -> None:
     state.loss_avg = ck.get("loss_avg")
 
 
+def _step_precision(cfg: TrainConfig, ckpt_path: Path) -> str:
+    """The precision of this session's steps: `cfg.precision`, "auto" resolved for this machine,
+    except that a run resumed with "auto" keeps the precision its checkpoint's steps ran in."""
+    if cfg.precision == "auto" and ckpt_path.is_file():
+        ran = torch.load(ckpt_path, weights_only=False, mmap=True).get("precision")
+        if ran is not None:
+            return ran
+    return step_precision(cfg.precision)
+
+
 def _save_checkpoint(run: _Phase, seconds: float) -> None:
     """Write `run.ckpt_path` (through a temporary file, so an interruption leaves the last one whole)."""
     state, optim = run.state, run.optim
@@ -334,7 +349,7 @@ def _save_checkpoint(run: _Phase, seconds: float) -> None:
                 "generator": state.gen.get_state(), "rng": state.rng.getstate(), "step": state.step,
                 "seconds": seconds, "log": state.log, "drawn": state.drawn,
                 "pair_batches": state.pair_batches, "init_from_sha256": run.start_sha256,
-                "loss_avg": state.loss_avg}, tmp)
+                "loss_avg": state.loss_avg, "precision": run.precision}, tmp)
     tmp.replace(run.ckpt_path)
 
 
@@ -346,7 +361,7 @@ def _run_steps(run: _Phase, progress: bool, stop_after: int | None) -> float:
     mcfg = model.config
     bar = tqdm(total=cfg.steps, initial=state.step, desc="train", unit="step", file=sys.stderr) if progress else None
     tokens_seen, t0 = 0, time.perf_counter()
-    while state.step < cfg.steps:
+    while state.step < cfg.steps and (stop_after is None or state.step < stop_after):
         items, pair_batch = run.batches.draw(state)
         x, valid, pos, cols = make_batch(items, mcfg.pad_token_id)
         extra_cols, extra_ok, fixed, fixed_rows = _row_masks(cfg, items, x.shape[1], pair_batch, state.gen)
@@ -401,9 +416,10 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    records = training_records(cfg)
-    start = start_model(cfg) if cfg.init_from else None
     ckpt_path = out / "checkpoint.pt"
+    _check_recorded_recipe(cfg, ckpt_path)
+    start = start_model(cfg) if cfg.init_from else None
+    records = training_records(cfg)
     tokenizer = _phase_tokenizer(cfg, out / "tokenizer", records, start, resuming=ckpt_path.is_file())
     if cfg.cover_share:
         records = with_cover_names(records, cover_pool(tokenizer, seed=cfg.seed), cfg.cover_share, cfg.seed)
@@ -411,7 +427,7 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     _check_sequence_lengths(data)
     batches = _BatchSource.build(cfg, tokenizer, data)
     torch.manual_seed(cfg.seed)
-    precision = step_precision(cfg.precision)
+    precision = _step_precision(cfg, ckpt_path)
     model = _build_model(cfg, tokenizer, start, precision)
     forward = torch.compile(model.hidden_at, dynamic=True) if cfg.compile else model.hidden_at
     run = _Phase(cfg, recipe_fields(cfg), ckpt_path, model, forward, _Optimizers.build(cfg, model),

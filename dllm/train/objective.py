@@ -92,8 +92,9 @@ def diffusion_loss(model, x, valid, pos, cols, mask_id: int, eps: float, generat
                    end_weight: float = 1.0, distance_smoothing: float = 0.0):
     """Masked-diffusion loss on one batch: response tokens masked w.p. t, cross-entropy on them.
 
-    loss="llada": t ~ U(eps, 1] (`t_power` ignored), per sequence sum(CE on masked) / t / G, the
-    batch mean (LLaDA SFT; an unbiased estimate of the ELBO bound, E = log V for uniform logits).
+    u ~ U[0, 1) per sequence.
+    loss="llada": t = eps + (1 - eps) u (`t_power` ignored), per sequence sum(CE on masked) / t / G,
+    the batch mean (LLaDA SFT; an unbiased estimate of the ELBO bound, E = log V for uniform logits).
     loss="masked-mean": t = max(u^t_power, eps), the mean CE over all masked tokens of the batch.
 
     extra_cols (B, E) with extra_ok (B, E): prompt columns (the in-context answers of the rows
