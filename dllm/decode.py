@@ -316,15 +316,23 @@ def checkpoint_gen_length(model) -> int | None:
     return None
 
 
-def resolve_request(model, cfg: GenerationConfig) -> Request:
-    """Resolve `cfg` once for `model`: its length (when None, the checkpoint's
-    `checkpoint_gen_length`, else `DEFAULT_GEN_LENGTH`), sampler and cache policy."""
+def model_lengths(model, cfg: GenerationConfig) -> GenerationConfig:
+    """`cfg` with the lengths `model` runs it at: a block_length equal to a block-causal model's
+    attention block dropped (the model's own blocks, whatever gen_length), a gen_length left None
+    fixed to the checkpoint's (`checkpoint_gen_length`, else `DEFAULT_GEN_LENGTH`), and the two
+    checked together (`GenerationConfig.for_length`)."""
     block = model.config.attention_block
     if block is not None and cfg.block_length == block:
-        cfg = cfg.replace(block_length=None)        # the model's own blocks, whatever gen_length
+        cfg = cfg.replace(block_length=None)
+    return cfg.for_length(checkpoint_gen_length(model))
+
+
+def resolve_request(model, cfg: GenerationConfig) -> Request:
+    """Resolve `cfg` once for `model`: its lengths (`model_lengths`), sampler and cache policy."""
+    block = model.config.attention_block
     cfg = with_instances(cfg)
     sampler = resolve_sampler(model, cfg)
-    cfg = cfg.replace(sampler=sampler, sampler_kwargs={}).for_length(checkpoint_gen_length(model))
+    cfg = model_lengths(model, cfg.replace(sampler=sampler, sampler_kwargs={}))
     if block is not None:
         return _block_causal_request(model, cfg, sampler)
     if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):
@@ -780,12 +788,20 @@ def _check_whole_blocks_fit(state: DecodeState, sampler) -> None:
     aligned with a model's attention blocks add a partial first block unless every prompt fills
     whole blocks."""
     lengths = (state.gen_start - state.pad_len).tolist()
-    partial = [n for n in lengths if n % state.block_length]
-    if partial:
-        raise ValueError(f"sampler {sampler.name!r} spreads its step schedule over gen_length / block_length "
-                         f"blocks, but a prompt of {partial[0]} tokens leaves a partial first block of the model's "
-                         f"{state.block_length}-column attention blocks; use llada2, llada21 or threshold, or prompts "
-                         f"of a multiple of {state.block_length} tokens")
+    problem = partial_block_problem(sampler, lengths, state.block_length)
+    if problem:
+        raise ValueError(problem)
+
+
+def partial_block_problem(sampler: Sampler, prompt_lengths: list[int], block: int | None) -> str | None:
+    """Why a `whole_blocks` sampler cannot decode prompts of `prompt_lengths` tokens on a model of
+    `block`-column attention blocks (a prompt that leaves a partial first block), or None."""
+    partial = [n for n in prompt_lengths if block and n % block]
+    if not sampler.whole_blocks or not partial:
+        return None
+    return (f"sampler {sampler.name!r} spreads its step schedule over gen_length / block_length blocks, but a "
+            f"prompt of {partial[0]} tokens leaves a partial first block of the model's {block}-column attention "
+            f"blocks; use llada2, llada21 or threshold, or prompts of a multiple of {block} tokens")
 
 
 def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: dict, flush: bool,

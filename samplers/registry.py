@@ -60,7 +60,7 @@ def get(name: str, /, **kwargs: Any):
     allowed = list(signature(name))
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
-        raise ValueError(f"sampler {name!r} has no argument(s) {', '.join(unknown)}; "
+        raise ValueError(f"sampler {name!r} has no argument(s) {', '.join(map(repr, unknown))}; "
                          f"its arguments: {', '.join(allowed) or '(none)'}")
     return cls(**kwargs)
 

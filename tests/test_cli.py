@@ -180,7 +180,7 @@ def test_bench_options_its_mode_would_ignore_are_errors(tmp_path, capsys, monkey
 
 def test_an_argument_called_name_and_a_bad_key_value_are_usage_errors(capsys):
     assert main(["generate", "hi", "--sampler", "threshold", "--sampler-arg", "name=x"]) == 2
-    assert "sampler 'threshold' has no argument(s) name" in capsys.readouterr().err
+    assert "sampler 'threshold' has no argument(s) 'name'" in capsys.readouterr().err
     assert main(["generate", "hi", "--cache", "dual", "--cache-arg", "name=x"]) == 2
     assert "cache policy 'dual' has no argument(s) 'name'" in capsys.readouterr().err
     assert main(["generate", "hi", "--sampler-arg", "tau"]) == 2

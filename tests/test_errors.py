@@ -86,7 +86,7 @@ def test_unknown_sampler_lists_valid_ones(tiny):
 
 
 def test_unknown_sampler_argument():
-    with pytest.raises(ValueError, match=r"sampler 'entropy' has no argument\(s\) tau; its arguments: eps, top_p"):
+    with pytest.raises(ValueError, match=r"sampler 'entropy' has no argument\(s\) 'tau'; its arguments: eps, top_p"):
         samplers.get("entropy", tau=0.9)
 
 

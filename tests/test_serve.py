@@ -256,14 +256,22 @@ def test_prompts_with_the_mask_token_or_unknown_ids_are_refused_and_an_empty_one
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 0, r.text
 
 
-def test_lengths_are_checked_together_and_name_a_field_the_request_set():
-    from dllm.serve.schema import ChatRequest, RequestError, request_config
+def _job_config(model, tok, defaults, body):
+    """The settings `Server.job` gives a request `body` on `model`."""
+    from dllm.serve.api import Server
+    from dllm.serve.engine import Engine
+
+    server = Server(Engine(model, tok), "m", defaults, None)
+    return server.job(body, [5, 6], body.max_tokens, lambda kind, payload: None).config
+
+
+def test_lengths_are_checked_together_and_name_a_field_the_request_set(shipped):
+    from dllm.serve.schema import ChatRequest, RequestError
 
     defaults = DEFAULTS.replace(gen_length=64, block_length=32, tokens_per_step=2)
 
     def config(**fields):
-        body = ChatRequest(messages=copy_messages(QUESTIONS[0]), **fields)
-        return request_config(body, defaults, body.max_tokens)
+        return _job_config(*shipped, defaults, ChatRequest(messages=copy_messages(QUESTIONS[0]), **fields))
 
     assert config(max_tokens=16, dllm={"block_length": 8}).block_length == 8
     got = config(max_tokens=33, dllm={"steps": 11, "block_length": 3})
@@ -274,6 +282,73 @@ def test_lengths_are_checked_together_and_name_a_field_the_request_set():
     with pytest.raises(RequestError, match="block_length 48 exceeds gen_length 40") as err:
         config(max_tokens=40, dllm={"block_length": 48})
     assert err.value.param == "dllm.block_length"
+
+
+def test_lengths_are_checked_as_the_model_runs_them(shipped, llada2_dir, monkeypatch):
+    """A request without max_tokens runs at the checkpoint's own length; a block-causal model's own
+    block length is taken whatever the generation length (as `dllm.generate` takes them)."""
+    from dllm.serve.schema import CompletionRequest
+
+    model, tok = shipped
+    monkeypatch.setattr(model, "generation_defaults", {**model.generation_defaults, "max_new_tokens": 256})
+    got = _job_config(model, tok, dllm.GenerationConfig(), CompletionRequest(prompt="Hi", dllm={"block_length": 256,
+                                                                                                  "steps": 8}))
+    assert (got.gen_length, got.block_length) == (256, 256)
+    got = _job_config(*dllm.load(llada2_dir, dtype="float32"), dllm.GenerationConfig(sampler="threshold"),
+                      CompletionRequest(prompt=[1, 2, 3], max_tokens=8, dllm={"block_length": 32}))
+    assert (got.gen_length, got.block_length) == (8, None)
+
+
+def test_a_prompt_leaving_a_partial_attention_block_is_refused_naming_the_prompt(llada2_dir):
+    from dllm.serve.api import Server
+    from dllm.serve.engine import Engine
+    from dllm.serve.schema import ChatRequest, CompletionRequest, RequestError
+
+    model, tok = dllm.load(llada2_dir, dtype="float32")
+    server = Server(Engine(model, tok), "m", dllm.GenerationConfig(sampler="low_confidence"), None)
+    for body, param in ((CompletionRequest(prompt=[1, 2, 3, 4, 5], max_tokens=32), "prompt"),
+                        (ChatRequest(messages=[{"role": "user", "content": "Hi"}], max_tokens=32), "messages")):
+        with pytest.raises(RequestError, match=r"a prompt of 5 tokens leaves a partial first block") as err:
+            server.job(body, [1, 2, 3, 4, 5], 32, lambda kind, payload: None)
+        assert err.value.param == param
+    whole = [1] * model.config.attention_block
+    assert server.job(CompletionRequest(prompt=whole, max_tokens=32), whole, 32, lambda kind, payload: None)
+
+
+def test_request_arguments_add_to_the_servers_for_its_sampler_and_cache():
+    from dllm.serve.schema import CompletionRequest, request_config
+
+    defaults = DEFAULTS.replace(sampler_kwargs={"logits_eos_inf": True}, cache="dkv-decode",
+                                cache_kwargs={"refresh": 4})
+
+    def config(**dllm_fields):
+        return request_config(CompletionRequest(prompt="Hi", dllm=dllm_fields), defaults, None)
+
+    got = config(sampler_args={"confidence_eos_eot_inf": True}, cache_args={"twins": True})
+    assert got.sampler_kwargs == {"logits_eos_inf": True, "confidence_eos_eot_inf": True}
+    assert got.cache_kwargs == {"refresh": 4, "twins": True}
+    got = config(sampler="low_confidence", sampler_args={"logits_eos_inf": False}, cache="dkv-decode")
+    assert got.sampler_kwargs == {"logits_eos_inf": False} and got.cache_kwargs == {"refresh": 4}
+    got = config(sampler="threshold", sampler_args={"tau": 0.8}, cache="dual")
+    assert got.sampler_kwargs == {"tau": 0.8} and got.cache_kwargs == {}
+
+
+def test_text_that_is_not_utf8_is_refused_by_name_in_messages_and_in_errors(server):
+    def post(path, body):   # JSON's escape of a lone surrogate, as a client may send it
+        return httpx.post(server.url + path, content=json.dumps(body), timeout=60,
+                          headers={"content-type": "application/json"})
+
+    r = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "ok"},
+                                                   {"role": "user", "content": "\ud800"}]})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "messages", r.text
+    assert error["message"] == "messages[1].content is not valid UTF-8 text (surrogates not allowed at character 0)"
+    r = post("/v1/completions", {"prompt": "Hi", "dllm": {"sampler": "threshold", "sampler_args": {"\ud800": 1}}})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "dllm.sampler_args", r.text
+    assert "has no argument(s) '\\ud800'" in error["message"]
+    from dllm.serve.api import error_body
+    assert error_body(400, "bad \ud800 name")["error"]["message"] == "bad \\ud800 name"    # encodable as UTF-8
 
 
 def test_chat_messages_in_every_form_openai_takes(client, shipped):
@@ -419,6 +494,13 @@ def test_the_forward_limit_counts_the_settings_not_a_cap_the_server_sets(shipped
         assert (events[0][0] == "error") == refused, (config, events)
         if refused:
             assert f"the server takes at most {forward_limit(GEN)}" in events[0][1][1]
+            assert events[0][1][1].endswith("lower the sampler arguments") and events[0][1][2] is None
+    events = []
+    Engine(model, tok)._admit([Job([5, 6], DEFAULTS.replace(sampler="entropy", steps=1000),
+                                   lambda kind, payload: events.append((kind, payload)),
+                                   length_fields=("dllm.steps",))])
+    (kind, (status, message, param)), = events
+    assert (kind, status, param) == ("error", 400, "dllm.steps") and message.endswith("lower dllm.steps")
 
 
 def test_a_prompt_the_decode_refuses_fails_only_its_own_request(dream):
@@ -585,6 +667,11 @@ def test_bad_server_settings_are_refused_before_serving(shipped, capsys):
         assert f"port must be an integer in 0-65535 (0 picks a free one), got {port}" in capsys.readouterr().err
     with pytest.raises(ValueError, match="port must be an integer in 0-65535"):
         serve(build_app(model, tok, model_name="m", engine_thread=False), port=65536)
+    # defaults the model refuses, as `dllm generate` refuses them
+    with pytest.raises(ValueError, match="block_length 32 exceeds gen_length 16"):
+        build_app(model, tok, model_name="m", defaults=dllm.GenerationConfig(gen_length=16, block_length=32))
+    assert main(["serve", "--cache", "block"]) == 2
+    assert "cache 'block' is exact only under block-causal attention" in capsys.readouterr().err
 
 
 def test_the_servers_default_seed_is_none_unless_given(monkeypatch):

@@ -12,11 +12,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..config import DEFAULT_GEN_LENGTH, GenerationConfig
-from ..decode import checkpoint_gen_length, encode_prompts, prompt_problem
+from ..config import GenerationConfig
+from ..decode import encode_prompts, model_lengths, partial_block_problem, prompt_problem, resolve_sampler
 from .engine import Engine, EngineStopped, Job, QueueFull
 from .metrics import ServerMetrics
-from .schema import ChatRequest, CompletionRequest, RequestError, length_fields_set, request_config
+from .schema import ChatRequest, CompletionRequest, RequestError, length_fields_set, refusal_param, request_config
 
 RETRY_AFTER_S = 1          # what a 429 asks the client to wait
 DISCONNECT_CHECK_S = 0.5   # how often a waiting request asks whether its client is still there
@@ -26,6 +26,7 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
     """An OpenAI-style error body; its `type` tells the HTTP status."""
     kind = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
             408: "timeout_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")   # echoed input may hold lone surrogates
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
@@ -52,18 +53,45 @@ class Server:
             raise RequestError(f"model {body.model!r} is not served here; this server serves {self.model_name!r}",
                                "model")
         field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
-        config = request_config(body, self.defaults, max_tokens, field)
-        gen = config.gen_length or checkpoint_gen_length(self.engine.model) or DEFAULT_GEN_LENGTH
-        limit = self.engine.model.config.max_seq_len
+        set_fields = length_fields_set(body, max_tokens, field)
+        model = self.engine.model
+        try:                        # the lengths as the model runs them (a checkpoint's own length, say)
+            config = model_lengths(model, request_config(body, self.defaults, max_tokens, field))
+        except RequestError:
+            raise
+        except ValueError as err:
+            raise RequestError(str(err), refusal_param(str(err), set_fields, field)) from None
+        gen, limit = config.gen_length, model.config.max_seq_len
         if len(prompt) + gen > limit:
             raise RequestError(f"the prompt's {len(prompt)} tokens + {field} {gen} exceed the model's "
                                f"{limit}-token context", field)
+        self._check_blocks(prompt, config, "messages" if isinstance(body, ChatRequest) else "prompt")
         canvas = bool(body.dllm and body.dllm.stream_canvas)
-        return Job(prompt, config.replace(gen_length=gen), emit, stop=body.stops(), stream_canvas=canvas,
-                   timeout=self.timeout, length_field=field, length_fields=length_fields_set(body, max_tokens, field))
+        return Job(prompt, config, emit, stop=body.stops(), stream_canvas=canvas,
+                   timeout=self.timeout, length_field=field, length_fields=set_fields)
+
+    def _check_blocks(self, prompt: list[int], config: GenerationConfig, param: str) -> None:
+        """A prompt leaving a partial first attention block is refused, naming the prompt's field,
+        for a sampler that spreads its steps over whole blocks."""
+        model = self.engine.model
+        if model.config.attention_block is None:
+            return
+        try:
+            sampler = resolve_sampler(model, config)
+        except (ValueError, TypeError):
+            return                  # refused, naming its field, when the batch is set up
+        problem = partial_block_problem(sampler, [len(prompt)], model.config.attention_block)
+        if problem:
+            raise RequestError(problem, param)
 
     def chat_prompt(self, body: ChatRequest) -> list[int]:
         messages = [m.for_template() for m in body.messages]
+        for i, message in enumerate(messages):
+            try:
+                message["content"].encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise RequestError(f"messages[{i}].content is not valid UTF-8 text ({err.reason} at character "
+                                   f"{err.start})", "messages") from None
         try:
             ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                           return_dict=False))

@@ -254,9 +254,11 @@ class Engine:
         decoder = self._decoder([j.prompt for j in jobs], jobs[0].config)
         gen_length, limit = decoder.state.gen_length, forward_limit(decoder.state.gen_length)
         if decoder.request.config.max_forwards is None and decoder.cap > limit:
+            by_steps = decoder.request.sampler.uses_steps and "dllm.steps" in jobs[0].length_fields
             raise RequestError(f"these settings allow up to {decoder.cap} forwards for {gen_length} tokens; the server "
                                f"takes at most {limit} ({MAX_FORWARDS_PER_TOKEN} per token + {MAX_FORWARDS_EXTRA}): "
-                               f"lower the sampler's arguments", None)
+                               f"lower {'dllm.steps' if by_steps else 'the sampler arguments'}",
+                               "dllm.steps" if by_steps else None)
         # rows join a batch of the same canvas (a block-causal decode's runs on to whole attention blocks)
         running = next((g for g in self.groups if g.key == key and g.decoder.joinable
                         and g.decoder.state.gen_length == decoder.state.gen_length), None)

@@ -176,8 +176,8 @@ def check_neutral(body: _Request) -> None:
 def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int | None,
                    length_field: str = "max_tokens") -> GenerationConfig:
     """The request's `GenerationConfig`: the server's defaults with the request's fields. Each field
-    is checked on its own, so that an error names the field it comes from; the lengths are then
-    checked together, naming a length field the request set."""
+    is checked on its own, so that an error names the field it comes from (the lengths are checked
+    together against the model by `dllm.serve.api.Server.job`)."""
     check_neutral(body)
     options = body.dllm or DllmOptions()
     _check_filter(options, defaults)
@@ -201,11 +201,6 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
                 with_instances(config)
         except (ValueError, TypeError, OSError) as err:   # OSError: a file argument (a Learn2PD filter)
             raise RequestError(str(err), param) from None
-    try:
-        config.for_length(config.gen_length)
-    except ValueError as err:
-        raise RequestError(str(err), refusal_param(str(err), length_fields_set(body, max_tokens, length_field),
-                                                   length_field)) from None
     return config
 
 
@@ -239,10 +234,20 @@ def _sampler_fields(options: DllmOptions, defaults: GenerationConfig) -> dict:
     if options.sampler is None and defaults.sampler is None:
         raise RequestError("dllm.sampler_args needs dllm.sampler (the server has no default sampler)",
                            "dllm.sampler_args")
-    return dict(sampler=options.sampler or defaults.sampler, sampler_kwargs=options.sampler_args or {})
+    sampler = options.sampler or defaults.sampler
+    return dict(sampler=sampler, sampler_kwargs=_arguments(options.sampler, defaults.sampler, defaults.sampler_kwargs,
+                                                           options.sampler_args))
 
 
 def _cache_fields(options: DllmOptions, defaults: GenerationConfig) -> dict:
     if options.cache is None and options.cache_args is None:
         return {}
-    return dict(cache=options.cache or defaults.cache, cache_kwargs=options.cache_args or {})
+    return dict(cache=options.cache or defaults.cache,
+                cache_kwargs=_arguments(options.cache, defaults.cache, defaults.cache_kwargs, options.cache_args))
+
+
+def _arguments(name, default_name, default_args: dict, args: dict | None) -> dict:
+    """A request's sampler (or cache) arguments: added to the server's when it keeps the server's
+    sampler (leaving the name out or naming it), on their own when it names another."""
+    keeps = name is None or name == default_name
+    return {**(default_args if keeps else {}), **(args or {})}
