@@ -13,7 +13,10 @@ forward that also commits the block's first tokens:
 4. The block is then filled with the Fast-dLLM threshold rule (commit every masked block position
    with c >= tau, and always the most confident one), starting with the opening step's scores.
 The first block is adaptive too. c is the un-tempered probability of the candidate, in the
-request's `score_dtype` (the reference: float64).
+request's `score_dtype`. The reference computes the delimiters' c as exp(l - logsumexp(l)) in the
+logits dtype and (Dream) compares the threshold rule's confidences in it too: on bf16 logits its
+values round differently (many delimiters reach exactly 1.0, the first of them winning), so block
+lengths there can differ from the reference's; in float32 the two agree.
 
 Delimiters. The delimiter set is token ids: `delimiter_ids` (an int or a list of ints), plus the
 ids of the `delimiters` strings, each of which must be a single token of the request's tokenizer.

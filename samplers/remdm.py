@@ -13,9 +13,12 @@ Here the re-masking is decided at the end of the step before the revision step (
 after its commits), which is the same canvas the reference's revision forward sees. Confidences
 are probabilities in the request's `score_dtype` (the reference's softmax is float64:
 `score_dtype="float64"`), with the mask token suppressed as dllm scores every sampler. The
-reference also requires gen_length % steps == 0 (here the counts follow LLaDA's split, equal
-then), and where a block holds fewer written tokens than `remdm_number` it masks columns that were
-never written (the prompt's, say); here only written tokens of the block are masked again.
+reference also requires gen_length % steps == 0 and takes each block's counts from a split of its
+masks over all `steps`, which fills the block only when steps == gen_length or there is one block
+(elsewhere its final check fails); here each block splits over its own steps (LLaDA's), equal in
+those cases. Where a block holds fewer written tokens than `remdm_number` it masks columns that
+were never written (the prompt's, say); here only written tokens of the block are masked again.
+ReMDM-LLaDA's own loop differs from ParallelBench's (docs/samplers.md §21); this is the latter.
 ParallelBench's paper reports one revision step of one token (`remdm_steps` 1, `remdm_number` 1)
 as the best setting; neither helped its results much. Temperature 0 is what the tests check; at a
 temperature above 0 positions are ranked by the candidate's un-tempered probability (as dllm's
