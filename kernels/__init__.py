@@ -81,10 +81,11 @@ def require_triton(device: torch.device | str, what: str) -> None:
 
 def chosen_impl(impl: str | None, variable: str, impls: tuple[str, ...], what: str) -> str:
     """The implementation `impl` names, or else the environment variable `variable`'s (default
-    "auto"), checked against `impls`; the error names where the bad value came from."""
+    "auto"), in any case, checked against `impls`; the error names where the bad value came from."""
     source = "impl"
     if impl is None:
-        impl, source = os.environ.get(variable, "auto").strip().lower() or "auto", variable
+        impl, source = os.environ.get(variable, "auto").strip() or "auto", variable
+    impl = impl.lower() if isinstance(impl, str) else impl
     if impl not in impls:
         raise ValueError(f"unknown {what} implementation {source}={impl!r}; valid: {', '.join(impls)}")
     return impl

@@ -209,7 +209,7 @@ def test_dispatcher_picks_the_kernel_on_cuda_and_honours_the_override(monkeypatc
     monkeypatch.setenv("DLLM_SCORING", "triton")
     forced = token_scores(logits, generator=torch.Generator(DEVICE).manual_seed(1), **kw)
     assert torch.equal(forced.token, kern.token)
-    forced_torch = token_scores(logits, impl="torch", generator=torch.Generator(DEVICE).manual_seed(1), **kw)
+    forced_torch = token_scores(logits, impl="Torch", generator=torch.Generator(DEVICE).manual_seed(1), **kw)
     assert torch.equal(forced_torch.token, ref.token)
     monkeypatch.setenv("DLLM_SCORING", "fused")
     with pytest.raises(ValueError, match=r"DLLM_SCORING='fused'; valid: auto, torch, triton"):

@@ -103,6 +103,8 @@ def test_streaming_sends_the_growing_prefix_and_usage_last(client, shipped):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == want.texts[0]
     assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(set(c.choices[0].model_dump(exclude_unset=True)) == {"index", "delta", "logprobs", "finish_reason"}
+               for c in chunks if c.choices)
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1     # more than one piece
     # OpenAI's order: the finish reason, then a chunk with no choices that carries the usage
     assert chunks[-2].choices[0].finish_reason == "stop" and chunks[-1].choices == []
@@ -211,6 +213,10 @@ def test_logprobs_take_each_endpoints_type_and_only_their_neutral_value(server):
                                ("completions", {**completion, "logprobs": 6}, 400)]:
         r = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=60)
         assert r.status_code == status, (path, body, r.text)
+        if status == 200:        # OpenAI's choice fields, logprobs null
+            choice = r.json()["choices"][0]
+            assert set(choice) == {"index", "message" if path.startswith("chat") else "text", "logprobs",
+                                   "finish_reason"} and choice["logprobs"] is None, r.text
         if status == 400:
             error = r.json()["error"]
             assert error["param"] == "logprobs", r.text

@@ -327,8 +327,10 @@ class _Reply:
         if self.kind == "text":
             return {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
         if chunk:
-            return {"index": 0, "delta": {} if text is None else {"content": text}, "finish_reason": finish_reason}
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+            return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
+                    "finish_reason": finish_reason}
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish_reason}
 
     def whole(self, result: dict) -> dict:
         body = self._base([self._choice(result["text"], result["finish_reason"], False)], False)
@@ -337,8 +339,8 @@ class _Reply:
 
     def first_chunk(self) -> dict:
         if self.kind == "chat":
-            return self._base([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
-                              True)
+            return self._base([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}], True)
         return self._base([self._choice("", None, True)], True)
 
     def chunk(self, text: str) -> dict:
