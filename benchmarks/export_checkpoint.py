@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from dllm.config import ModelConfig
 from dllm.models.llada import LLaDAModel
 from dllm.train import TrainConfig, complete_recipe, generation_defaults, model_config, save_pretrained
 
@@ -27,8 +28,11 @@ def export_checkpoint(checkpoint: Path, out: Path) -> int:
     state = torch.load(checkpoint, weights_only=False, map_location="cpu")
     cfg = TrainConfig(**complete_recipe(dict(state["recipe"])))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
-    rows = state["model"]["embed.weight"].shape[0]          # a padded start model's rows, not the tokenizer's
-    model = LLaDAModel(dataclasses.replace(model_config(cfg, tokenizer), vocab_size=rows))
+    if "model_config" in state:      # the model as built, a start model's rows and numerics included
+        model = LLaDAModel(ModelConfig(**state["model_config"]))
+    else:
+        rows = state["model"]["embed.weight"].shape[0]      # a padded start model's rows, not the tokenizer's
+        model = LLaDAModel(dataclasses.replace(model_config(cfg, tokenizer), vocab_size=rows))
     model.load_state_dict(state["model"])
     save_pretrained(model.eval(), tokenizer, out, generation_defaults(cfg))
     return state["step"]

@@ -393,6 +393,12 @@ def _check_export_of_checkpoint(checkpoint, out):
     assert all(torch.equal(model.state_dict()[k], saved[k]) for k in saved)
     with pytest.raises(SystemExit, match="is not a file"):
         export.export_checkpoint(out / "missing.pt", out)
+    older = torch.load(checkpoint, weights_only=False)     # a checkpoint saved without its model config
+    del older["model_config"]
+    torch.save(older, checkpoint.parent / "older.pt")
+    assert export.export_checkpoint(checkpoint.parent / "older.pt", out.parent / "older") == 4
+    again, first = (load_file(str(folder / "model.safetensors")) for folder in (out.parent / "older", out))
+    assert set(again) == set(first) and all(torch.equal(again[k], first[k]) for k in first)
 
 
 def test_a_canvas_recipe_names_its_canvas_as_the_generation_length(trained, tmp_path):
@@ -481,15 +487,18 @@ def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):
               str(shaped / "model.safetensors"))
     rows = start["model.transformer.wte.weight"].shape[0] + 6
     config = json.loads((shaped / "config.json").read_text())
-    (shaped / "config.json").write_text(json.dumps({**config, "embedding_size": rows, "vocab_size": rows}))
+    (shaped / "config.json").write_text(json.dumps({**config, "embedding_size": rows, "vocab_size": rows,
+                                                    "rms_norm_eps": 1e-6}))
     run = T.TrainConfig(out=str(tmp_path / "ft-padded"), **{**TINY, "init_from": str(shaped), "steps": 1,
                                                             "copy_warmup_steps": 0, "pair_warmup_steps": 0,
                                                             "warmup": 1})
     padded = T.train(run, progress=False)
     assert load_file(str(padded / "model.safetensors"))["model.transformer.wte.weight"].shape[0] == rows
+    assert json.loads((padded / "config.json").read_text())["rms_norm_eps"] == 1e-6     # the start model's
     assert load_benchmark("export_checkpoint").export_checkpoint(tmp_path / "ft-padded" / "checkpoint.pt",
                                                                  tmp_path / "exported") == 1
     assert load_file(str(tmp_path / "exported" / "model.safetensors"))["model.transformer.wte.weight"].shape[0] == rows
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())["rms_norm_eps"] == 1e-6
 
 
 def test_later_phases_go_on_from_the_model_before(trained, tmp_path):

@@ -7,7 +7,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -349,7 +349,8 @@ def _save_checkpoint(run: _Phase, seconds: float) -> None:
                 "generator": state.gen.get_state(), "rng": state.rng.getstate(), "step": state.step,
                 "seconds": seconds, "log": state.log, "drawn": state.drawn,
                 "pair_batches": state.pair_batches, "init_from_sha256": run.start_sha256,
-                "loss_avg": state.loss_avg, "precision": run.precision}, tmp)
+                "loss_avg": state.loss_avg, "precision": run.precision,
+                "model_config": asdict(run.model.config)}, tmp)
     tmp.replace(run.ckpt_path)
 
 

@@ -200,12 +200,13 @@ def start_model(cfg: TrainConfig):
 
 def start_config(init_from: str, have, want):
     """The recipe's `model_config` `want` for the start model of config `have`: with its embedding
-    rows, which may pass the tokenizer's size (LLaDA pads its embedding) but not fall short of it;
-    the other shape fields are checked by `check_start_shape`."""
+    rows, which may pass the tokenizer's size (LLaDA pads its embedding) but not fall short of it,
+    and its numerics (`norm_eps`, `rope_fp32`), which the recipe does not set; the other shape
+    fields are checked by `check_start_shape`."""
     if have.vocab_size < want.vocab_size:
         raise ValueError(f"init_from {init_from!r} has {have.vocab_size} embedding rows, fewer than the "
                          f"{want.vocab_size} tokens of its tokenizer")
-    want = dataclasses.replace(want, vocab_size=have.vocab_size)
+    want = dataclasses.replace(want, vocab_size=have.vocab_size, norm_eps=have.norm_eps, rope_fp32=have.rope_fp32)
     check_start_shape(init_from, have, want)
     return want
 
