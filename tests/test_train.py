@@ -452,6 +452,23 @@ def test_a_missing_start_or_other_settings_are_refused_before_the_records_are_ma
         T.train(T.TrainConfig(out=str(tmp_path / "s"), **{**TINY, "init_from": str(tmp_path / "none")}), progress=False)
 
 
+def test_start_weights_are_hashed_whole_or_shard_by_shard(tmp_path):
+    import hashlib
+
+    from dllm.train.model_init import weights_sha256
+    assert weights_sha256(tmp_path) is None
+    (tmp_path / "learn2pd_filter.safetensors").write_bytes(b"not the model")
+    (tmp_path / "b.safetensors").write_bytes(b"second")
+    (tmp_path / "a.safetensors").write_bytes(b"first")
+    index = {"weight_map": {"x": "b.safetensors", "y": "a.safetensors", "z": "b.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert weights_sha256(tmp_path) == hashlib.sha256(b"firstsecond").hexdigest()
+    (tmp_path / "b.safetensors").write_bytes(b"changed")
+    assert weights_sha256(tmp_path) == hashlib.sha256(b"firstchanged").hexdigest()
+    (tmp_path / "model.safetensors").write_bytes(b"whole")
+    assert weights_sha256(tmp_path) == hashlib.sha256(b"whole").hexdigest()
+
+
 def test_a_start_model_with_fewer_embedding_rows_than_the_recipe_is_refused():
     from dllm.train.model_init import start_config
     want = dllm.ModelConfig.from_name("llada2-tiny")

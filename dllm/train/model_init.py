@@ -193,9 +193,25 @@ def start_model(cfg: TrainConfig):
     if model.config.family != "llada":
         raise ValueError(f"init_from {cfg.init_from!r} holds a {model.config.family} model; "
                          f"training starts from LLaDA only")
-    weights = folder / "model.safetensors"
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None
-    return model, load_tokenizer(folder, "llada"), digest
+    return model, load_tokenizer(folder, "llada"), weights_sha256(folder)
+
+
+def weights_sha256(folder: Path) -> str | None:
+    """The SHA-256 of a model folder's weights: of `model.safetensors`, or of the shards its
+    `model.safetensors.index.json` names, read one after another in name order; None without them."""
+    index = folder / "model.safetensors.index.json"
+    if (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    elif index.is_file():
+        files = [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    else:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def start_config(init_from: str, have, want):
