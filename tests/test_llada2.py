@@ -30,15 +30,34 @@ def test_config_comes_from_the_checkpoint(llada2_dir):
     assert cfg.n_params == sum(p.numel() for p in model.parameters()) + 16 * 2     # + the two expert_bias buffers
 
 
+VARIANTS = {   # config.json changes: one expert per token (raw score, no division), a rotary_dim key the
+               # published code does not read, a head tied to the embedding, a quarter of each head rotated
+    "published": {},
+    "one-expert": dict(num_experts_per_tok=1, n_group=1, topk_group=1),
+    "stray-rotary-dim": dict(rotary_dim=4),
+    "tied": dict(tie_word_embeddings=True),
+    "quarter-rotary": dict(partial_rotary_factor=0.25, rotary_dim=4),
+}
+
+
 @pytest.mark.parametrize("sharded", [False, True])
 @pytest.mark.parametrize("length", [75, 32, 9])
 def test_forward_equals_the_reference(tmp_path, sharded, length):
-    folder = write_llada2_checkpoint(tmp_path / "m", sharded=sharded)
+    _check_forward(tmp_path, {}, length, sharded)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "published"])
+def test_config_variants_forward_as_the_reference(tmp_path, variant):
+    _check_forward(tmp_path, VARIANTS[variant], 40)
+
+
+def _check_forward(tmp_path, changes: dict, length: int, sharded: bool = False) -> None:
+    folder = write_llada2_checkpoint(tmp_path / "m", sharded=sharded, **changes)
     model, _ = dllm.load(folder, dtype="float32")
     x = torch.randint(0, 300, (2, length), generator=torch.Generator().manual_seed(length))
     with torch.no_grad():
         got = model(x)
-    want = llada2_forward_ref(load_state_dict(folder), llada2_config(), x)
+    want = llada2_forward_ref(load_state_dict(folder), llada2_config(**changes), x)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()          # 1e-5 of the logits' scale
 
 

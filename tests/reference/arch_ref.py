@@ -28,12 +28,12 @@ Numerics, per model (these are the points where the two families differ):
   then expert by expert: the expert's tokens, down(silu(gate) * up), times their weight, added into
   the output with ``index_add_``.
 * LLaDA2: one fused q/k/v product split by heads, LLaDA-MoE's per-head QK norm and partial
-  rotation, GQA, and block-causal attention: the published ``generate`` passes the additive mask
+  rotation (int(head_dim * partial_rotary_factor) dims; the config's ``rotary_dim`` is not read), GQA, and block-causal attention: the published ``generate`` passes the additive mask
   log(tril(ones(blocks, blocks))) expanded to blocks of 32 columns from column 0. The first
   ``first_k_dense_replace`` layers are dense; the others score experts with the sigmoid of the
   gate's fp32 logits, rank them with ``expert_bias`` added inside the best ``topk_group`` of
-  ``n_group`` groups (a group scores its two best), divide the unbiased weights by their sum (+1e-20),
-  scale them by ``routed_scaling_factor`` and sum the weighted expert outputs in fp32; the shared
+  ``n_group`` groups (a group scores its two best), divide the unbiased weights by their sum (+1e-20)
+  when more than one expert is chosen, scale them by ``routed_scaling_factor`` and sum the weighted expert outputs in fp32; the shared
   expert is added after the cast back.
 * Heads: LLaDA, LLaDA-MoE and LLaDA2 logits are aligned (row i predicts token i) with width ``embedding_size``; Dream
   returns RAW logits (row i predicts token i + 1). :func:`dream_shift` aligns them.
@@ -377,7 +377,9 @@ def _llada2_moe(h: Tensor, state_dict: Mapping[str, Tensor], b: str, config: Map
     allowed = allowed[:, :, None].expand(T, G, E // G).reshape(T, E)
     chosen = choice.masked_fill(~allowed, float("-inf")).topk(k, dim=-1).indices
     weights = scores.gather(1, chosen)
-    weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) * config["routed_scaling_factor"]
+    if k > 1:                                                   # one expert keeps its raw score
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    weights = weights * config["routed_scaling_factor"]
     out = torch.zeros(T, h.shape[1], dtype=torch.float32)
     for e in range(E):
         token, slot = torch.where(chosen == e)
@@ -400,7 +402,7 @@ def llada2_forward_ref(
     ``input_ids`` (B, L) -> aligned logits (B, L, V). Runs in the dtype of the weights."""
     d, H, H_kv, D = (config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"],
                      config["head_dim"])
-    rot, eps = config["rotary_dim"], config["rms_norm_eps"]
+    rot, eps = int(D * config.get("partial_rotary_factor", 1.0)), config["rms_norm_eps"]
     B, L = input_ids.shape
     x = F.embedding(input_ids, state_dict["model.word_embeddings.weight"])
     blocks = -(-L // block_length)
@@ -425,4 +427,5 @@ def llada2_forward_ref(
         else:
             x = x + _llada2_moe(h.reshape(B * L, d), state_dict, b, config).view(B, L, d)
     x = _rms_norm(x, state_dict["model.norm.weight"], eps)
-    return F.linear(x, state_dict["lm_head.weight"])
+    head = state_dict["model.word_embeddings.weight" if config["tie_word_embeddings"] else "lm_head.weight"]
+    return F.linear(x, head)
