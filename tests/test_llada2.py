@@ -316,8 +316,12 @@ def test_an_attention_backend_without_query_masks_is_refused_when_chosen(llada2_
     (dict(use_qkv_bias=True), "'use_qkv_bias'"),
     (dict(moe_router_enable_expert_bias=False), "'moe_router_enable_expert_bias'"),
     (dict(head_dim=32), "'head_dim' = 32"),
-    (dict(n_group=3), "not divisible by n_groups 3"),
-    (dict(topk_group=1, num_experts_per_tok=8), "cannot hold experts_per_token 8"),
+    (dict(n_group=3), r"not divisible by n_groups 3 \(n_experts is config.json's 'num_experts'; n_groups is "
+                      r"config.json's 'n_group'\)"),
+    (dict(topk_group=1, num_experts_per_tok=8), r"cannot hold experts_per_token 8.*experts_per_token is "
+                                                r"config.json's 'num_experts_per_tok'"),
+    (dict(first_k_dense_replace=9), r"first_dense 9 exceeds n_layers 3 \(n_layers is config.json's "
+                                    r"'num_hidden_layers'; first_dense is config.json's 'first_k_dense_replace'\)"),
     (dict(partial_rotary_factor=0), "'partial_rotary_factor' = 0 must lie in"),
     (dict(num_attention_heads=0), "'num_attention_heads' = 0 must be a positive integer"),
     (dict(hidden_size="64"), "'hidden_size' = '64' must be a positive integer"),
@@ -326,6 +330,16 @@ def test_bad_configs_name_the_key(tmp_path, overrides, message):
     folder = write_llada2_checkpoint(tmp_path / "m")
     edit_config(folder, **overrides)
     with pytest.raises(ValueError, match=message):
+        dllm.load(folder)
+
+
+def test_a_config_without_dense_layers_needs_no_dense_width(tmp_path):
+    folder = write_llada2_checkpoint(tmp_path / "m", first_k_dense_replace=0)
+    edit_config(folder, intermediate_size=None)
+    model, _ = dllm.load(folder, dtype="float32")
+    assert model.config.moe.first_dense == 0
+    edit_config(folder, first_k_dense_replace=1)
+    with pytest.raises(ValueError, match="LLaDA2 config.json lacks required keys: intermediate_size"):
         dllm.load(folder)
 
 

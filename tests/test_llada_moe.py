@@ -200,7 +200,10 @@ def test_generate_with_a_chat_prompt(lladamoe):
 @pytest.mark.parametrize("overrides, message", [
     (dict(moe_layer_freq=[1, 0]), "'moe_layer_freq'"),
     (dict(moe_router_enable_expert_bias=True), "'moe_router_enable_expert_bias'"),
-    (dict(num_experts_per_tok=9), "experts_per_token 9 exceeds n_experts 8"),
+    (dict(num_experts_per_tok=9), r"experts_per_token 9 exceeds n_experts 8 \(n_experts is config.json's "
+                                  r"'num_experts'; experts_per_token is config.json's 'num_experts_per_tok'\)"),
+    (dict(num_key_value_heads=3), r"n_kv_heads.*\(n_heads is config.json's 'num_attention_heads'; n_kv_heads is "
+                                  r"config.json's 'num_key_value_heads'\)"),
     (dict(hidden_act="gelu"), "'hidden_act'"),
     (dict(partial_rotary_factor=0.0), "'partial_rotary_factor'"),
     (dict(attention_bias=True), "'attention_bias'"),
@@ -210,6 +213,13 @@ def test_bad_configs_name_the_key(tmp_path, overrides, message):
     edit_config(folder, **overrides)
     with pytest.raises(ValueError, match=message):
         dllm.load(folder)
+
+
+def test_an_unset_dense_width_is_the_config_class_default(tmp_path):
+    folder = write_lladamoe_checkpoint(tmp_path / "m")
+    edit_config(folder, dense_intermediate_size=-1)
+    model, _ = dllm.load(folder, dtype="float32")
+    assert model.config.mlp_hidden == model.config.moe.expert_hidden
 
 
 def test_qk_layernorm_must_be_stated(tmp_path):

@@ -3,7 +3,16 @@ names the family, the key, its value and what is allowed. A key that is absent o
 default."""
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# Internal config fields -> the config.json keys of the Qwen2-layout families (Dream, LLaDA-MoE, LLaDA2).
+QWEN2_KEYS = {"d_model": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+              "n_kv_heads": "num_key_value_heads", "vocab_size": "vocab_size", "mlp_hidden": "intermediate_size",
+              "max_seq_len": "max_position_embeddings", "rotary_dim": "partial_rotary_factor",
+              "n_experts": "num_experts", "experts_per_token": "num_experts_per_tok", "n_groups": "n_group",
+              "topk_groups": "topk_group", "first_dense": "first_k_dense_replace",
+              "routed_scale": "routed_scaling_factor"}
 
 
 def first_of(d: dict, *keys: str, default: Any = None) -> Any:
@@ -92,3 +101,11 @@ def check_sizes(d: dict, keys: tuple[str, ...], family: str) -> None:
         value = d[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{family} config key {key!r} = {value!r} must be a positive integer")
+
+
+def naming_keys(message: str, keys: dict[str, str]) -> str:
+    """`message`, an error of a config built from config.json that names internal fields, with the
+    config.json key of each field it names (`keys`: field -> key) added."""
+    words = set(re.findall(r"\w+", message))
+    named = [f"{field} is config.json's {key!r}" for field, key in keys.items() if field in words and field != key]
+    return f"{message} ({'; '.join(named)})" if named else message

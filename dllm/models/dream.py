@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .config_json import check_sizes, first_of, flag, id_of, integer, number
+from .config_json import QWEN2_KEYS, check_sizes, first_of, flag, id_of, integer, number
 from .transformer import DiffusionTransformer
 
 
@@ -87,4 +87,5 @@ def hf_names(cfg: ModelConfig) -> dict[str, str]:
 class DreamModel(DiffusionTransformer):
     family = "dream"
     config_from_hf = staticmethod(config_from_hf)
+    config_keys = QWEN2_KEYS
     hf_names = staticmethod(hf_names)

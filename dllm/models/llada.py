@@ -129,4 +129,6 @@ def hf_names(cfg: ModelConfig) -> dict[str, str]:
 class LLaDAModel(DiffusionTransformer):
     family = "llada"
     config_from_hf = staticmethod(config_from_hf)
+    config_keys = {"vocab_size": "embedding_size", "mlp_hidden": "mlp_hidden_size",
+                   "max_seq_len": "max_sequence_length"}
     hf_names = staticmethod(hf_names)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, MoEConfig
-from .config_json import check_required, check_sizes, check_stated, first_of, flag, id_of, integer, number
+from .config_json import QWEN2_KEYS, check_required, check_sizes, check_stated, first_of, flag, id_of, integer, number
 from .llada_moe import EOS_TOKEN, MASK_TOKEN, special_id
 from .transformer import DiffusionTransformer
 
@@ -40,8 +40,9 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     """ModelConfig from a LLaDA2 `config.json`; `tokens` maps the tokenizer's added tokens to ids."""
     check_stated(d, ("use_bias",), _REQUIRED, "LLaDA2")   # the config class defaults it to true
     check_required(d, _REQUIRED, "LLaDA2")
-    check_sizes(d, ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
-                    "moe_intermediate_size", "num_experts", "num_experts_per_tok"), "LLaDA2")
+    first_dense = integer(d, "first_k_dense_replace", 0, "LLaDA2", low=0)
+    check_sizes(d, ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "moe_intermediate_size",
+                    "num_experts", "num_experts_per_tok") + (("intermediate_size",) if first_dense else ()), "LLaDA2")
     if d.get("head_dim") is not None:
         check_sizes(d, ("head_dim",), "LLaDA2")
     n_heads = d["num_attention_heads"]
@@ -59,12 +60,12 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
                     topk_groups=integer(d, "topk_group", 4, "LLaDA2"), routed_scale=number(d, "routed_scaling_factor", 2.5, "LLaDA2"),
                     expert_bias=True, router_fp32=True, sum_fp32=True,
                     shared_hidden=d["moe_intermediate_size"] * integer(d, "num_shared_experts", 0, "LLaDA2", low=0),
-                    first_dense=integer(d, "first_k_dense_replace", 0, "LLaDA2", low=0))
+                    first_dense=first_dense)
     eos = special_id(d, "eos_token_id", EOS_TOKEN, tokens, "LLaDA2")
     return ModelConfig(
         family="llada2", vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
         n_heads=n_heads, n_kv_heads=integer(d, "num_key_value_heads", n_heads, "LLaDA2"),
-        mlp_hidden=d["intermediate_size"],
+        mlp_hidden=d["intermediate_size"] if first_dense else d["moe_intermediate_size"],   # dense layers' width
         norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA2"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA2"),
         max_seq_len=integer(d, "max_position_embeddings", 16384, "LLaDA2"),
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens, "LLaDA2"), eos_token_id=eos,
@@ -128,3 +129,4 @@ class LLaDA2Model(DiffusionTransformer):
     hf_names = staticmethod(hf_names)
     adapt_weights = staticmethod(adapt_weights)
     config_reads_tokens = True
+    config_keys = {**QWEN2_KEYS, "expert_hidden": "moe_intermediate_size", "shared_hidden": "num_shared_experts"}

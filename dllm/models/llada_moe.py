@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import ModelConfig, MoEConfig
 from .dream import qwen2_names
-from .config_json import check_required, check_sizes, flag, id_of, integer, number
+from .config_json import QWEN2_KEYS, check_required, check_sizes, flag, id_of, integer, number
 from .transformer import DiffusionTransformer
 
 PUBLISHED_VOCAB = 157184
@@ -53,6 +53,14 @@ def _moe_layers(d: dict) -> None:
                          f"{layers} ones: every layer mixture-of-experts)")
 
 
+def _dense_hidden(d: dict[str, Any]) -> int:
+    """The unused dense MLP width (every layer is a MoE one): `dense_intermediate_size`, whose
+    config class default -1 means unset, else the expert width."""
+    dense = d.get("dense_intermediate_size")
+    unset = isinstance(dense, bool) or not isinstance(dense, int) or dense <= 0
+    return d["expert_intermediate_size"] if unset else dense
+
+
 def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> ModelConfig:
     """ModelConfig from a LLaDA-MoE `config.json`; `tokens` maps the tokenizer's added tokens to
     their ids (for the mask id, which the published config lacks)."""
@@ -82,7 +90,7 @@ def config_from_hf(d: dict[str, Any], tokens: dict[str, int] | None = None) -> M
     return ModelConfig(
         family="llada-moe", vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
         n_heads=n_heads, n_kv_heads=integer(d, "num_key_value_heads", n_heads, "LLaDA-MoE"),
-        mlp_hidden=d.get("dense_intermediate_size") or d["expert_intermediate_size"],
+        mlp_hidden=_dense_hidden(d),
         norm_eps=number(d, "rms_norm_eps", 1e-5, "LLaDA-MoE"), rope_theta=number(d, "rope_theta", 10000.0, "LLaDA-MoE"),
         max_seq_len=integer(d, "max_position_embeddings", 4096, "LLaDA-MoE"),   # the config class default
         mask_token_id=special_id(d, "mask_token_id", MASK_TOKEN, tokens), eos_token_id=eos,
@@ -121,3 +129,5 @@ class LLaDAMoEModel(DiffusionTransformer):
     config_from_hf = staticmethod(config_from_hf)
     hf_names = staticmethod(hf_names)
     config_reads_tokens = True
+    config_keys = {**QWEN2_KEYS, "expert_hidden": "expert_intermediate_size",
+                   "shared_hidden": "shared_expert_intermediate_size", "mlp_hidden": "dense_intermediate_size"}

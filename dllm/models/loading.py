@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 from ..attention import check_device, get_backend
 from ..config import ModelConfig
+from .config_json import naming_keys
 from .dream import DreamModel
 from .llada import LLaDAModel
 from .llada2 import ARCHITECTURE as LLADA2_ARCHITECTURE
@@ -188,9 +189,12 @@ def read_config(folder: Path) -> tuple[ModelConfig, dict[str, Any]]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"corrupt config.json in {folder}: {err}") from None
     cls = FAMILY_CLASSES[detect_family(raw)]
-    if cls.config_reads_tokens:   # its config.json names no mask id: the tokenizer's <|mask|> is it
-        return cls.config_from_hf(raw, added_tokens(folder)), raw
-    return cls.config_from_hf(raw), raw
+    try:
+        if cls.config_reads_tokens:   # its config.json names no mask id: the tokenizer's <|mask|> is it
+            return cls.config_from_hf(raw, added_tokens(folder)), raw
+        return cls.config_from_hf(raw), raw
+    except ValueError as err:        # a check of the built config names its fields: add their keys
+        raise ValueError(naming_keys(str(err), cls.config_keys)) from None
 
 
 def added_tokens(folder: Path) -> dict[str, int]:

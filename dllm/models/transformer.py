@@ -300,6 +300,7 @@ class DiffusionTransformer(nn.Module):
 
     family = "generic"
     config_reads_tokens = False     # config_from_hf(d, tokens) takes the tokenizer's added tokens (LLaDA-MoE, LLaDA2)
+    config_keys: dict[str, str] = {}   # internal config field -> its config.json key, for error messages
 
     def __init__(self, cfg: ModelConfig, attention: str = "auto"):
         super().__init__()
