@@ -103,13 +103,6 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, calls_timed: int,
     calls = {"full": lambda: model(x, block, cache=cache),
              "step32": lambda: model(x, half, positions=block, cache=cache, logits_from=half - 256),
              "nocache": lambda: model(x, block)}
-    if counted:
-        count(name, calls)
-    if profiled:
-        profile(name, calls["step32"], device)
-    moe_layers = [layer.mlp for i, layer in enumerate(model.layers) if cfg.is_moe_layer(i)]
-    if moe_layers:
-        moe_share(name, calls, moe_layers, device)
     modes = (False, True) if device.type == "cuda" else (False,)
     res = {}
     with torch.no_grad():
@@ -126,6 +119,15 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, calls_timed: int,
                 res[graphs, what] = ((time.perf_counter() - start) / calls_timed, out.float())
                 mode = ("graphs" if graphs else "eager") + ("+c" if compiled else "")
                 print(f"{name:<18}{mode:<8}{what:<8} {res[graphs, what][0] * 1e3:9.2f} ms/call", flush=True)
+    # counted and profiled after the timing: the profiler's hooks slow the calls timed after it
+    model.set_cuda_graphs(False)
+    if counted:
+        count(name, calls)
+    if profiled:
+        profile(name, calls["step32"], device)
+    moe_layers = [layer.mlp for i, layer in enumerate(model.layers) if cfg.is_moe_layer(i)]
+    if moe_layers:
+        moe_share(name, calls, moe_layers, device)
     for graphs in modes:
         mode = ("graphs" if graphs else "eager") + ("+c" if compiled else "")
         print(f"{name:<18}{mode:<8}full/step32 {res[graphs, 'full'][0] / res[graphs, 'step32'][0]:.2f}x")

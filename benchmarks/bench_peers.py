@@ -27,7 +27,7 @@ each decoded alone (batch 1: Fast-dLLM's functions build a one-row canvas), at t
 `--prompt-ids FILE` gives the prompts instead (a JSON list of token-id lists).
 
 Configurations (`--configs`), peer function <-> dllm request (`score_dtype="float64"` against
-Fast-dLLM, which computes confidences with a float64 softmax; `"float32"` against LLaDA's
+Fast-dLLM, which computes confidences with a float64 softmax; `"logits"` against LLaDA's
 `generate`, whose softmax is in the logits' dtype):
 
     threshold       Fast-dLLM generate(threshold=t)              sampler="threshold" tau=t, cache="none"
@@ -99,7 +99,7 @@ CONFIGS = {
     "prefix": PeerConfig("fastdllm", "generate_with_prefix_cache", "threshold", "prefix", True, "float64"),
     "dual": PeerConfig("fastdllm", "generate_with_dual_cache", "threshold", "dual", True, "float64"),
     "low_confidence": PeerConfig("fastdllm", "generate", "low_confidence", "none", False, "float64"),
-    "llada": PeerConfig("llada", "generate", "low_confidence", "none", False, "float32"),
+    "llada": PeerConfig("llada", "generate", "low_confidence", "none", False, "logits"),   # its softmax's dtype
 }
 DEFAULT_CONFIGS = "threshold,prefix,dual"
 VARIANTS = ("eager", "graphs", "compile", "graphs+compile")

@@ -280,6 +280,16 @@ def counts(p: argparse.ArgumentParser, option: str, text: str, most: int | None)
     return values
 
 
+def run_meta(args, name: str, defaults) -> dict:
+    """The fields every row of a run shares: the settings, the software and the machine."""
+    commit, dirty = source_commit()
+    return {"model": name, "gen_length": args.gen_length, "block_length": args.block_length,
+            "sampler": args.sampler, "sampler_args": defaults.sampler_kwargs, "cache": args.cache,
+            "cache_args": defaults.cache_kwargs, "dtype": args.dtype, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "timestamp": timestamp(), "versions": versions(),
+            "hardware": hardware(), "git_commit": commit, "git_dirty": dirty}
+
+
 def main(argv=None) -> int:
     args, levels, sizes = parse_args(argv)
     if args.threads:
@@ -307,6 +317,7 @@ def main(argv=None) -> int:
                     max_queue=max(levels) * 4, engine_thread=False)
     breakdown = Breakdown(model, app.state.engine) if args.breakdown else None
     rows = []
+    meta = run_meta(args, name, defaults) if args.out else None
 
     def run_levels(base_url: str) -> None:
         try:
@@ -317,6 +328,8 @@ def main(argv=None) -> int:
                 rows.append(level_row(c, results, seconds, expected))
                 if breakdown:
                     rows[-1].update(breakdown.row(len(prompts), seconds))
+                if args.out:      # each level's row as it is made: a stopped run keeps the finished ones
+                    append_rows(args.out, [{**meta, **rows[-1]}])
         finally:
             app.state.engine.stop()
 
@@ -324,14 +337,6 @@ def main(argv=None) -> int:
     print_levels(rows)
     if breakdown:
         print_breakdown(rows)
-    if args.out:
-        commit, dirty = source_commit()
-        meta = {"model": name, "gen_length": args.gen_length, "block_length": args.block_length,
-                "sampler": args.sampler, "sampler_args": defaults.sampler_kwargs, "cache": args.cache,
-                "cache_args": defaults.cache_kwargs, "dtype": args.dtype, "threads": torch.get_num_threads(),
-                "torch": torch.__version__, "timestamp": timestamp(), "versions": versions(),
-                "hardware": hardware(), "git_commit": commit, "git_dirty": dirty}
-        append_rows(args.out, [{**meta, **r} for r in rows])
     lost = len(rows) < len(levels) or any(r["answered"] < r["requests"] or r["equal_offline"] < r["requests"]
                                           for r in rows)
     return 1 if lost else 0

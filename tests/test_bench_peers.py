@@ -86,7 +86,7 @@ def test_missing_checkout_and_peer_python_are_clear_errors(bench, tmp_path):
 
 
 def test_llada_configuration_needs_its_checkout_and_model_code(bench, tmp_path):
-    assert bench.CONFIGS["llada"].peer == "llada" and bench.CONFIGS["llada"].score_dtype == "float32"
+    assert bench.CONFIGS["llada"].peer == "llada" and bench.CONFIGS["llada"].score_dtype == "logits"
     assert bench.dllm_request("llada", bench.parse_args(["--configs", "llada"]))["sampler"] == "low_confidence"
     with pytest.raises(FileNotFoundError, match="no LLaDA checkout given: pass --llada DIR.*ML-GSAI/LLaDA"):
         bench.check_peers(["llada"], None, None, sys.executable)

@@ -2,7 +2,8 @@
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
 # (default runs/gpu-checks). Run from the repository root; needs no network. Ten parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
-# for the rest; rows are written as they are made, so a stopped step keeps its finished rows;
+# for the rest; rows are written as they are made, so a stopped step keeps its finished rows, except
+# bench_peers, which writes its rows once the peer has run every configuration;
 # each step's exit status is printed and kept in machine.txt, 124 for a step stopped at its limit).
 # Python packages the machine lacks travel as wheels in .whl/ (carry it): `serve` needs the
 # server's stack and the OpenAI client, which benchmarks/gpu/fetch_wheels.sh downloads.
