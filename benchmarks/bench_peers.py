@@ -216,11 +216,13 @@ def check_peer_model(roots: dict[str, Path], checkpoint: str | None) -> None:
 
 
 def peer_commit(root: Path, git_dir: str | None) -> str:
-    """A peer checkout's commit: `git --git-dir GIT_DIR rev-parse HEAD`, else the checkout's own, else "unknown"."""
+    """A peer checkout's commit: `git --git-dir GIT_DIR rev-parse HEAD`, else the checkout's own, else
+    that of an exported tree's `COMMIT` file (benchmarks/gpu/fetch_peers.sh writes one), else "unknown"."""
     cmd = (["git", "--git-dir", git_dir, "rev-parse", "HEAD"] if git_dir
            else ["git", "-C", str(root), "rev-parse", "HEAD"] if (root / ".git").exists() else None)
     if cmd is None:
-        return "unknown"
+        exported = root / "COMMIT"
+        return exported.read_text().strip() if exported.is_file() else "unknown"
     try:
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):

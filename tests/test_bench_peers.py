@@ -112,6 +112,12 @@ def test_llada_configuration_needs_its_checkout_and_model_code(bench, tmp_path):
     bench.check_peer_model({"fastdllm": fastdllm, "llada": llada}, None)
 
 
+def test_a_peer_commit_comes_from_git_or_an_exported_trees_commit_file(bench, tmp_path):
+    assert bench.peer_commit(tmp_path, None) == "unknown"
+    (tmp_path / "COMMIT").write_text("24cc59e75f20a6384bae8c905965bb090b96388e\n")
+    assert bench.peer_commit(tmp_path, None) == "24cc59e75f20a6384bae8c905965bb090b96388e"
+
+
 def test_variants_are_parsed(bench):
     assert bench.parse_args(["--variants", "eager, compile"]).variants == ["eager", "compile"]
     assert bench.parse_args([]).variants == ["eager"]

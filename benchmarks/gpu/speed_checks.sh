@@ -6,7 +6,8 @@
 # bench_peers, which writes its rows once the peer has run every configuration;
 # each step's exit status is printed and kept in machine.txt, 124 for a step stopped at its limit).
 # Python packages the machine lacks travel as wheels in .whl/ (carry it): `serve` needs the
-# server's stack and the OpenAI client, which benchmarks/gpu/fetch_wheels.sh downloads.
+# server's stack and the OpenAI client, which benchmarks/gpu/fetch_wheels.sh downloads; `peers` and
+# `short` need Fast-dLLM and transformers 4.x, which benchmarks/gpu/fetch_peers.sh puts in .peers/.
 #   bash benchmarks/gpu/speed_checks.sh generate   # GPU tests; bench_generate at the LLaDA-8B shape,
 #                                                   # bf16: dual and prefix against none at batch
 #                                                   # 1 and 8, with and without CUDA graphs, and
@@ -75,13 +76,29 @@ step() {
     echo "step $name rc=$rc" | tee -a "$OUT/machine.txt"
 }
 
+# Without FASTDLLM and PEER_PYTHON, a carried .peers/ (benchmarks/gpu/fetch_peers.sh) gives them:
+# its wheels (transformers 4.x, ...) go to a folder of their own, which only the peer's interpreter
+# reads before the image's packages.
+peer_from_carry() {
+    if [ -n "${FASTDLLM:-}" ] || [ ! -f .peers/fast-dllm/llada/generate.py ]; then
+        return
+    fi
+    timeout 120 python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --disable-pip-version-check --target /tmp/peer-site .peers/wheels/*.whl >>"$OUT/machine.txt" 2>&1
+    printf '#!/bin/sh\nPYTHONPATH=/tmp/peer-site exec %s "$@"\n' "$(command -v python)" >/tmp/peer-python
+    chmod +x /tmp/peer-python
+    export FASTDLLM=$PWD/.peers/fast-dllm PEER_PYTHON=/tmp/peer-python
+    echo "peer from .peers: Fast-dLLM $(cat .peers/fast-dllm/COMMIT), $(ls .peers/wheels | tr '\n' ' ')" >>"$OUT/machine.txt"
+}
+
 have_peer() {
+    peer_from_carry
     [ -n "${FASTDLLM:-}" ] && [ -n "${PEER_PYTHON:-}" ]
 }
 
 need_peer() {
     if ! have_peer; then
-        echo "set FASTDLLM (a Fast-dLLM checkout) and PEER_PYTHON (the peer interpreter)" >&2
+        echo "set FASTDLLM (a Fast-dLLM checkout) and PEER_PYTHON (the peer interpreter), or carry .peers" >&2
         exit 2
     fi
 }
