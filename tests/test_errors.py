@@ -333,6 +333,23 @@ def test_llada_config_values_llada_does_not_run_are_named(change, match):
     assert config_from_hf({**_LLADA_SMALL, "bias_for_layer_norm": None, "alibi": None}).d_model == 64
 
 
+def test_built_config_errors_name_their_keys_and_key_errors_stay_as_they_are(llada_dir, tmp_path):
+    import shutil
+
+    from dllm.models.config_json import naming_keys
+    from tests.fixtures.checkpoints import edit_config
+    keys = {"vocab_size": "embedding_size", "n_heads": "n_heads"}
+    assert naming_keys("ModelConfig.vocab_size must be a positive integer, got 0", keys) == \
+        "ModelConfig.vocab_size must be a positive integer, got 0 (vocab_size is config.json's 'embedding_size')"
+    assert naming_keys("n_heads 4 is not a multiple of n_kv_heads 3", keys) == "n_heads 4 is not a multiple of n_kv_heads 3"
+    folder = shutil.copytree(llada_dir, tmp_path / "m")
+    edit_config(folder, embedding_size=300)
+    with pytest.raises(ValueError) as err:
+        dllm.load(folder)
+    assert str(err.value).endswith("is smaller than vocab_size 320 (it must be at least as large: the embedding "
+                                   "holds every token)")
+
+
 @pytest.mark.parametrize("absent", [("rope",), ("layer_norm_type",), ("block_type", "activation_type")])
 def test_llada_config_must_state_keys_defaulting_elsewhere(absent):
     # LLaDA's config class defaults these to no RoPE, LayerNorm, the sequential block and SwiGLU.

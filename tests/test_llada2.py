@@ -322,6 +322,8 @@ def test_an_attention_backend_without_query_masks_is_refused_when_chosen(llada2_
                                                 r"config.json's 'num_experts_per_tok'"),
     (dict(first_k_dense_replace=9), r"first_dense 9 exceeds n_layers 3 \(n_layers is config.json's "
                                     r"'num_hidden_layers'; first_dense is config.json's 'first_k_dense_replace'\)"),
+    (dict(partial_rotary_factor=0.3125), r"rotary_dim must be .*got 5 \(rotary_dim is config.json's "
+                                         r"'partial_rotary_factor'\)"),
     (dict(partial_rotary_factor=0), "'partial_rotary_factor' = 0 must lie in"),
     (dict(num_attention_heads=0), "'num_attention_heads' = 0 must be a positive integer"),
     (dict(hidden_size="64"), "'hidden_size' = '64' must be a positive integer"),

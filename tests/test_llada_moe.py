@@ -215,9 +215,10 @@ def test_bad_configs_name_the_key(tmp_path, overrides, message):
         dllm.load(folder)
 
 
-def test_an_unset_dense_width_is_the_config_class_default(tmp_path):
+@pytest.mark.parametrize("dense", [-1, 0, True, None])
+def test_an_unset_dense_width_is_the_config_class_default(tmp_path, dense):
     folder = write_lladamoe_checkpoint(tmp_path / "m")
-    edit_config(folder, dense_intermediate_size=-1)
+    edit_config(folder, dense_intermediate_size=dense)
     model, _ = dllm.load(folder, dtype="float32")
     assert model.config.mlp_hidden == model.config.moe.expert_hidden
 

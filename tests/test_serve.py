@@ -319,6 +319,11 @@ def test_a_prompt_leaving_a_partial_attention_block_is_refused_naming_the_prompt
         assert err.value.param == param
     whole = [1] * model.config.attention_block
     assert server.job(CompletionRequest(prompt=whole, max_tokens=32), whole, 32, lambda kind, payload: None)
+    from dllm.decode import partial_block_problem
+    sampler = dllm.samplers.get("low_confidence")
+    assert "a prompt of 5 tokens" in partial_block_problem(sampler, [32, 5, 7], 32)
+    assert partial_block_problem(sampler, [5], None) is None
+    assert partial_block_problem(dllm.samplers.get("threshold"), [5], 32) is None
 
 
 def test_request_arguments_add_to_the_servers_for_its_sampler_and_cache():

@@ -516,6 +516,12 @@ def test_init_from_goes_on_from_a_model_folder(trained, tmp_path):
                                                                  tmp_path / "exported") == 1
     assert load_file(str(tmp_path / "exported" / "model.safetensors"))["model.transformer.wte.weight"].shape[0] == rows
     assert json.loads((tmp_path / "exported" / "config.json").read_text())["rms_norm_eps"] == 1e-6
+    older = torch.load(tmp_path / "ft-padded" / "checkpoint.pt", weights_only=False)     # saved without its config
+    del older["model_config"]
+    torch.save(older, tmp_path / "ft-padded" / "older.pt")
+    assert load_benchmark("export_checkpoint").export_checkpoint(tmp_path / "ft-padded" / "older.pt",
+                                                                 tmp_path / "older") == 1
+    assert load_file(str(tmp_path / "older" / "model.safetensors"))["model.transformer.wte.weight"].shape[0] == rows
 
 
 def test_later_phases_go_on_from_the_model_before(trained, tmp_path):

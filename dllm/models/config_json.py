@@ -105,7 +105,10 @@ def check_sizes(d: dict, keys: tuple[str, ...], family: str) -> None:
 
 def naming_keys(message: str, keys: dict[str, str]) -> str:
     """`message`, an error of a config built from config.json that names internal fields, with the
-    config.json key of each field it names (`keys`: field -> key) added."""
+    config.json key of each field it names (`keys`: field -> key) added; a message that already
+    speaks of config.json's keys is left as it is."""
+    if "config key" in message or "config.json" in message:
+        return message
     words = set(re.findall(r"\w+", message))
     named = [f"{field} is config.json's {key!r}" for field, key in keys.items() if field in words and field != key]
     return f"{message} ({'; '.join(named)})" if named else message
