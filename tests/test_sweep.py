@@ -292,7 +292,7 @@ BAD_GRIDS = [
     ({"samplers": ["threshold"], "smaplers": []}, r"unknown key\(s\) 'smaplers'; allowed: .*samplers"),
     ({"samplers": ["thresh"]}, r"samplers\[0\]: unknown sampler 'thresh'; valid options: .*threshold"),
     ({"samplers": [{"name": "threshold", "args": {"tau": [0.9, 1.5]}}]}, r"tau=1.5.*tau must be <= 1, got 1.5"),
-    ({"samplers": [{"name": "threshold", "args": {"gamma": 1}}]}, r"has no argument\(s\) gamma; its arguments: tau"),
+    ({"samplers": [{"name": "threshold", "args": {"gamma": 1}}]}, r"has no argument\(s\) 'gamma'; its arguments: tau"),
     ({"samplers": [{"name": "threshold", "argz": {}}]}, r"unknown key\(s\) 'argz'; allowed: name, args"),
     ({"samplers": [{"args": {"tau": 0.9}}]}, r"missing 'name'; valid sampler names: .*threshold"),
     ({"samplers": [{"name": "low_confidence", "tokens_per_step": 2, "steps": 16}]}, "tokens_per_step or steps"),
