@@ -512,6 +512,11 @@ def test_the_forward_limit_counts_the_settings_not_a_cap_the_server_sets(shipped
                                    length_fields=("dllm.steps",))])
     (kind, (status, message, param)), = events
     assert (kind, status, param) == ("error", 400, "dllm.steps") and message.endswith("lower dllm.steps")
+    events = []     # steps the request set, well under the limit: the sampler's arguments are the cause
+    Engine(model, tok)._admit([Job([5, 6], remasking.replace(steps=8),
+                                   lambda kind, payload: events.append((kind, payload)), length_fields=("dllm.steps",))])
+    (kind, (status, message, param)), = events
+    assert (kind, status, param) == ("error", 400, None) and message.endswith("lower the sampler arguments")
 
 
 def test_a_prompt_the_decode_refuses_fails_only_its_own_request(dream):

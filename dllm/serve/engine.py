@@ -254,7 +254,9 @@ class Engine:
         decoder = self._decoder([j.prompt for j in jobs], jobs[0].config)
         gen_length, limit = decoder.state.gen_length, forward_limit(decoder.state.gen_length)
         if decoder.request.config.max_forwards is None and decoder.cap > limit:
-            by_steps = decoder.request.sampler.uses_steps and "dllm.steps" in jobs[0].length_fields
+            steps = decoder.request.config.steps           # the request's own steps, past the limit alone
+            by_steps = (decoder.request.sampler.uses_steps and "dllm.steps" in jobs[0].length_fields
+                        and steps is not None and steps > limit)
             raise RequestError(f"these settings allow up to {decoder.cap} forwards for {gen_length} tokens; the server "
                                f"takes at most {limit} ({MAX_FORWARDS_PER_TOKEN} per token + {MAX_FORWARDS_EXTRA}): "
                                f"lower {'dllm.steps' if by_steps else 'the sampler arguments'}",
