@@ -118,7 +118,10 @@ class DispatchCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def record_tolist(self) -> None:
-        """`Tensor.tolist` reads the tensor on the host without dispatching an aten operation."""
+        """`Tensor.tolist` reads the tensor on the host without dispatching an aten operation (inside
+        a Triton launch it counts as none, as the launch's own operations do)."""
+        if self.launch_depth:
+            return
         bucket = self.counts[self.kind]
         bucket.syncs += 1
         bucket.sync_sites[f"tolist at {_call_site()}"] += 1

@@ -23,9 +23,15 @@ def run_id(identity: dict) -> str:
 
 
 def versions() -> dict:
-    """Versions of dllm, torch, transformers and Python."""
+    """Versions of dllm, torch, transformers, Python, triton (None without it; its kernels decide
+    tokens on CUDA) and the CUDA runtime torch was built with (None for a CPU build)."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
     return {"dllm": __version__, "torch": torch.__version__, "python": platform.python_version(),
-            "transformers": transformers.__version__}
+            "transformers": transformers.__version__, "triton": triton_version, "cuda": torch.version.cuda}
 
 
 def cpu_name() -> str:

@@ -32,6 +32,7 @@ def test_a_kernel_launch_counts_as_one_operation():
     with counter:                                         # an entered counter listens to launches
         with launching("inner"):
             (x + 1).sum().item()                          # three operations and a read, inside the launch
+            x.tolist()                                    # a read without an operation, inside it too
         x * 2                                             # one operation outside it
     assert counter.counts["loop"].ops == 2 and counter.counts["loop"].syncs == 0
     with launching("after"):                              # an exited one no longer does

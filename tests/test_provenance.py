@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 import dllm
 from dllm import provenance
@@ -34,5 +35,8 @@ def test_hardware_versions_and_timestamp():
     assert hw["device"] and hw["threads"] >= 1 and hw["world_size"] == 3
     assert provenance.cpu_name()
     assert provenance.versions()["dllm"] == dllm.__version__
+    assert provenance.versions()["cuda"] == torch.version.cuda
+    triton = pytest.importorskip("triton")
+    assert provenance.versions()["triton"] == triton.__version__
     stamp = dt.datetime.fromisoformat(provenance.timestamp())
     assert stamp.tzinfo is not None and abs(dt.datetime.now(dt.timezone.utc) - stamp) < dt.timedelta(minutes=1)
