@@ -272,7 +272,7 @@ def main(argv=None) -> int:
     rope = rope_write_impl(None, device, dtype)
     print(f"rotary + K/V write of cached forwards: {rope} (DLLM_ROPE_WRITE)")
     common = {"torch": torch.__version__, "rope_write": rope, "device": str(device), "dtype": args.dtype,
-              "versions": provenance.versions(), "hardware": provenance.hardware()}
+              "versions": provenance.versions(), "hardware": provenance.hardware(device=device)}
     common["git_commit"], common["git_dirty"] = provenance.source_commit()
     try:
         for preset, model in _models(args, device, dtype):

@@ -435,7 +435,7 @@ def shared_fields(args, cfg, label: str, prompts, peer: dict, load_avg: list[flo
     """The fields every row of the run carries: provenance on both sides and the settings."""
     head, dirty = source_commit()
     return {"timestamp": timestamp(), "versions": versions(), "peer_versions": peer["versions"],
-            "hardware": hardware(), "git_commit": head, "git_dirty": dirty,
+            "hardware": hardware(device=args.device), "git_commit": head, "git_dirty": dirty,
             "peer_files_sha256": peer["peer_files_sha256"], "peer_model_source": peer["model_source"],
             "load_avg_1m": load_avg, "checkpoint": label, "n_params": cfg.n_params,
             "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "seed": args.seed,

@@ -280,14 +280,15 @@ def counts(p: argparse.ArgumentParser, option: str, text: str, most: int | None)
     return values
 
 
-def run_meta(args, name: str, defaults) -> dict:
-    """The fields every row of a run shares: the settings, the software and the machine."""
+def run_meta(args, name: str, defaults, device: torch.device) -> dict:
+    """The fields every row of a run shares: the settings, the software and the machine (`device`:
+    the model's)."""
     commit, dirty = source_commit()
     return {"model": name, "gen_length": args.gen_length, "block_length": args.block_length,
             "sampler": args.sampler, "sampler_args": defaults.sampler_kwargs, "cache": args.cache,
             "cache_args": defaults.cache_kwargs, "dtype": args.dtype, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "timestamp": timestamp(), "versions": versions(),
-            "hardware": hardware(), "git_commit": commit, "git_dirty": dirty}
+            "hardware": hardware(device=device), "git_commit": commit, "git_dirty": dirty}
 
 
 def main(argv=None) -> int:
@@ -317,7 +318,7 @@ def main(argv=None) -> int:
                     max_queue=max(levels) * 4, engine_thread=False)
     breakdown = Breakdown(model, app.state.engine) if args.breakdown else None
     rows = []
-    meta = run_meta(args, name, defaults) if args.out else None
+    meta = run_meta(args, name, defaults, model.device) if args.out else None
 
     def run_levels(base_url: str) -> None:
         try:

@@ -36,7 +36,18 @@ def test_hardware_versions_and_timestamp():
     assert provenance.cpu_name()
     assert provenance.versions()["dllm"] == dllm.__version__
     assert provenance.versions()["cuda"] == torch.version.cuda
-    triton = pytest.importorskip("triton")
-    assert provenance.versions()["triton"] == triton.__version__
     stamp = dt.datetime.fromisoformat(provenance.timestamp())
     assert stamp.tzinfo is not None and abs(dt.datetime.now(dt.timezone.utc) - stamp) < dt.timedelta(minutes=1)
+
+
+def test_hardware_names_the_device_the_run_used(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: f"GPU {getattr(index, 'index', index)}")
+    assert provenance.hardware(device="cpu")["device"] == provenance.cpu_name()       # a CPU run on a GPU host
+    assert provenance.hardware(device="cuda:1")["device"] == "GPU 1"
+    assert provenance.hardware(device="cuda")["device"] == provenance.hardware()["device"] == "GPU 0"
+
+
+def test_triton_version_is_recorded():
+    triton = pytest.importorskip("triton")
+    assert provenance.versions()["triton"] == triton.__version__

@@ -412,7 +412,7 @@ def _start_run(cfg: BenchConfig, dist: Distributed, model, tokenizer) -> tuple[_
     common = {"version": ROW_VERSION, "run_id": run_id, **identity,
               "schedule": "fixed" if sampler.fixed_schedule else "adaptive",
               "grammar_backend": backends.describe(), "versions": provenance.versions(),
-              "hardware": provenance.hardware(dist.world)}
+              "hardware": provenance.hardware(dist.world, getattr(model, "device", None))}
     return _Run(cfg, model, tokenizer, generation, common, backends), dataset, run_id
 
 

@@ -52,7 +52,7 @@ def summarize_point(p: SweepPoint, rows: list[dict], *, sid: str, tasks: list[st
         "nfe": sum(r["nfe"] for r in rows) / len(rows), "forwards": sum(r["nfe"] for r in rows),
         "tokens_per_second": committed / seconds if seconds > 0 else None, "seconds": seconds,
         "per_task": [dataclasses.asdict(t) for t in s.tasks],
-        "hardware": provenance.hardware(world), "versions": provenance.versions(),
+        "hardware": first.get("hardware") or provenance.hardware(world), "versions": provenance.versions(),
         "timestamp": provenance.timestamp(),
     }
 
