@@ -84,6 +84,7 @@ def test_rows_scores_and_resume(llada, bench_data, tmp_path):
     assert r["score"] in (0.0, 1.0) and r["score"] == r["metrics"]["headline"]
     assert r["sampler"] == "low_confidence" and r["data_mode"] == "official" and r["model"]
     assert {"torch", "dllm"} <= set(r["versions"]) and r["hardware"]["world_size"] == 1
+    assert r["runtime"] == {"attention": "sdpa", "cuda_graphs": False, "compile": False}
     assert len(r["prompt_id"]) == 12 and r["answer"] == json.loads(out.read_text().splitlines()[0])["answer"]
     assert _file_rows(out) == rows
     # A rerun of the same configuration finds everything stored and generates nothing.

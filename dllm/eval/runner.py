@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 import dllm
 from dllm import provenance, samplers
+from dllm.attention import default_backend
 from dllm.cache import CachePolicy, get_policy
 from dllm.config import GenerationConfig
 from dllm.decode import checkpoint_gen_length, resolve_sampler, with_instances
@@ -412,8 +413,19 @@ def _start_run(cfg: BenchConfig, dist: Distributed, model, tokenizer) -> tuple[_
     common = {"version": ROW_VERSION, "run_id": run_id, **identity,
               "schedule": "fixed" if sampler.fixed_schedule else "adaptive",
               "grammar_backend": backends.describe(), "versions": provenance.versions(),
-              "hardware": provenance.hardware(dist.world, getattr(model, "device", None))}
+              "hardware": provenance.hardware(dist.world, getattr(model, "device", None)),
+              "runtime": runtime_of(model)}
     return _Run(cfg, model, tokenizer, generation, common, backends), dataset, run_id
+
+
+def runtime_of(model) -> dict:
+    """How the model runs, which changes tokens only by rounding and so is recorded, not part of the
+    run id: its attention backend (`auto` resolved), CUDA graphs and torch.compile on or off."""
+    attention = getattr(model, "attention", None)
+    if attention == "auto":
+        attention = default_backend(model.device)
+    return {"attention": attention, "cuda_graphs": getattr(model, "cuda_graphs", None) is not None,
+            "compile": bool(getattr(model, "compiled", False))}
 
 
 def _stored_rows(cfg: BenchConfig, dist: Distributed, run_id: str) -> tuple[ResultsFile | None, list[dict]]:
