@@ -67,10 +67,11 @@ def hardware(world_size: int = 1, device: torch.device | str | None = None) -> d
     """The device the run used (`device`: that GPU's name, the CPU model for a CPU; None: the first
     GPU's name where there is one, else the CPU model), core and thread counts, and the number of
     processes of the run."""
-    device = torch.device(device) if device is not None else None
-    on_gpu = device.type == "cuda" if device is not None else torch.cuda.is_available()
-    name = torch.cuda.get_device_name(device if device is not None and device.index is not None else 0) if on_gpu \
-        else cpu_name()
+    if device is None:
+        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu_name()
+    else:
+        device = torch.device(device)
+        name = torch.cuda.get_device_name(device.index or 0) if device.type == "cuda" else cpu_name()
     return {"device": name, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
             "world_size": world_size}
 
