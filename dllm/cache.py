@@ -424,8 +424,12 @@ class StoringPolicy(CachePolicy):
             setattr(self, name, torch.cat([mine, theirs]))
 
     def observe(self, state, rows, positions, valid, prob):
-        r = rows[:, None].expand_as(positions)
-        self.confidence[r[valid], positions[valid]] = prob[valid].float()
+        # Without a host read: padding entries point at column 0 (`select_positions`) and write
+        # what column 0 holds after the step, its new confidence where it was scored.
+        scored0 = valid[:, :1] & (positions[:, :1] == 0)
+        col0 = torch.where(scored0, prob[:, :1].float(), self.confidence[rows, :1])
+        values = torch.where(valid, prob.float(), col0)
+        self.confidence[rows[:, None].expand_as(positions), positions] = values
 
     def needs(self, state, rows, scored=None, key_end=None):
         x = state.x[rows]                                                   # (B', L)

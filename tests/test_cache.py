@@ -827,3 +827,18 @@ def test_the_hidden_key_flag_follows_its_rows_when_rows_leave():
     policy.hidden_kv = torch.tensor([False, True, False])
     policy.keep_rows(torch.tensor([1, 2]), [1, 2])
     assert policy.hidden_kv.tolist() == [True, False]
+
+
+def test_observed_confidences_land_on_their_columns_and_padding_changes_nothing():
+    """`observe` writes without a host read: padding entries (column 0) leave column 0 as the step
+    leaves it, the new confidence where column 0 was scored, the stored one elsewhere."""
+    policy = get_policy("dkv-decode", guard=0.5)
+    policy.confidence = torch.full((3, 5), 7.0)
+    positions = torch.tensor([[0, 3, 0], [2, 0, 0], [1, 4, 0]])
+    valid = torch.tensor([[True, True, False], [True, False, False], [True, True, False]])
+    prob = torch.tensor([[0.1, 0.2, 0.9], [0.3, 0.9, 0.9], [0.4, 0.5, 0.9]], dtype=torch.float64)
+    policy.observe(None, torch.tensor([0, 2]), positions[:2], valid[:2], prob[:2])
+    want = torch.full((3, 5), 7.0)
+    want[0, 0], want[0, 3], want[2, 2] = 0.1, 0.2, 0.3
+    assert torch.equal(policy.confidence, want)
+
