@@ -60,7 +60,8 @@ def _train_phases(cfg: TrainConfig, progress: bool, stop_after: int | None) -> P
     steps of all phases together."""
     runs = phase_configs(cfg)
     for run in runs:     # a phase's checkpoint made with other settings is refused before any phase trains
-        _check_recorded_recipe(run, Path(run.out) / "checkpoint.pt")
+        ckpt_path = Path(run.out) / "checkpoint.pt"
+        _check_recorded_recipe(run, ckpt_path, _recorded(ckpt_path))
     done = 0
     for run in runs:
         left = None if stop_after is None else stop_after - done
@@ -283,12 +284,17 @@ def _build_model(cfg: TrainConfig, tokenizer, start, precision: str) -> LLaDAMod
     return model
 
 
-def _check_recorded_recipe(cfg: TrainConfig, ckpt_path: Path) -> None:
-    """Before any costly setup: a ValueError when the checkpoint at `ckpt_path`, if there is one, was
-    made with other settings than `cfg` (its start weights are compared when it resumes)."""
-    if ckpt_path.is_file():
-        recorded = torch.load(ckpt_path, weights_only=False, mmap=True)["recipe"]
-        _refuse_other_settings(ckpt_path, recipe_fields(cfg), recorded, same_start=True, same_start_weights=True)
+def _recorded(ckpt_path: Path) -> dict | None:
+    """The checkpoint at `ckpt_path` (memory-mapped: its fields are read, its tensors are not), or None."""
+    return torch.load(ckpt_path, weights_only=False, mmap=True) if ckpt_path.is_file() else None
+
+
+def _check_recorded_recipe(cfg: TrainConfig, ckpt_path: Path, recorded: dict | None) -> None:
+    """Before any costly setup: a ValueError when the checkpoint `recorded` (at `ckpt_path`), if there
+    is one, was made with other settings than `cfg` (its start weights are compared when it resumes)."""
+    if recorded is not None:
+        _refuse_other_settings(ckpt_path, recipe_fields(cfg), recorded["recipe"], same_start=True,
+                               same_start_weights=True)
 
 
 def _refuse_other_settings(ckpt_path: Path, recipe: dict, recorded: dict, same_start: bool,
@@ -330,13 +336,12 @@ def _resume(run: _Phase) -> None:
     state.loss_avg = ck.get("loss_avg")
 
 
-def _step_precision(cfg: TrainConfig, ckpt_path: Path) -> str:
+def _step_precision(cfg: TrainConfig, recorded: dict | None) -> str:
     """The precision of this session's steps: `cfg.precision`, "auto" resolved for this machine,
-    except that a run resumed with "auto" keeps the precision its checkpoint's steps ran in."""
-    if cfg.precision == "auto" and ckpt_path.is_file():
-        ran = torch.load(ckpt_path, weights_only=False, mmap=True).get("precision")
-        if ran is not None:
-            return ran
+    except that a run resumed with "auto" keeps the precision its checkpoint `recorded` ran in."""
+    ran = recorded.get("precision") if recorded is not None else None
+    if cfg.precision == "auto" and ran is not None:
+        return ran
     return step_precision(cfg.precision)
 
 
@@ -418,7 +423,8 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ckpt_path = out / "checkpoint.pt"
-    _check_recorded_recipe(cfg, ckpt_path)
+    recorded = _recorded(ckpt_path)
+    _check_recorded_recipe(cfg, ckpt_path, recorded)
     start = start_model(cfg) if cfg.init_from else None
     records = training_records(cfg)
     tokenizer = _phase_tokenizer(cfg, out / "tokenizer", records, start, resuming=ckpt_path.is_file())
@@ -428,7 +434,7 @@ def _train_phase(cfg: TrainConfig, progress: bool = True, stop_after: int | None
     _check_sequence_lengths(data)
     batches = _BatchSource.build(cfg, tokenizer, data)
     torch.manual_seed(cfg.seed)
-    precision = _step_precision(cfg, ckpt_path)
+    precision = _step_precision(cfg, recorded)
     model = _build_model(cfg, tokenizer, start, precision)
     forward = torch.compile(model.hidden_at, dynamic=True) if cfg.compile else model.hidden_at
     run = _Phase(cfg, recipe_fields(cfg), ckpt_path, model, forward, _Optimizers.build(cfg, model),
