@@ -1,5 +1,6 @@
 """The log-likelihood of a continuation under a masked-diffusion model: LLaDA's Monte-Carlo
-estimator (ML-GSAI/LLaDA `get_log_likelihood.py` and `eval_llada.py`; arXiv:2502.09992, Eq. 6).
+estimator (ML-GSAI/LLaDA `get_log_likelihood.py` and `eval_llada.py`; arXiv:2502.09992, Eq. 6),
+and Dream's (below).
 
 Only the target (the continuation's tokens) is ever masked. The estimate runs `mc_num / batch_size`
 rounds of `batch_size` rows. A round draws k uniformly from 1..L (L the target length); row i of the
@@ -13,6 +14,14 @@ target alone). With
 `cfg_scale` > 0 the logits are u + (cfg_scale + 1)(c - u), u those of a copy whose prefix is all
 masks.
 
+`dream_mc_loglikelihood` is Dream's estimator (its evaluation script, as Fast-dLLM `dream/eval.py`
+runs it with `nll_type=mc`, `log_type=ftb`): the target ends with the EOS the evaluation appends to
+the joint encoding. A round of `batch_size` rows draws u0 ~ U[0, 1) once; row i masks each target
+column with probability p_i = (1 - eps) t_i + eps, t_i = (u0 + i / batch_size) mod 1, except the
+sequence's first and last columns (with an empty prefix the target's first token is given); the
+round's loss is the mean over its rows of the summed cross-entropy of the masked tokens, each
+divided by p_i. The estimate is minus the mean of the rounds' losses. Guidance is as above.
+
 `greedy_matches` is the reference's greedy check: from the target all masked, L steps each give
 the single most confident masked position its argmax over the whole vocabulary (the mask token
 included, which leaves the position masked); True when the result is the target.
@@ -23,6 +32,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+DREAM_SAMPLING_EPS = 1e-3        # the smallest masking rate of Dream's estimator (its evaluation's default)
 
 
 def _logits(model, x: torch.Tensor, prefix_length: int, cfg_scale: float) -> torch.Tensor:
@@ -95,13 +106,43 @@ def mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int
         masked = torch.zeros(batch_size, P + L, dtype=torch.bool)
         for i in range(batch_size):
             masked[i, P + torch.randperm(L, generator=generator)[:int(counts[i])]] = True
-        masked = masked.to(device)
-        noisy = torch.where(masked, model.config.mask_token_id, seq)
-        logits = _logits(model, noisy, P, cfg_scale)
-        ce = F.cross_entropy(logits[masked], seq[masked], reduction="none")                    # (sum m_i,)
-        weight = (L / counts.to(device=device, dtype=torch.float32))[:, None].expand(-1, P + L)[masked]
-        losses.append(float((ce * weight).sum()) / batch_size)
+        weight = L / counts.to(dtype=torch.float32)                                          # (b,)
+        losses.append(_weighted_loss(model, seq, masked.to(device), weight.to(device), P, cfg_scale))
     return -sum(losses) / len(losses)
+
+
+@torch.no_grad()
+def dream_mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int = 128, batch_size: int = 32,
+                           cfg_scale: float = 0.0, sampling_eps: float = DREAM_SAMPLING_EPS,
+                           generator: torch.Generator | None = None) -> float:
+    """Dream's Monte-Carlo estimate of log p(target | prefix) (module docstring); `target` ends with
+    the EOS Dream's evaluation appends, which is never masked."""
+    prefix, target = _check(model, prefix, target, mc_num, batch_size, cfg_scale)
+    if isinstance(sampling_eps, bool) or not isinstance(sampling_eps, (int, float)) or not 0 <= sampling_eps < 1:
+        raise ValueError(f"sampling_eps must be a number in [0, 1), got {sampling_eps!r}")
+    P, L = len(prefix), len(target)
+    seq = torch.tensor(prefix + target, dtype=torch.long, device=model.device).repeat(batch_size, 1)
+    losses = []
+    for _ in range(mc_num // batch_size):
+        u0 = torch.rand(1, generator=generator)
+        t = (u0 + torch.arange(batch_size, dtype=torch.float32) / batch_size) % 1                # (b,) stratified
+        p_mask = (1 - sampling_eps) * t + sampling_eps
+        masked = torch.rand(batch_size, P + L, generator=generator) < p_mask[:, None]
+        masked[:, :max(P, 1)] = False                   # the prefix and the first column are never masked,
+        masked[:, -1] = False                           # nor the last (the EOS)
+        losses.append(_weighted_loss(model, seq, masked.to(model.device), (1 / p_mask).to(model.device), P,
+                                     cfg_scale))
+    return -sum(losses) / len(losses)
+
+
+def _weighted_loss(model, seq: torch.Tensor, masked: torch.Tensor, weight: torch.Tensor, prefix_length: int,
+                   cfg_scale: float) -> float:
+    """The summed cross-entropy of the masked tokens of `seq` (b, N), row i's weighted by weight[i],
+    over the b rows."""
+    noisy = torch.where(masked, model.config.mask_token_id, seq)
+    logits = _logits(model, noisy, prefix_length, cfg_scale)
+    ce = F.cross_entropy(logits[masked], seq[masked], reduction="none")                        # (masked,)
+    return float((ce * weight[:, None].expand_as(masked)[masked]).sum()) / seq.shape[0]
 
 
 @torch.no_grad()

@@ -5,9 +5,11 @@
 strings and temperature (the `temperature` model argument when given, else the request's
 `temperature` / `do_sample`, as lm_eval's HF models take them; 0 when it names none), each batch
 with its own seed (`seed + k * world + rank` for batch k of a process), contexts cut from the left
-to fit the model with the generation, and cuts each answer at its first stop string. Generation
-kwargs it does not read are named in a warning.
-`loglikelihood` is LLaDA's Monte-Carlo estimator (`dllm.likelihood.mc_loglikelihood`) with
+to fit the model with the generation, and reads each answer as the family's evaluation reads it
+(`answer_text`), cut at the stop strings in turn. Generation kwargs it does not read are named in a
+warning.
+`loglikelihood` is LLaDA's Monte-Carlo estimator (`dllm.likelihood.mc_loglikelihood`; on Dream,
+Dream's, `dream_mc_loglikelihood`, the continuation followed by the EOS) with
 `mc_num` samples in batches of `mc_batch_size` rows and `cfg` guidance; the greedy flag is
 `greedy_matches` when `is_check_greedy`, else False. `loglikelihood_rolling` is not offered (a
 masked-diffusion model has no left-to-right likelihood).
@@ -41,7 +43,7 @@ import dllm
 from dllm.cli.options import parse_kv
 from dllm.decode import check_request, encode_prompts, with_instances
 from dllm.distributed import Distributed
-from dllm.likelihood import check_settings, greedy_matches, mc_loglikelihood
+from dllm.likelihood import check_settings, dream_mc_loglikelihood, greedy_matches, mc_loglikelihood
 
 SEEDS = 2 ** 64          # the batches' seeds run from `seed` modulo this (torch reads a negative seed modulo 2**64)
 # The names a request may give its generation length by, first found wins (as lm_eval's HF models read them).
@@ -170,7 +172,8 @@ class DLLMEvalModel(LM):
 
     # -- requests ----------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Each context decoded with the model's settings, cut at its first stop string."""
+        """Each context decoded with the model's settings, its answer read as the family's
+        evaluation reads it (`answer_text`)."""
         answers: list[str | None] = [None] * len(requests)
         groups: dict[tuple, list[int]] = {}
         for i, request in enumerate(requests):
@@ -188,8 +191,8 @@ class DLLMEvalModel(LM):
                 self.batches += 1
                 prompts = [self._fit_context(requests[i].args[0], config.gen_length) for i in batch]
                 out = dllm.generate(self.model, self.tokenizer, prompts, config=config)
-                for i, text in zip(batch, out.texts):
-                    answers[i] = cut_at_stops(text, key[1])
+                for i, ids in zip(batch, out.generated.tolist()):
+                    answers[i] = answer_text(self.tokenizer, self.model.config.family, ids, key[1])
         return answers
 
     def _warn_unread(self, gen_kwargs: dict) -> None:
@@ -231,13 +234,28 @@ class DLLMEvalModel(LM):
             if not target:              # an empty continuation: log p(nothing) = 0, and greedy decoding matches
                 out.append((0.0, True))
                 continue
-            prefix, target = fit_window(prefix, target, self.model.config.max_seq_len)
-            generator = torch.Generator().manual_seed(self.seed)
-            ll = mc_loglikelihood(self.model, prefix, target, mc_num=self.mc_num, batch_size=self.mc_batch_size,
-                                  cfg_scale=self.cfg, generator=generator)
-            greedy = self.is_check_greedy and greedy_matches(self.model, prefix, target, cfg_scale=self.cfg)
-            out.append((ll, bool(greedy)))
+            out.append(self._score(prefix, target))
         return out
+
+    def _score(self, prefix: list[int], target: list[int]) -> tuple[float, bool]:
+        """The family's estimate of log p(target | prefix), the pair cut to the model's window, and
+        the greedy flag. Dream's evaluation scores the target followed by the EOS (given, never
+        masked) with its own estimator; the greedy check reads the target alone."""
+        longest, settings = self.model.config.max_seq_len, dict(mc_num=self.mc_num, batch_size=self.mc_batch_size,
+                                                                cfg_scale=self.cfg)
+        generator = torch.Generator().manual_seed(self.seed)
+        if self.model.config.family == "dream":
+            eos = self.tokenizer.eos_token_id
+            prefix, scored = fit_window(prefix, target + [self.model.config.eos_token_id if eos is None else eos],
+                                        longest)
+            ll = dream_mc_loglikelihood(self.model, prefix, scored, generator=generator, **settings)
+            target = scored[:-1]
+        else:
+            prefix, target = fit_window(prefix, target, longest)
+            ll = mc_loglikelihood(self.model, prefix, target, generator=generator, **settings)
+        greedy = self.is_check_greedy and bool(target) and greedy_matches(self.model, prefix, target,
+                                                                          cfg_scale=self.cfg)
+        return ll, bool(greedy)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError("dllm models do not give rolling (left-to-right) log-likelihoods; tasks with "
@@ -246,10 +264,8 @@ class DLLMEvalModel(LM):
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """The context's token ids (encoded alone) and the continuation's, the context's trailing
         spaces moved to the continuation and the continuation's ids taken from the joint encoding
-        after the context's length (as LLaDA's evaluation and lm_eval's HF models do). A context
-        empty once its spaces moved is lm_eval's prefix token (the BOS, else the end token) and the
-        continuation is encoded alone (its first token is the prefix when it is that token). A
-        continuation the joint encoding merges into the context's last token ("th" + "e") is encoded
+        after the context's length (as LLaDA's and Dream's evaluations do; an empty context is the
+        tokenizer's encoding of "", no tokens unless it adds special ones). A continuation the joint encoding merges into the context's last token ("th" + "e") is encoded
         alone after the context: only an empty continuation has no tokens. With the `chat` model
         argument the context is the user turn of the chat template, as `generate_until` renders it,
         and the continuation is encoded alone after it."""
@@ -259,11 +275,6 @@ class DLLMEvalModel(LM):
         spaces = len(context) - len(context.rstrip())
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
-        if context == "":
-            prefix = self.tokenizer.bos_token_id
-            prefix = self.tokenizer.eos_token_id if prefix is None else prefix
-            target = self.tokenizer(continuation, add_special_tokens=False)["input_ids"]
-            return (target[:1], target[1:]) if target[:1] == [prefix] else ([prefix], target)
         whole = self.tokenizer(context + continuation)["input_ids"]
         prefix = self.tokenizer(context)["input_ids"]
         target = whole[len(prefix):]
@@ -278,7 +289,8 @@ class DLLMEvalModel(LM):
 
     def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  continue_final_message=not add_generation_prompt)
 
     def all_gather(self, tensor):
         if self._world_size <= 1:
@@ -306,9 +318,25 @@ def fit_window(prefix: list[int], target: list[int], longest: int) -> tuple[list
 
 
 def cut_at_stops(text: str, stops) -> str:
-    """`text` up to the earliest of the stop strings (all of it when none occurs)."""
-    cut = min((text.find(s) for s in stops if s and s in text), default=len(text))
-    return text[:cut]
+    """`text` cut before each stop string in turn, in the order given (as the references and
+    lm_eval's HF models cut it: a later stop is looked for in what the earlier ones left)."""
+    for stop in stops:
+        if stop:
+            text = text.split(stop)[0]
+    return text
+
+
+def answer_text(tokenizer, family: str, ids: list[int], stops) -> str:
+    """A generated region's answer as the family's evaluation reads it: Dream's (Fast-dLLM
+    `dream/eval.py`) decodes every token, keeps the text before the first EOS string and cuts at
+    the stops; LLaDA's (`eval_llada.py`, used for every other family) decodes every token, cuts at
+    the stops, and decodes the re-encoded text without special tokens, so text after a special
+    token such as an EOS is kept."""
+    if family == "dream":
+        text = tokenizer.decode(ids)
+        return cut_at_stops(text.split(tokenizer.eos_token)[0] if tokenizer.eos_token else text, stops)
+    text = cut_at_stops(tokenizer.decode(ids, skip_special_tokens=False), stops)
+    return tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True)
 
 
 def main() -> None:

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 import dllm
-from dllm.likelihood import greedy_matches, mc_loglikelihood
+from dllm.likelihood import dream_mc_loglikelihood, greedy_matches, mc_loglikelihood
 
 pytest.importorskip("lm_eval", reason="lm_eval is not installed (pip install 'dllm[lmeval]')")
-from dllm.lmeval import cut_at_stops  # noqa: E402
+from dllm.lmeval import answer_text, cut_at_stops  # noqa: E402
 
 GEN_DOCS = [{"question": "Copy the list: Ann Lee, Bo Chan", "answer": "Ann Lee, Bo Chan"},
             {"question": "Reverse: 1, 2, 3", "answer": "3, 2, 1"},
@@ -70,7 +70,7 @@ def _run_lm_eval(tmp_path: Path, launcher: list[str], out: str) -> tuple[dict[st
 def _direct_answers(model, tok):
     out = dllm.generate(model, tok, [f"Question: {d['question']}\nAnswer:" for d in GEN_DOCS], gen_length=16,
                         sampler="threshold", sampler_kwargs={"tau": 0.8}, cache="dual", block_length=8, chat=False)
-    return [cut_at_stops(t, ["\n", "]"]) for t in out.texts]
+    return [answer_text(tok, "llada", ids, ["\n", "]"]) for ids in out.generated.tolist()]
 
 
 def _direct_loglikelihood(model, tok, context, continuation):
@@ -180,9 +180,11 @@ def test_estimator_weights_each_row_by_its_mask_count():
             assert guided == pytest.approx(length * exact, rel=1e-6), (length, batch)   # u = c: guidance keeps c
 
 
-def test_stop_strings_cut_at_the_earliest_one(shipped):
+def test_stop_strings_cut_in_turn(shipped):
     assert cut_at_stops("a, b. c", [".", ","]) == "a" and cut_at_stops("a, b", ["", "x"]) == "a, b"
     assert cut_at_stops("ab", "b") == "a" and cut_at_stops("abc", ["bc", "c"]) == "a"
+    # As the references: a later stop is looked for in what the earlier ones left.
+    assert cut_at_stops("xabc", ["bc", "ab"]) == "xa" and cut_at_stops("xabc", ["ab", "bc"]) == "x"
     from dllm.lmeval import DLLMEvalModel
 
     lm = DLLMEvalModel(dtype="float32", device="cpu", gen_length=16)
@@ -255,8 +257,8 @@ def _request(context, continuation):
 
 def test_pairs_condition_on_the_context_encoded_alone(shipped):
     """As LLaDA's evaluation and lm_eval's HF models: the prefix is the context's own encoding and
-    the continuation the joint encoding after it; an empty context is lm_eval's prefix token; an
-    empty continuation scores 0 and matches greedily."""
+    the continuation the joint encoding after it (an empty context the encoding of "", as in the
+    reference); an empty continuation scores 0 and matches greedily."""
     from dllm.lmeval import DLLMEvalModel
 
     lm = DLLMEvalModel(dtype="float32", device="cpu", mc_num=2, mc_batch_size=2, seed=3)
@@ -266,9 +268,9 @@ def test_pairs_condition_on_the_context_encoded_alone(shipped):
         prefix, target = lm.encode_pair(context, continuation)
         assert prefix == tok(kept)["input_ids"]
         assert target == tok(context + continuation)["input_ids"][len(prefix):]
-    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-    assert lm.encode_pair("", "Sudoku") == ([start], tok("Sudoku", add_special_tokens=False)["input_ids"])
-    assert lm.encode_pair(" \n", "Sudoku") == ([start], tok(" \nSudoku", add_special_tokens=False)["input_ids"])
+    assert tok("")["input_ids"] == []
+    assert lm.encode_pair("", "Sudoku") == ([], tok("Sudoku")["input_ids"])
+    assert lm.encode_pair(" \n", "Sudoku") == ([], tok(" \nSudoku")["input_ids"])
     # A continuation the joint encoding merges into the context's last token is encoded alone.
     merged = tok("Answer: th")["input_ids"]
     assert tok("Answer: the")["input_ids"][len(merged):] == []
@@ -276,8 +278,7 @@ def test_pairs_condition_on_the_context_encoded_alone(shipped):
     (empty_target, empty_context, merged_target) = lm.loglikelihood(
         [_request("Q:", ""), _request("", "Sudoku"), _request("Answer: th", "e")])
     assert empty_target == (0.0, True) and merged_target[0] < 0
-    ids = tok("Sudoku", add_special_tokens=False)["input_ids"]
-    assert empty_context[0] == mc_loglikelihood(lm.model, [start], ids, mc_num=2, batch_size=2,
+    assert empty_context[0] == mc_loglikelihood(lm.model, [], tok("Sudoku")["input_ids"], mc_num=2, batch_size=2,
                                                 generator=torch.Generator().manual_seed(3))
 
 
@@ -509,3 +510,76 @@ def test_settings_are_checked_with_the_tokenizer_generate_gets(shipped):
     (answer,) = DLLMEvalModel(dtype="float32", device="cpu", sampler="adablock").generate_until(
         [_generation("Copy: a", max_gen_toks=32)])
     assert isinstance(answer, str)
+
+
+def test_answers_are_read_as_each_familys_evaluation_reads_them(shipped, dream):
+    """LLaDA's evaluation keeps the text after a special token (it cuts at the stops, then drops
+    special tokens); Dream's keeps the text before the first EOS string, special tokens included."""
+    _, tok = shipped
+    eos = tok.eos_token_id
+    ids = tok("The answer is 4.")["input_ids"] + [eos] + tok(" Question: next")["input_ids"] + [eos] * 3
+    assert answer_text(tok, "llada", ids, []) == "The answer is 4. Question: next"
+    assert answer_text(tok, "llada", ids, ["Question:", "next"]) == "The answer is 4. "
+    _, dream_tok = dream
+    end_of_turn = dream_tok.convert_tokens_to_ids("<|im_end|>")
+    ids = dream_tok("The answer is 4.")["input_ids"] + [end_of_turn] + dream_tok(" More")["input_ids"]
+    ids += [dream_tok.eos_token_id] + dream_tok(" after")["input_ids"]
+    assert answer_text(dream_tok, "dream", ids, []) == "The answer is 4.<|im_end|> More"
+    assert answer_text(dream_tok, "dream", ids, ["<|im_end|>"]) == "The answer is 4."
+
+
+def test_chat_template_continues_a_final_assistant_message(shipped):
+    """As lm_eval's HF models: without the generation prompt the last (assistant) message is
+    continued, not closed."""
+    from dllm.lmeval import DLLMEvalModel
+
+    lm = DLLMEvalModel(dtype="float32", device="cpu")
+    history = [{"role": "user", "content": "Q: 2+2?"}, {"role": "assistant", "content": "The answer is"}]
+    assert lm.apply_chat_template(history, add_generation_prompt=False).endswith("\n\nThe answer is")
+    opened = lm.apply_chat_template(history[:1])
+    assert opened == lm.tokenizer.apply_chat_template(history[:1], tokenize=False, add_generation_prompt=True)
+
+
+def _dream_reference_nll(model, prefix, target, mc_num, batch_size, generator, eps=1e-3):
+    """Dream's evaluation loop (nll_type mc, log_type ftb) restated, drawing from `generator`."""
+    seq = torch.tensor(prefix + target)[None].repeat(batch_size, 1)
+    mask_id, losses = model.config.mask_token_id, []
+    for _ in range(max(mc_num // batch_size, 1)):
+        u0 = torch.rand(1, generator=generator, dtype=torch.float32)
+        t = (u0 + torch.arange(batch_size).float() / batch_size) % 1
+        p_mask = ((1 - eps) * t + eps)[:, None].repeat(1, seq.shape[1])
+        mask_indices = torch.rand(seq.shape, generator=generator) < p_mask
+        mask_indices[:, 0] = False
+        mask_indices[:, -1] = False
+        perturbed = seq.clone()
+        perturbed[:, -len(target):] = torch.where(mask_indices, mask_id, seq)[:, -len(target):]
+        masked = perturbed == mask_id
+        logits = model(perturbed).float()
+        loss = F.cross_entropy(logits[masked], seq[masked], reduction="none") / p_mask[masked]
+        losses.append(loss.sum().item() / batch_size)
+    return sum(losses) / len(losses)
+
+
+def test_dream_log_likelihoods_follow_dreams_evaluation(dream_dir, dream):
+    """Dream's pairs end with the EOS its evaluation appends, scored by its own estimator (the
+    restated loop above); the first and last columns are never masked."""
+    from dllm.lmeval import DLLMEvalModel
+
+    model, tok = dream
+    for prefix, target in (([5, 17, 33], [60, 61, 62, 63, 64, tok.eos_token_id]), ([], [70, 71, 72, 73])):
+        got = dream_mc_loglikelihood(model, prefix, target, mc_num=6, batch_size=3,
+                                     generator=torch.Generator().manual_seed(2))
+        want = _dream_reference_nll(model, prefix, target, 6, 3, torch.Generator().manual_seed(2))
+        assert got == pytest.approx(-want, rel=1e-6) and got < 0
+    assert dream_mc_loglikelihood(model, [], [70, 71], mc_num=2, batch_size=2) == 0.0      # nothing to mask
+    with pytest.raises(ValueError, match=r"sampling_eps must be a number in \[0, 1\), got 1"):
+        dream_mc_loglikelihood(model, [5], [6], mc_num=1, batch_size=1, sampling_eps=1)
+    lm = DLLMEvalModel(pretrained=str(dream_dir), dtype="float32", device="cpu", mc_num=4, mc_batch_size=2, seed=3,
+                       is_check_greedy=True)
+    context, continuation = "The cat", " sat"
+    prefix, target = lm.encode_pair(context, continuation)
+    assert target == tok(context + continuation)["input_ids"][len(prefix):]
+    ((ll, greedy),) = lm.loglikelihood([_request(context, continuation)])
+    assert ll == dream_mc_loglikelihood(model, prefix, target + [tok.eos_token_id], mc_num=4, batch_size=2,
+                                        generator=torch.Generator().manual_seed(3))
+    assert greedy is greedy_matches(model, prefix, target)
