@@ -265,8 +265,9 @@ class DLLMEvalModel(LM):
         """The context's token ids (encoded alone) and the continuation's, the context's trailing
         spaces moved to the continuation and the continuation's ids taken from the joint encoding
         after the context's length (as LLaDA's and Dream's evaluations do; an empty context is the
-        tokenizer's encoding of "", no tokens unless it adds special ones). A continuation the joint encoding merges into the context's last token ("th" + "e") is encoded
-        alone after the context: only an empty continuation has no tokens. With the `chat` model
+        tokenizer's encoding of "", no tokens unless it adds special ones). A continuation the
+        joint encoding merges into the context's last token ("th" + "e") is encoded alone after the
+        context: only an empty continuation has no tokens. With the `chat` model
         argument the context is the user turn of the chat template, as `generate_until` renders it,
         and the continuation is encoded alone after it."""
         if self.config.chat:
