@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .state import MAX_INTEGER_ARGUMENT, DecodeState, add_at, pad_columns_left, select_positions
+from .state import MAX_INTEGER_ARGUMENT, DecodeState, add_at, pad_columns_left, plain_number, select_positions
 
 
 @dataclass
@@ -264,6 +264,7 @@ class KVCache:
 def _check_int(policy: str, name: str, value, low: int, allow_none: bool = False):
     if value is None and allow_none:
         return None
+    value = plain_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         what = f"an integer >= {low}" + (" or None" if allow_none else "")
         raise ValueError(f"cache policy {policy!r}: {name} must be {what}, got {value!r}")
@@ -774,4 +775,4 @@ def get_policy(name: str | CachePolicy = "none", /, **kwargs) -> CachePolicy:
         listed = ", ".join(f"{k}={v!r}" for k, v in allowed.items()) or "(none)"
         raise ValueError(f"cache policy {name!r} has no argument(s) {', '.join(map(repr, unknown))}; "
                          f"its arguments: {listed}")
-    return cls(**kwargs)
+    return cls(**{key: plain_number(value) for key, value in kwargs.items()})

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import samplers
 from .cache import CachePolicy, policy_class
-from .state import MAX_INTEGER_ARGUMENT
+from .state import MAX_INTEGER_ARGUMENT, plain_number
 
 
 def check_fields(cls, options, what: str) -> None:
@@ -19,6 +20,16 @@ def check_fields(cls, options, what: str) -> None:
     if unknown:
         raise ValueError(f"unknown {what} option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
 
+
+def check_seed(seed, allow_none: bool = True) -> None:
+    """A ValueError unless `seed` is an integer torch.Generator takes (or None with `allow_none`)."""
+    if seed is None and allow_none:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 64:
+        raise ValueError(f"seed must be an integer in [-2**63, 2**64) (what torch.Generator takes)"
+                         f"{' or None' if allow_none else ''}, got {seed!r}")
+
+
 FAMILIES = ("llada", "dream", "llada-moe", "llada2")
 ROUTER_SCORES = ("softmax", "sigmoid")
 
@@ -26,7 +37,7 @@ ROUTER_SCORES = ("softmax", "sigmoid")
 @dataclass(frozen=True)
 class MoEConfig:
     """The mixture-of-experts MLP of a model whose layers (from `first_dense` on) route each token
-    to `experts_per_token` of `n_experts` SwiGLU experts (docs/architecture.md §MoE).
+    to `experts_per_token` of `n_experts` SwiGLU experts (docs/architecture.md §11).
 
     The router scores the experts (`score`: softmax or sigmoid of the gate's logits, in fp32),
     optionally keeps only the best `topk_groups` of `n_groups` expert groups, picks the top
@@ -118,7 +129,7 @@ class ModelConfig:
             raise ValueError(f"unknown model family {self.family!r}; supported: {', '.join(FAMILIES)}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "max_seq_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
@@ -128,23 +139,25 @@ class ModelConfig:
             raise ValueError(f"head dim {self.head_dim} must be even for rotary embeddings")
         for name in ("norm_eps", "rope_theta"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive number, got {value!r}")
-        for name in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"ModelConfig.{name} must be a finite positive number, got {value!r}")
+        for name in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id", "eot_token_id"):
             value = getattr(self, name)
-            if value is None and name == "bos_token_id":
+            if value is None and name in ("bos_token_id", "eot_token_id"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"ModelConfig.{name} must be an integer token id, got {value!r}")
             if not 0 <= value < self.vocab_size:
                 raise ValueError(f"ModelConfig.{name} = {value} lies outside the vocabulary [0, {self.vocab_size})")
-        if self.pad_token_id == self.mask_token_id:
-            raise ValueError(f"pad_token_id must differ from mask_token_id (both {self.mask_token_id})")
+        for name in ("pad_token_id", "eos_token_id", "eot_token_id"):
+            if getattr(self, name) == self.mask_token_id:
+                raise ValueError(f"{name} must differ from mask_token_id (both {self.mask_token_id})")
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
             raise ValueError(f"ModelConfig.rotary_dim must be an even number in (0, {self.head_dim}], "
                              f"got {self.rotary_dim!r}")
-        if self.clip_qkv is not None and not self.clip_qkv > 0:
-            raise ValueError(f"ModelConfig.clip_qkv must be None or > 0, got {self.clip_qkv!r}")
+        if self.clip_qkv is not None and (isinstance(self.clip_qkv, bool) or not isinstance(self.clip_qkv, (int, float))
+                                          or not 0 < self.clip_qkv < math.inf):
+            raise ValueError(f"ModelConfig.clip_qkv must be None or a finite number > 0, got {self.clip_qkv!r}")
         if self.attention_block is not None and (isinstance(self.attention_block, bool)
                                                  or not isinstance(self.attention_block, int)
                                                  or self.attention_block < 1):
@@ -350,10 +363,7 @@ class GenerationConfig:
                              f"{self.cfg_scale!r}")
         if self.score_dtype not in ("logits", "float32", "float64"):
             raise ValueError(f"score_dtype must be 'logits', 'float32' or 'float64', got {self.score_dtype!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not -2 ** 63 <= self.seed < 2 ** 64):
-            raise ValueError(f"seed must be an integer in [-2**63, 2**64) (what torch.Generator takes) or None, "
-                             f"got {self.seed!r}")
+        check_seed(self.seed)
         if isinstance(self.sampler, str):
             samplers.sampler_class(self.sampler)  # an unknown name raises, naming the registered ones
         elif self.sampler is not None and not isinstance(self.sampler, samplers.Sampler):
@@ -362,19 +372,26 @@ class GenerationConfig:
         for name in ("sampler_kwargs", "cache_kwargs"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"{name} must be a dict, got {type(getattr(self, name)).__name__}")
+            key = next((k for k in getattr(self, name) if not isinstance(k, str)), None)
+            if key is not None:
+                raise ValueError(f"{name} keys must be argument names (strings), got {key!r} "
+                                 f"({type(key).__name__})")
         self._check_guidance()
 
 
     def _plain_numbers(self) -> None:
-        """numpy (or other registered) integers and reals as Python ints and floats."""
+        """numpy (or other registered) integers and reals as Python ints and floats (`plain_number`),
+        the sampler's and cache policy's argument values too."""
         for name in ("gen_length", "block_length", "steps", "tokens_per_step", "max_forwards", "seed"):
             value = getattr(self, name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value) is not int:
-                setattr(self, name, int(value))
+            if isinstance(value, numbers.Integral):
+                setattr(self, name, plain_number(value))
         for name in ("temperature", "cfg_scale"):
-            value = getattr(self, name)
-            if isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value) not in (int, float):
-                setattr(self, name, float(value))
+            setattr(self, name, plain_number(getattr(self, name)))
+        for name in ("sampler_kwargs", "cache_kwargs"):
+            arguments = getattr(self, name)
+            if isinstance(arguments, dict):
+                setattr(self, name, {key: plain_number(value) for key, value in arguments.items()})
 
     def _check_guidance(self) -> None:
         """The one refusal of guidance with a storing cache: the guided batch doubles every row,

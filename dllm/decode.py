@@ -158,6 +158,11 @@ def _as_rows(prompts, attention_mask) -> list[list[int]]:
         if attention_mask.shape != prompts.shape:
             raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
                              f"{tuple(prompts.shape)}")
+        other = ((attention_mask != 0) & (attention_mask != 1)).nonzero()
+        if len(other):
+            row, col = other[0].tolist()
+            raise ValueError(f"attention_mask must hold only 1 (a token) and 0 (padding), got "
+                             f"{attention_mask[row, col].item()!r} at row {row}, column {col}")
         return [row[m.bool()].tolist() for row, m in zip(prompts, attention_mask)]
     rows = list(prompts)
     if rows and _token_id(rows[0]) is not None:          # one prompt given as its token ids
@@ -930,6 +935,9 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
                             sampler="threshold", sampler_kwargs={"tau": 0.9}, cache="dual")
         print(out.texts, out.nfe, out.mean_tokens_per_forward)
     """
+    if not isinstance(getattr(model, "config", None), ModelConfig):
+        raise ValueError(f"model must be a dllm model (from dllm.load or dllm.build_model), got "
+                         f"{type(model).__name__}; the call is generate(model, tokenizer, prompts, ...)")
     if config is not None and not isinstance(config, GenerationConfig):
         raise ValueError(f"config must be a dllm.GenerationConfig, got {config!r:.80} ({type(config).__name__}; "
                          f"keyword options go as keywords: generate(model, tok, prompts, gen_length=64, ...))")
@@ -951,6 +959,9 @@ def generate(model, tokenizer=None, prompts=None, config: GenerationConfig | Non
         rows = encode_prompts(tokenizer, prompts, cfg.chat)
     else:
         rows = _as_rows(prompts, attention_mask)
+        if cfg.chat:
+            warnings.warn("chat=True renders string prompts with the chat template; prompts given as token ids "
+                          "are decoded as given", stacklevel=2)
     request = resolve_request(model, cfg)
     state = build_state(model, rows, request.config, request.block_length)
     state.tokenizer = tokenizer

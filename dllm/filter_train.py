@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import __version__
+from .config import check_seed
 from .decode import checkpoint_gen_length, generate
 from .eval import generators
 from .eval.names import DEFAULT_SOURCE
@@ -226,8 +227,7 @@ def check_fit_settings(epochs, lr, seed) -> None:
         raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not 0 < lr < 1:
         raise ValueError(f"lr must be a number in (0, 1), got {lr!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 64:
-        raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {seed!r}")
+    check_seed(seed, allow_none=False)
 
 
 def train_filter(records: LabelRecords, epochs: int = 40000, lr: float = 0.003, seed: int = 0, *,

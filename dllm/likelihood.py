@@ -33,6 +33,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .state import plain_number
+
 DREAM_SAMPLING_EPS = 1e-3        # the smallest masking rate of Dream's estimator (its evaluation's default)
 
 
@@ -67,6 +69,8 @@ def token_ids(ids, name: str, vocab_size: int) -> list[int]:
             raise ValueError(f"{name} must be a 1-D integer tensor or a list of token ids, got a tensor of shape "
                              f"{tuple(ids.shape)} and dtype {ids.dtype}")
         ids = ids.tolist()
+    if isinstance(ids, (list, tuple)):
+        ids = [plain_number(i) for i in ids]              # NumPy integers as ints
     if not isinstance(ids, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
         raise ValueError(f"{name} must be a list of token ids (ints) or a 1-D integer tensor, got {ids!r:.80}")
     outside = [i for i in ids if not 0 <= i < vocab_size]
@@ -75,10 +79,19 @@ def token_ids(ids, name: str, vocab_size: int) -> list[int]:
     return list(ids)
 
 
-def _check(model, prefix, target, mc_num: int, batch_size: int, cfg_scale) -> tuple[list[int], list[int]]:
+def _check(model, prefix, target, mc_num: int, batch_size: int, cfg_scale,
+           generator=None) -> tuple[list[int], list[int]]:
     """The prefix and target as lists of token ids, once they and the settings are checked."""
     prefix = token_ids(prefix, "prefix", model.config.vocab_size)
     target = token_ids(target, "target", model.config.vocab_size)
+    mask = model.config.mask_token_id
+    for name, ids in (("prefix", prefix), ("target", target)):
+        if mask in ids:
+            raise ValueError(f"{name} contains the mask token id {mask} at position {ids.index(mask)}; the prefix "
+                             f"and target are given tokens (the estimator masks the target itself)")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r:.60} "
+                         f"({type(generator).__name__})")
     if not target:
         raise ValueError("the target (continuation) has no tokens; its log-likelihood is not defined")
     longest = model.config.max_seq_len
@@ -94,7 +107,7 @@ def mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_num: int
                      cfg_scale: float = 0.0, generator: torch.Generator | None = None) -> float:
     """LLaDA's Monte-Carlo estimate of log p(target | prefix) (module docstring); prefix and target
     are token-id lists or 1-D integer tensors."""
-    prefix, target = _check(model, prefix, target, mc_num, batch_size, cfg_scale)
+    prefix, target = _check(model, prefix, target, mc_num, batch_size, cfg_scale, generator)
     device = model.device
     seq = torch.tensor(prefix + target, dtype=torch.long, device=device).repeat(batch_size, 1)   # (b, P + L)
     P, L = len(prefix), len(target)
@@ -117,7 +130,7 @@ def dream_mc_loglikelihood(model, prefix: list[int], target: list[int], *, mc_nu
                            generator: torch.Generator | None = None) -> float:
     """Dream's Monte-Carlo estimate of log p(target | prefix) (module docstring); `target` ends with
     the EOS Dream's evaluation appends, which is never masked."""
-    prefix, target = _check(model, prefix, target, mc_num, batch_size, cfg_scale)
+    prefix, target = _check(model, prefix, target, mc_num, batch_size, cfg_scale, generator)
     if isinstance(sampling_eps, bool) or not isinstance(sampling_eps, (int, float)) or not 0 <= sampling_eps < 1:
         raise ValueError(f"sampling_eps must be a number in [0, 1), got {sampling_eps!r}")
     P, L = len(prefix), len(target)

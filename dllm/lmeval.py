@@ -187,7 +187,7 @@ class DLLMEvalModel(LM):
             for start in range(0, len(indices), self.batch_size):
                 batch = indices[start:start + self.batch_size]
                 seed = self.seed + self.batches * self._world_size + self._rank     # distinct across processes
-                config = configs[key].replace(seed=seed % SEEDS)
+                config = configs[key].replace(seed=seed % SEEDS, chat=None)     # the contexts are rendered here
                 self.batches += 1
                 prompts = [self._fit_context(requests[i].args[0], config.gen_length) for i in batch]
                 out = dllm.generate(self.model, self.tokenizer, prompts, config=config)

@@ -7,12 +7,25 @@ the same thing alone or in a batch (up to the rounding of reductions over a padd
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 MAX_INTEGER_ARGUMENT = 2 ** 31 - 1     # the largest integer argument a sampler or cache policy takes
+
+
+def plain_number(value):
+    """`value` as a Python int or float when it is an integer or real of another type (a NumPy
+    scalar); anything else (bools, Python numbers, non-numbers) as it is, for the caller to check."""
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
 @dataclass

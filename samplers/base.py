@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from dllm.kernels.scoring import TokenScores
-from dllm.state import MAX_INTEGER_ARGUMENT, Decision, DecodeState
+from dllm.state import MAX_INTEGER_ARGUMENT, Decision, DecodeState, plain_number
 
 
 class Sampler:
@@ -178,6 +178,7 @@ def check_number(name: str, value, *, low=None, high=None, integer=False, allow_
     where = f"sampler {sampler!r}: " if sampler else ""
     if value is None and allow_none:
         return None
+    value = plain_number(value)
     kind = "an integer" if integer else "a number"
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok_type:

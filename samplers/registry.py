@@ -6,6 +6,8 @@ import importlib
 import inspect
 from typing import Any
 
+from dllm.state import plain_number
+
 _SAMPLERS: dict[str, str] = {
     "low_confidence": "dllm.samplers.llada:LowConfidence",
     "random": "dllm.samplers.llada:RandomRemasking",
@@ -62,7 +64,7 @@ def get(name: str, /, **kwargs: Any):
     if unknown:
         raise ValueError(f"sampler {name!r} has no argument(s) {', '.join(map(repr, unknown))}; "
                          f"its arguments: {', '.join(allowed) or '(none)'}")
-    return cls(**kwargs)
+    return cls(**{key: plain_number(value) for key, value in kwargs.items()})
 
 
 def signature(name: str) -> dict[str, Any]:

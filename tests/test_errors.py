@@ -1,6 +1,7 @@
 """Every bad input the core runtime meets gets a clear error naming the value (docs/contributing.md §2 Errors)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -515,3 +516,65 @@ def test_a_tokens_per_step_the_sampler_ignores_is_warned_not_refused(tiny):
     assert out.generated.shape[1] == 8
     with pytest.raises(ValueError, match="tokens_per_step 3 does not divide gen_length 8"):
         dllm.generate(tiny, None, [[1, 2]], gen_length=8, sampler="low_confidence", tokens_per_step=3)
+
+
+def test_numpy_numbers_in_sampler_and_cache_arguments_are_python_numbers(tiny):
+    import numpy as np
+    import samplers
+    from dllm.cache import get_policy
+
+    out = dllm.generate(tiny, None, [[1, 2]], gen_length=8, block_length=4, sampler="threshold",
+                        sampler_kwargs={"tau": np.float32(0.5)}, cache="dual", cache_kwargs={"refresh": np.int64(2)})
+    assert type(out.sampler_args["tau"]) is float and out.cache_args["refresh"] == 2
+    assert type(out.cache_args["refresh"]) is int
+    assert samplers.get("prophet", thresholds=[np.float32(7.5), 5.0, 2.5]).arguments()["thresholds"] == [7.5, 5.0, 2.5]
+    assert type(samplers.get("dus", base=np.int64(3)).arguments()["base"]) is int
+    assert get_policy("dkv-greedy", window=np.int32(2)).arguments()["window"] == 2
+    with pytest.raises(ValueError, match=r"sampler_kwargs keys must be argument names \(strings\), got 1 \(int\)"):
+        GenerationConfig(sampler="threshold", sampler_kwargs={1: 2})
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(n_layers=True), r"ModelConfig.n_layers must be a positive integer, got True"),
+    (dict(norm_eps=float("inf")), r"ModelConfig.norm_eps must be a finite positive number, got inf"),
+    (dict(rope_theta=float("nan")), r"ModelConfig.rope_theta must be a finite positive number, got nan"),
+    (dict(eot_token_id=10 ** 6), r"ModelConfig.eot_token_id = 1000000 lies outside the vocabulary \[0, 320\)"),
+    (dict(eot_token_id=310), r"eot_token_id must differ from mask_token_id \(both 310\)"),
+    (dict(eos_token_id=310), r"eos_token_id must differ from mask_token_id \(both 310\)"),
+    (dict(clip_qkv="x"), r"ModelConfig.clip_qkv must be None or a finite number > 0, got 'x'"),
+    (dict(clip_qkv=True), r"ModelConfig.clip_qkv must be None or a finite number > 0, got True"),
+])
+def test_model_config_values_are_checked(change, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_name("llada-tiny").replace(**change)
+
+
+def test_build_model_and_load_name_bad_arguments():
+    cfg = ModelConfig.from_name("llada-tiny")
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[-2\*\*63, 2\*\*64\) .* or None, got 'x'"):
+        dllm.build_model(cfg, seed="x")
+    with pytest.raises(ValueError, match=r"seed must be an integer .* got 1180591620717411303424"):
+        dllm.build_model(cfg, seed=2 ** 70)
+    for bad in (float("nan"), 0, "x", True):
+        with pytest.raises(ValueError, match=rf"init_std must be a finite number > 0, got {re.escape(repr(bad))}"):
+            dllm.build_model(cfg, init_std=bad)
+    for bad, shown in (("", "''"), (" ", "' '"), (123, "123 \\(int\\)")):
+        with pytest.raises(ValueError, match=rf"the model must be a checkpoint folder, .* got {shown}"):
+            dllm.load(bad)
+
+
+def test_generate_names_a_model_that_is_not_one_and_mask_values_other_than_0_and_1(tiny):
+    _, tok = dllm.load()
+    for model, kind in ((tok, type(tok).__name__), (None, "NoneType")):
+        with pytest.raises(ValueError, match=rf"model must be a dllm model .*got {kind}; the call is generate\(model, "):
+            dllm.generate(model, tok, "hi", gen_length=8)
+    ids = torch.tensor([[5, 6, 7], [0, 8, 9]])
+    for mask, shown in ((torch.tensor([[1, 1, 1], [-1, 1, 1]]), "-1 at row 1, column 0"),
+                        (torch.tensor([[1.0, 1, 1], [0, 0.5, 1]]), "0.5 at row 1, column 1")):
+        with pytest.raises(ValueError, match=rf"attention_mask must hold only 1 \(a token\) and 0 \(padding\), "
+                                             rf"got {shown}"):
+            dllm.generate(tiny, None, ids, attention_mask=mask, gen_length=4)
+    floats = dllm.generate(tiny, None, ids, attention_mask=torch.tensor([[1.0, 1, 1], [0, 1, 1]]), gen_length=4)
+    assert floats.generated[1].tolist() == dllm.generate(tiny, None, [[8, 9]], gen_length=4).generated[0].tolist()
+    with pytest.warns(UserWarning, match="prompts given as token ids are decoded as given"):
+        dllm.generate(tiny, None, [[1, 2]], gen_length=4, chat=True)

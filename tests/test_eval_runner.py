@@ -185,6 +185,22 @@ def test_config_errors():
     official = runner.BenchConfig(model="m").replace(data_dir="data")     # the data source follows data_dir
     assert official.data_dir == "data" and not official.generated
     assert official.replace(data_dir=None).generated
+    for field, value in (("model", 123), ("out", 123), ("data_dir", ""), ("model", " ")):
+        with pytest.raises(ValueError, match=rf"{field} must be a path or name \(a non-empty str\) or None, got "):
+            runner.BenchConfig(**{field: value})
+    with pytest.raises(ValueError, match=r"generated must be True or False, got 'no'"):
+        runner.BenchConfig(generated="no")
+    with pytest.raises(ValueError, match=r"index_base must be 0 or 1, got 1.0"):
+        runner.BenchConfig(index_base=1.0)
+    import numpy as np
+    numpy_numbers = runner.BenchConfig(limit=np.int64(3), batch_size=np.int32(2), index_base=np.int64(1))
+    assert (numpy_numbers.limit, numpy_numbers.batch_size, numpy_numbers.index_base) == (3, 2, 1)
+    assert {type(numpy_numbers.limit), type(numpy_numbers.index_base)} == {int}
+    model = object()
+    with pytest.raises(ValueError, match=r"run_bench got a model without a tokenizer: give both"):
+        runner.run_bench(runner.BenchConfig(limit=1), model=model)
+    with pytest.raises(ValueError, match=r"run_bench got a tokenizer without a model: give both"):
+        runner.run_bench(runner.BenchConfig(limit=1), tokenizer=model)
 
 
 def test_open_names_draw_the_held_out_people_and_say_so_in_the_source():

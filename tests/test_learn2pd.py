@@ -560,10 +560,10 @@ def test_filter_prompts_take_their_people_and_the_checkpoints_length():
 def test_fit_settings_are_checked_before_the_labels(llada, tmp_path, monkeypatch):
     model, tok = llada
     monkeypatch.setattr(filter_train, "collect_labels", lambda *a, **k: pytest.fail("labels were collected"))
+    seed_range = "seed must be an integer in [-2**63, 2**64) (what torch.Generator takes)"
     for kw, msg in [(dict(lr=2.0), "lr must be a number in (0, 1), got 2.0"),
                     (dict(epochs=0), "epochs must be an integer >= 1, got 0"),
-                    (dict(seed=1.5), "seed must be an integer in [-2**63, 2**64), got 1.5"),
-                    (dict(seed=10 ** 20), f"seed must be an integer in [-2**63, 2**64), got {10 ** 20}")]:
+                    (dict(seed=1.5), f"{seed_range}, got 1.5"), (dict(seed=10 ** 20), f"{seed_range}, got {10 ** 20}")]:
         with pytest.raises(ValueError) as err:
             filter_train.train_filter_for_model(model, tok, tmp_path / "f.safetensors", samples_per_task=1,
                                                 progress=False, **kw)

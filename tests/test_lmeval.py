@@ -248,6 +248,18 @@ def test_estimator_takes_tensors_as_the_reference_and_names_bad_ids(shipped):
                          (([1], [5.0]), r"target must be a list of token ids")):
         with pytest.raises(ValueError, match=message):
             mc_loglikelihood(model, *bad, mc_num=1, batch_size=1)
+    mask = model.config.mask_token_id
+    for bad, name, at in ((([5, mask], [6]), "prefix", 1), (([5], [6, 7, mask]), "target", 2)):
+        for estimate in (mc_loglikelihood, dream_mc_loglikelihood):
+            with pytest.raises(ValueError, match=rf"{name} contains the mask token id {mask} at position {at}; "):
+                estimate(model, *bad, mc_num=1, batch_size=1)
+        with pytest.raises(ValueError, match=rf"{name} contains the mask token id {mask}"):
+            greedy_matches(model, *bad)
+    with pytest.raises(ValueError, match=r"generator must be a torch.Generator or None, got 0 \(int\)"):
+        mc_loglikelihood(model, [5], [6], mc_num=1, batch_size=1, generator=0)
+    import numpy as np
+    assert mc_loglikelihood(model, [np.int64(5), 17, 33, 40], target, mc_num=2, batch_size=2,
+                            generator=torch.Generator().manual_seed(1)) == want
 
 
 def _request(context, continuation):

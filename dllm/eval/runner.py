@@ -39,6 +39,7 @@ from dllm.decode import checkpoint_gen_length, resolve_sampler, with_instances
 from dllm.distributed import Distributed, run_together
 from dllm.models.loading import resolve_device
 from dllm.samplers import Sampler
+from dllm.state import plain_number
 
 from . import generators, metrics, text_metrics
 from .data import Dataset, Sample, discover, load_generated, load_official
@@ -98,6 +99,14 @@ class BenchConfig:
     names: str = DEFAULT_SOURCE
 
     def __post_init__(self):
+        for name in ("model", "data_dir", "out"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (str, os.PathLike)) or str(value).strip() == ""):
+                raise ValueError(f"{name} must be a path or name (a non-empty str) or None, got {value!r:.80}")
+        if not isinstance(self.generated, bool):
+            raise ValueError(f"generated must be True or False, got {self.generated!r}")
+        self.limit, self.batch_size, self.index_base = map(plain_number, (self.limit, self.batch_size,
+                                                                    self.index_base))
         if self.data_dir is None:  # nothing to download: our generators' held-out test split
             self.generated = True
         elif self.generated:
@@ -111,7 +120,7 @@ class BenchConfig:
             raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         if self.sort_key not in ("full_name", "last_name"):
             raise ValueError(f"sort_key must be 'full_name' or 'last_name', got {self.sort_key!r}")
-        if isinstance(self.index_base, bool) or self.index_base not in (0, 1):
+        if type(self.index_base) is not int or self.index_base not in (0, 1):
             raise ValueError(f"index_base must be 0 or 1, got {self.index_base!r}")
         check_source(self.names)
         shaped = [k for k, default in (("sort_key", "full_name"), ("index_base", 0), ("names", DEFAULT_SOURCE))
@@ -475,7 +484,13 @@ def run_bench(cfg: BenchConfig, *, model=None, tokenizer=None, progress: bool = 
     decoded from the same sample (`sample_key`: its prompt, answer and metric); a sample whose data
     changed is decoded again and its new row appended, and a reused row that is no longer the
     sample's last is appended again (tables read each sample's last row). Only the main process
-    writes `cfg.out`."""
+    writes `cfg.out`. A `model` object is given with its `tokenizer` and is used as it is: `cfg.model`
+    then only names it when it has no `name_or_path`, and `cfg.dtype`, `device`, `attention`,
+    `cuda_graphs` and `compile` load nothing."""
+    if (model is None) != (tokenizer is None):
+        given, missing = ("model", "tokenizer") if tokenizer is None else ("tokenizer", "model")
+        raise ValueError(f"run_bench got a {given} without a {missing}: give both (from dllm.load), or neither to "
+                         f"load cfg.model")
     dist = Distributed()
     run, dataset, run_id = _start_run(cfg, dist, model, tokenizer)
     results, stored = _stored_rows(cfg, dist, run_id)

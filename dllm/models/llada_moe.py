@@ -1,7 +1,7 @@
 """LLaDA-MoE (inclusionAI/LLaDA-MoE-7B-A1B-Base / -Instruct): the config and weight names of the
 published checkpoints, mapped onto the shared bidirectional transformer with its MoE MLP.
 
-Architecture (docs/architecture.md §MoE): pre-norm RMSNorm (eps 1e-5), q/k/v without biases and
+Architecture (docs/architecture.md §11): pre-norm RMSNorm (eps 1e-5), q/k/v without biases and
 a per-head RMSNorm of q and k before the rotation, NeoX RoPE (theta 50000) on the first
 `partial_rotary_factor` of each head's dims with cos/sin cast to the activation dtype, attention
 never causal; every layer's MLP routes each token to 8 of 64 SwiGLU experts (softmax over the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 from ..attention import check_device, get_backend
-from ..config import ModelConfig
+from ..config import ModelConfig, check_seed
 from .config_json import naming_keys
 from .dream import DreamModel
 from .llada import LLaDAModel
@@ -152,6 +153,10 @@ def resolve_checkpoint(path_or_id: str | os.PathLike | None) -> Path:
     otherwise a hub id fetched (or found in the local cache) with huggingface_hub."""
     if path_or_id is None:
         return default_model_path()
+    if not isinstance(path_or_id, (str, os.PathLike)) or str(path_or_id).strip() == "":
+        raise ValueError(f"the model must be a checkpoint folder, a shipped model name {shipped_models()} or a hub "
+                         f"id 'org/name' (a str or path), or None for the default, got {path_or_id!r:.80} "
+                         f"({type(path_or_id).__name__})")
     path = Path(path_or_id).expanduser()
     if path.is_dir():
         return path
@@ -314,6 +319,9 @@ def build_model(cfg: ModelConfig, attention: str = "auto", *, dtype=torch.float3
     dtype may be any of `COMPUTE_DTYPES`."""
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"build_model takes a ModelConfig (ModelConfig.from_name(...) for a preset), got {cfg!r}")
+    check_seed(seed)
+    if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or not 0 < init_std < math.inf:
+        raise ValueError(f"init_std must be a finite number > 0, got {init_std!r}")
     dtype = dtype if dtype in COMPUTE_DTYPES else (resolve_dtype(dtype) or torch.float32)
     device = resolve_device(device)
     get_backend(attention)
