@@ -116,3 +116,22 @@ def test_prophet_keeps_learn2pds_end_of_text_cut(shipped):
                             sampler_kwargs={"base": "learn2pd", "thresholds": [1e9, 1e9, 1e9]})
     assert torch.equal(wrapped.sequences, base.sequences) and wrapped.nfe == base.nfe
     assert min(base.nfe) < 64 // 4              # the cut ends rows long before one token per forward would
+
+
+def test_shipped_and_saved_tokenizers_have_the_published_layout(tmp_path):
+    """tokenizer_config.json as the published LLaDA checkpoints write it, so that transformers 4.x
+    (the peers' and the references' environments) loads it too: transformers 5's own class name and
+    keys are rewritten by `save_pretrained`, and the tokenizer reads the same either way."""
+    from dllm.train import save_pretrained
+
+    model, tok = dllm.load(dtype="float32")
+    save_pretrained(model, tok, tmp_path / "saved")
+    for folder in (FOLDER, tmp_path / "saved"):
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+        assert not {"backend", "is_local", "local_files_only", "extra_special_tokens"} & set(config)
+        assert config["additional_special_tokens"] == ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    _, again = dllm.load(tmp_path / "saved", dtype="float32")
+    turns = [{"role": "user", "content": "Copy: Ann Lee"}]
+    assert encode_messages(again, turns) == encode_messages(tok, turns)
+    assert again.all_special_tokens == tok.all_special_tokens

@@ -243,6 +243,28 @@ def generation_defaults(cfg: TrainConfig) -> dict:
     return {"max_new_tokens": cfg.canvas} if cfg.canvas else {}
 
 
+# Keys transformers 5 writes that earlier releases do not read, or read as another type.
+NEWER_TOKENIZER_KEYS = ("backend", "is_local", "local_files_only")
+
+
+def published_tokenizer_config(path: Path) -> None:
+    """Rewrite a saved tokenizer_config.json in the published checkpoints' layout, which every
+    transformers release loads: the `PreTrainedTokenizerFast` class (transformers 5 names its
+    `TokenizersBackend`, which 4.x does not know), its extra special tokens as
+    `additional_special_tokens`, and none of `NEWER_TOKENIZER_KEYS`."""
+    config = json.loads(path.read_text())
+    for key in NEWER_TOKENIZER_KEYS:
+        config.pop(key, None)
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = config.pop("extra_special_tokens", None)
+    if isinstance(extra, list) and extra:
+        config["additional_special_tokens"] = extra
+    elif extra:
+        config["extra_special_tokens"] = extra
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
 def save_pretrained(model, tokenizer, folder: str | Path, generation_defaults: dict | None = None) -> Path:
     """Write `model` and `tokenizer` (None: weights and configs only) in the LLaDA Hugging Face
     layout."""
@@ -256,6 +278,7 @@ def save_pretrained(model, tokenizer, folder: str | Path, generation_defaults: d
     (folder / "config.json").write_text(json.dumps(config_to_hf(cfg, torch_dtype=dtype), indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))
+        published_tokenizer_config(folder / "tokenizer_config.json")
     gen = {"_from_model_config": True, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
            "pad_token_id": cfg.pad_token_id, **(generation_defaults or {})}
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
