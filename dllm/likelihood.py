@@ -38,14 +38,14 @@ from .state import plain_number
 DREAM_SAMPLING_EPS = 1e-3        # the smallest masking rate of Dream's estimator (its evaluation's default)
 
 
-def _logits(model, x: torch.Tensor, prefix_length: int, cfg_scale: float) -> torch.Tensor:
-    """(B, L, V) float32 logits of the canvases x, guided when cfg_scale > 0."""
+def _logits(model, x: torch.Tensor, at: torch.Tensor, prefix_length: int, cfg_scale: float) -> torch.Tensor:
+    """(n, V) float32 logits of the canvases x (B, N) at the n True entries of `at` (B, N), guided
+    when cfg_scale > 0; only those rows of the logits are made float32."""
     if cfg_scale <= 0:
-        return model(x).float()
+        return model(x)[at].float()
     uncond = x.clone()
     uncond[:, :prefix_length] = model.config.mask_token_id
-    both = model(torch.cat([x, uncond])).float()
-    cond, un = both.chunk(2)
+    cond, un = (logits[at].float() for logits in model(torch.cat([x, uncond])).chunk(2))
     return un + (cfg_scale + 1) * (cond - un)
 
 
@@ -153,8 +153,8 @@ def _weighted_loss(model, seq: torch.Tensor, masked: torch.Tensor, weight: torch
     """The summed cross-entropy of the masked tokens of `seq` (b, N), row i's weighted by weight[i],
     over the b rows."""
     noisy = torch.where(masked, model.config.mask_token_id, seq)
-    logits = _logits(model, noisy, prefix_length, cfg_scale)
-    ce = F.cross_entropy(logits[masked], seq[masked], reduction="none")                        # (masked,)
+    ce = F.cross_entropy(_logits(model, noisy, masked, prefix_length, cfg_scale), seq[masked],
+                         reduction="none")                                                      # (masked,)
     return float((ce * weight[:, None].expand_as(masked)[masked]).sum()) / seq.shape[0]
 
 
@@ -166,8 +166,9 @@ def greedy_matches(model, prefix: list[int], target: list[int], *, cfg_scale: fl
     P, L = len(prefix), len(target)
     mask = model.config.mask_token_id
     x = torch.tensor([prefix + [mask] * L], dtype=torch.long, device=model.device)
+    target_columns = torch.arange(P + L, device=model.device)[None] >= P                        # (1, P + L)
     for _ in range(L):
-        logits = _logits(model, x, P, cfg_scale)[0, P:]                                         # (L, V)
+        logits = _logits(model, x, target_columns, P, cfg_scale)                                # (L, V)
         prob, token = torch.softmax(logits, dim=-1).max(dim=-1)
         still = x[0, P:] == mask
         pick = int(prob.masked_fill(~still, -1.0).argmax())
