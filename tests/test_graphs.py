@@ -199,6 +199,17 @@ def test_a_decoder_built_beside_a_running_one_keeps_its_own_buffers(llada_dir):
     assert decoder([7, 8, 9]).request.policy.kv is kept
 
 
+def test_a_move_that_keeps_every_tensor_in_place_keeps_the_captured_graphs():
+    model = dllm.build_model(ModelConfig.from_name("llada-tiny"), "sdpa", seed=0)
+    model._graphs = ForwardGraphs()
+    model._graphs._graphs["layout"] = None                         # a captured forward, as far as the model knows
+    model.to("cpu")
+    model.to(torch.float32)
+    assert len(model._graphs) == 1
+    model.to(torch.float64)                                         # new storage: the capture points at the old one
+    assert len(model._graphs) == 0
+
+
 # -- on a GPU -------------------------------------------------------------------------------------
 def _model(name, dtype):
     return dllm.build_model(ModelConfig.from_name(name), "sdpa", dtype=dtype, device="cuda", seed=0, init_std=0.3)
@@ -304,3 +315,4 @@ def test_least_recently_used_graphs_go_and_moving_the_model_drops_them():
         model.cpu()
         with pytest.raises(ValueError, match=r"CUDA graphs are on but the input is on cpu"):
             model(x.cpu(), torch.arange(2)[None], cache=KVCache.for_model(model, 1, 20))
+

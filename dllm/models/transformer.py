@@ -397,10 +397,14 @@ class DiffusionTransformer(nn.Module):
         return self._graphs
 
     def _apply(self, fn, *args, **kwargs):
-        # .to(), .cuda(), .half() ... give the parameters new storage: captured graphs point at the old one.
-        if getattr(self, "_graphs", None) is not None:
+        # .to(), .cuda(), .half() ... may give the tensors new storage, and captured graphs point at the
+        # old one: they are dropped when any tensor moved (a .to() of the same device and dtype keeps them).
+        storage = [t.data_ptr() for t in (*self.parameters(), *self.buffers())]
+        out = super()._apply(fn, *args, **kwargs)
+        if getattr(self, "_graphs", None) is not None and \
+                storage != [t.data_ptr() for t in (*self.parameters(), *self.buffers())]:
             self._graphs.clear()
-        return super()._apply(fn, *args, **kwargs)
+        return out
 
     @property
     def device(self) -> torch.device:
