@@ -9,7 +9,7 @@ the loop's bookkeeping, kind "loop"). A forward is "full" when it recomputes eve
 recompute plan) and "cached" when it recomputes a planned subset against stored K/V.
 
 A synchronisation is an operation whose result the host must wait for on a GPU: reading a value
-(`.item()`, `int()`, `bool()`, `.tolist()`), and the operations whose output shape depends on
+(`.item()`, `int()`, `bool()`, `.tolist()`, `.cpu()`, `.numpy()`), and the operations whose output shape depends on
 the data (`nonzero`, boolean-mask indexing, `masked_select`, `unique`, `repeat_interleave`
 without an output size). The counts do not depend on the machine: they are the same on every
 CPU, so tests assert them. The same decode on a GPU dispatches the same aten operations."""
@@ -33,6 +33,8 @@ SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "argwhere", "masked_sele
                       "_unique2", "unique_consecutive", "unique_dim", "equal", "repeat_interleave", "allclose",
                       "bincount", "histc"})
 _INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+# Tensor methods that read a tensor on the host and, on a CPU tensor, dispatch no aten operation.
+HOST_READS = ("tolist", "cpu", "numpy")
 _ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -83,20 +85,23 @@ class DispatchCounter(TorchDispatchMode):
 
     def __enter__(self):
         add_launch_listener(self)
-        # `Tensor.tolist` reads the tensor on the host without dispatching an aten operation
-        self._tolist = tolist = torch.Tensor.tolist
-
-        def counted_tolist(tensor):
-            self.record_tolist()
-            return tolist(tensor)
-
-        torch.Tensor.tolist = counted_tolist
+        self._host_reads = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+        for name, method in self._host_reads.items():
+            setattr(torch.Tensor, name, self._counted(name, method))
         return super().__enter__()
 
     def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
+        for name, method in self._host_reads.items():
+            setattr(torch.Tensor, name, method)
         remove_launch_listener(self)
         return super().__exit__(*exc)
+
+    def _counted(self, name: str, method):
+        """`method` (a `HOST_READS` Tensor method) recording a host read each call."""
+        def counted(tensor, *args, **kwargs):
+            self.record_host_read(name)
+            return method(tensor, *args, **kwargs)
+        return counted
 
     def enter_launch(self, name: str) -> None:
         if not self.launch_depth:
@@ -117,14 +122,14 @@ class DispatchCounter(TorchDispatchMode):
             bucket.sync_sites[f"{name} at {_call_site()}"] += 1
         return func(*args, **(kwargs or {}))
 
-    def record_tolist(self) -> None:
-        """`Tensor.tolist` reads the tensor on the host without dispatching an aten operation (inside
-        a Triton launch it counts as none, as the launch's own operations do)."""
+    def record_host_read(self, name: str) -> None:
+        """A `HOST_READS` method read a tensor on the host, which on a CPU tensor dispatches no aten
+        operation (inside a Triton launch it counts as none, as the launch's own operations do)."""
         if self.launch_depth:
             return
         bucket = self.counts[self.kind]
         bucket.syncs += 1
-        bucket.sync_sites[f"tolist at {_call_site()}"] += 1
+        bucket.sync_sites[f"{name} at {_call_site()}"] += 1
 
 
 @dataclass

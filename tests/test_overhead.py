@@ -84,6 +84,9 @@ def test_the_counter_knows_what_makes_the_host_wait():
     assert _syncs(lambda: torch.repeat_interleave(idx, idx, output_size=2)) == 0
     assert _syncs(lambda: torch.allclose(x, x)) >= 1                      # reads its answer
     assert _syncs(lambda: x.tolist()) == 1 and torch.Tensor.tolist(x) == x.tolist()   # counted, then restored
+    methods = {name: getattr(torch.Tensor, name) for name in ("tolist", "cpu", "numpy")}
+    assert _syncs(lambda: x.cpu()) == 1 and _syncs(lambda: x.numpy()) == 1            # no operation on a CPU
+    assert {name: getattr(torch.Tensor, name) for name in methods} == methods           # restored
     assert _syncs(lambda: torch.bincount(idx)) >= 1 and _syncs(lambda: torch.histc(x)) >= 1   # sized by the data
     assert _syncs(lambda: (x[idx], torch.where(mask, x, 0.0), x.argmax(), x.cumsum(0))) == 0
 
