@@ -16,6 +16,7 @@ _SAMPLERS: dict[str, str] = {
     "topk_margin": "dllm.samplers.dream:TopKMargin",
     "entropy": "dllm.samplers.dream:Entropy",
     "threshold": "dllm.samplers.threshold:Threshold",
+    "budget_threshold": "dllm.samplers.budget_threshold:BudgetThreshold",
     "factor": "dllm.samplers.factor:Factor",
     "adablock": "dllm.samplers.adablock:AdaBlock",
     "localleap": "dllm.samplers.localleap:LocalLeap",

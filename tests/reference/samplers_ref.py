@@ -8,6 +8,8 @@
   (batch 1), as redistributed by the dllm training library (docs/samplers.md §11).
 * :func:`llada21_generate_ref`: LLaDA2.1's editing ``generate`` (``modeling_llada21_moe.py``) at
   temperature 0, batch 1 (docs/samplers.md §11).
+* :func:`budget_threshold_ref`: Fast-dLLM's Dream loop without blocks (``generation_utils.py``,
+  ``alg="confidence_threshold"``) at temperature 0, batch 1 (docs/samplers.md §4).
 
 Both loops are re-written from the algorithms, step for step in the reference order, with three
 deliberate, documented differences:
@@ -487,3 +489,50 @@ def llada21_generate_ref(
         if eos_early_stop and not bool((upto == mask_id).any()) and bool((upto == eos_id).any()):
             break
     return x[:, :Lp + gen_length], forwards
+
+
+@torch.no_grad()
+def budget_threshold_ref(logits_fn: LogitsFn, input_ids: Tensor, *, max_new_tokens: int, steps: int,
+                         threshold: float, mask_id: int) -> tuple[Tensor, int, int]:
+    """Fast-dLLM's ``confidence_threshold`` loop of Dream's ``_sample`` at temperature 0, batch 1.
+
+    ``logits_fn(x, None)`` gives ALIGNED logits (B, L, V). Returns the final canvas, the forwards the
+    reference runs, and those of them that had a mask to fill (the reference keeps stepping until
+    its step count, extended by the last step's rejects, is reached).
+    """
+    assert input_ids.shape[0] == 1, "batch size must be 1"
+    x = F.pad(input_ids, (0, max_new_tokens), value=mask_id)
+    assert int((x == mask_id).sum()) % steps == 0
+    number_transfer_tokens = int((x == mask_id).sum()) // steps
+    left_tokens_last_step = 0
+    i, forwards, useful = 0, 0, 0
+    while i < steps:
+        mask_index = x == mask_id
+        logits = logits_fn(x, None)
+        forwards += 1
+        useful += int(bool(mask_index.any()))
+        confidence, x0 = _sample_tokens(logits[mask_index], temperature=0.0, top_p=None, top_k=None, kind="prob",
+                                        generator=None)
+        x_ = torch.full_like(x, mask_id)
+        x_[mask_index] = x0
+        full_confidence = torch.full(x.shape, -torch.inf, dtype=logits.dtype)
+        full_confidence[mask_index] = confidence
+        current_transfer_tokens = number_transfer_tokens + left_tokens_last_step
+        left_tokens_last_step = 0
+        select_index = _topk_lowest_first(full_confidence, current_transfer_tokens)     # (1, k)
+        selected_confidence = full_confidence.gather(1, select_index)
+        transfer_index = torch.zeros_like(x, dtype=torch.bool)
+        transfer_index[0, select_index[0]] = True
+        for k in range(1, current_transfer_tokens):
+            if selected_confidence[0, k] < threshold:
+                if i < steps - 1:
+                    left_tokens_last_step += 1
+                    transfer_index[0, select_index[0, k]] = False
+                else:
+                    number_transfer_tokens = 0
+                    steps += 1
+                    left_tokens_last_step += 1
+                    transfer_index[0, select_index[0, k]] = False
+        x[transfer_index] = x_[transfer_index]
+        i += 1
+    return x, forwards, useful
