@@ -500,7 +500,7 @@ class PrefixCache(StoringPolicy):
     def __init__(self, *, refresh: int | None = None, twins: bool = False, guard: float | None = None):
         super().__init__(twins, guard)
         self.refresh = _check_int(self.name, "refresh", refresh, 1, allow_none=True)
-        self._args = dict(refresh=refresh, twins=twins, guard=guard)
+        self._args = dict(refresh=self.refresh, twins=twins, guard=guard)
 
     def _full(self, state, rows):
         return self._periodic(state, rows, self.refresh)
@@ -602,7 +602,7 @@ class DKVDecode(StoringPolicy):
         super().__init__(twins, guard)
         self._given = dict(refresh=_check_int(self.name, "refresh", refresh, 1, allow_none=True),
                            warmup=_check_int(self.name, "warmup", warmup, 0, allow_none=True))
-        self.refresh, self.warmup = refresh, warmup
+        self.refresh, self.warmup = self._given["refresh"], self._given["warmup"]
         self._args = dict(self._given, twins=twins, guard=guard)
 
     def setup(self, state, model):
@@ -648,7 +648,7 @@ class DKVGreedy(StoringPolicy):
         super().__init__(twins, guard)
         self.refresh = _check_int(self.name, "refresh", refresh, 1)
         self.window = _check_int(self.name, "window", window, 0)
-        self._args = dict(refresh=refresh, window=window, twins=twins, guard=guard)
+        self._args = dict(refresh=self.refresh, window=self.window, twins=twins, guard=guard)
 
     def _full(self, state, rows):
         return self._periodic(state, rows, self.refresh)

@@ -532,6 +532,11 @@ def test_numpy_numbers_in_sampler_and_cache_arguments_are_python_numbers(tiny):
     assert get_policy("dkv-greedy", window=np.int32(2)).arguments()["window"] == 2
     with pytest.raises(ValueError, match=r"sampler_kwargs keys must be argument names \(strings\), got 1 \(int\)"):
         GenerationConfig(sampler="threshold", sampler_kwargs={1: 2})
+    cfg = GenerationConfig(sampler="threshold", sampler_kwargs={"tau": np.float32(0.5)}, cache="dual",
+                           cache_kwargs={"refresh": np.int64(2)})
+    assert type(cfg.sampler_kwargs["tau"]) is float and type(cfg.cache_kwargs["refresh"]) is int
+    from dllm.cache import policy_class
+    assert type(policy_class("dual")(refresh=np.int64(2)).arguments()["refresh"]) is int
 
 
 @pytest.mark.parametrize("change,match", [
@@ -543,6 +548,7 @@ def test_numpy_numbers_in_sampler_and_cache_arguments_are_python_numbers(tiny):
     (dict(eos_token_id=310), r"eos_token_id must differ from mask_token_id \(both 310\)"),
     (dict(clip_qkv="x"), r"ModelConfig.clip_qkv must be None or a finite number > 0, got 'x'"),
     (dict(clip_qkv=True), r"ModelConfig.clip_qkv must be None or a finite number > 0, got True"),
+    (dict(clip_qkv=float("inf")), r"ModelConfig.clip_qkv must be None or a finite number > 0, got inf"),
 ])
 def test_model_config_values_are_checked(change, match):
     with pytest.raises(ValueError, match=match):
@@ -555,7 +561,7 @@ def test_build_model_and_load_name_bad_arguments():
         dllm.build_model(cfg, seed="x")
     with pytest.raises(ValueError, match=r"seed must be an integer .* got 1180591620717411303424"):
         dllm.build_model(cfg, seed=2 ** 70)
-    for bad in (float("nan"), 0, "x", True):
+    for bad in (float("nan"), float("inf"), 0, "x", True):
         with pytest.raises(ValueError, match=rf"init_std must be a finite number > 0, got {re.escape(repr(bad))}"):
             dllm.build_model(cfg, init_std=bad)
     for bad, shown in (("", "''"), (" ", "' '"), (123, "123 \\(int\\)")):

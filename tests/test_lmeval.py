@@ -572,7 +572,7 @@ def _dream_reference_nll(model, prefix, target, mc_num, batch_size, generator, e
     return sum(losses) / len(losses)
 
 
-def test_dream_log_likelihoods_follow_dreams_evaluation(dream_dir, dream):
+def test_dream_log_likelihoods_follow_dreams_evaluation(dream_dir, dream, monkeypatch):
     """Dream's pairs end with the EOS its evaluation appends, scored by its own estimator (the
     restated loop above); the first and last columns are never masked."""
     from dllm.lmeval import DLLMEvalModel
@@ -595,3 +595,33 @@ def test_dream_log_likelihoods_follow_dreams_evaluation(dream_dir, dream):
     assert ll == dream_mc_loglikelihood(model, prefix, target + [tok.eos_token_id], mc_num=4, batch_size=2,
                                         generator=torch.Generator().manual_seed(3))
     assert greedy is greedy_matches(model, prefix, target)
+    checked = []                                    # the greedy check reads the continuation without the EOS
+    monkeypatch.setattr(dllm.lmeval, "greedy_matches", lambda m, p, t, **k: checked.append(list(t)) or True)
+    assert lm.loglikelihood([_request(context, continuation)])[0][1] is True and checked == [target]
+
+
+def test_chat_contexts_are_rendered_once_and_decoded_as_rendered(shipped):
+    """With `chat` the adapter renders each context itself and hands `generate` token ids, which it
+    decodes as given (no warning that chat=True does not apply to them)."""
+    import warnings
+
+    from dllm.lmeval import DLLMEvalModel
+
+    lm = DLLMEvalModel(dtype="float32", device="cpu", gen_length=8, chat=True, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (answer,) = lm.generate_until([_generation("Copy: Ann Lee")])
+    out = dllm.generate(lm.model, lm.tokenizer, [lm._fit_context("Copy: Ann Lee", 8)], gen_length=8, seed=0)
+    assert answer == answer_text(lm.tokenizer, "llada", out.generated[0].tolist(), [])
+
+
+def test_estimators_make_only_the_scored_logits_float32(shipped, monkeypatch):
+    """The (B, N, V) logits stay in the model's dtype: only the scored positions' rows are converted."""
+    model, _ = shipped
+    shapes, to_float = [], torch.Tensor.float
+    monkeypatch.setattr(torch.Tensor, "float", lambda t, *a, **k: shapes.append(tuple(t.shape)) or to_float(t, *a, **k))
+    mc_loglikelihood(model, [5, 17, 33], [60, 61, 62], mc_num=2, batch_size=2, cfg_scale=0.5)
+    dream_mc_loglikelihood(model, [5, 17, 33], [60, 61, 62], mc_num=2, batch_size=2)
+    greedy_matches(model, [5, 17, 33], [60, 61])
+    vocab = model.config.vocab_size
+    assert shapes and all(len(shape) == 2 and shape[1] == vocab for shape in shapes if shape[-1] == vocab)
