@@ -7,6 +7,10 @@ until it holds no mask. Ties for the top position go to the lowest position.
 
 The confidence is computed in the request's `score_dtype`; Fast-dLLM's reference uses a float64
 softmax (`score_dtype="float64"`).
+
+`commit_block_start=True` is Fast-dLLM's block-wise Dream loop (`generation_utils_block.py`, its
+cached runs): a block's first step commits the block's first position, whatever its confidence,
+and nothing else; the rule runs from the block's second step on.
 Published defaults: tau 0.9 (paper and scripts; "explored in the range of 0.5 to 1.0"),
 block_length 32 (scripts), temperature 0. tau = 1.0 commits one token per step (unless a
 candidate is certain).
@@ -48,11 +52,18 @@ class Threshold(Sampler):
     uses_blocks = True
     score_fields = frozenset({"prob"})
 
-    def __init__(self, *, tau: float = 0.9):
+    def __init__(self, *, tau: float = 0.9, commit_block_start: bool = False):
         check_number("tau", tau, low=0, high=1, sampler=self.name)
-        self.tau = float(tau)
-        self._args = dict(tau=tau)
+        if not isinstance(commit_block_start, bool):
+            raise ValueError(f"sampler {self.name!r}: commit_block_start must be true or false, got "
+                             f"{commit_block_start!r}")
+        self.tau, self.commit_block_start = float(tau), commit_block_start
+        self._args = dict(tau=tau, commit_block_start=commit_block_start)
 
     def step(self, state, rows, positions, valid, scores):
         conf = masked_confidence(scores, valid)                                  # (B', Q)
-        return Decision(commit=threshold_commit(conf, valid, self.tau))
+        commit = threshold_commit(conf, valid, self.tau)
+        if self.commit_block_start:
+            first_step = (state.step_in_block[rows] == 0)[:, None]                # (B', 1)
+            commit = torch.where(first_step, valid & (positions == state.block_start[rows, None]), commit)
+        return Decision(commit=commit)

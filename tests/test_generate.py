@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import dllm
-from tests.reference.samplers_ref import budget_threshold_ref, dream_generate_ref, llada_generate_ref
+from tests.reference.samplers_ref import (block_threshold_ref, budget_threshold_ref, dream_generate_ref,
+                                          llada_generate_ref)
 
 
 def _never_mask(logits, model):
@@ -430,3 +431,26 @@ def test_budget_threshold_equals_fastdllms_loop_without_blocks(request, family, 
         assert out.forwards == useful and forwards >= useful >= steps
         alone.append(out.generated[0].tolist())
     assert dllm.generate(model, None, PROMPTS4, **kw).generated.tolist() == alone
+
+
+@pytest.mark.parametrize("family,gen,block,tau", [("dream", 16, 8, 0.9), ("dream", 16, 4, 0.02), ("dream", 12, 1, 0.9),
+                                                  ("shipped", 16, 8, 0.5), ("shipped", 24, 8, 0.9)])
+def test_threshold_committing_block_starts_equals_fastdllms_block_loop(request, family, gen, block, tau):
+    """`commit_block_start` against Fast-dLLM's block-wise Dream loop re-stated with full forwards:
+    the tokens, and its forwards less the one it runs after a block its first forward filled."""
+    model, _ = request.getfixturevalue(family)
+    logits_fn = lambda x, _: _never_mask(model(x), model)                      # noqa: E731
+    kw = dict(gen_length=gen, block_length=block, sampler="threshold", score_dtype="logits",
+              sampler_kwargs={"tau": tau, "commit_block_start": True})
+    alone = []
+    for row in PROMPTS4:
+        want, forwards = block_threshold_ref(logits_fn, torch.tensor([row]), max_new_tokens=gen, block_length=block,
+                                             threshold=tau, mask_id=model.config.mask_token_id)
+        out = dllm.generate(model, None, [row], **kw)
+        assert out.sequences.tolist() == want.tolist()
+        assert out.forwards == forwards - (gen // block if block == 1 else 0)
+        alone.append(out.generated[0].tolist())
+    batch = dllm.generate(model, None, PROMPTS4, trace=True, **kw)
+    assert batch.generated.tolist() == alone
+    for steps in batch.trace.view(len(PROMPTS4), gen // block, block):       # a block's first step: its first column
+        assert all(int(b[0]) == int(b.min()) and int((b == b[0]).sum()) == 1 for b in steps)

@@ -10,6 +10,8 @@
   temperature 0, batch 1 (docs/samplers.md §11).
 * :func:`budget_threshold_ref`: Fast-dLLM's Dream loop without blocks (``generation_utils.py``,
   ``alg="confidence_threshold"``) at temperature 0, batch 1 (docs/samplers.md §4).
+* :func:`block_threshold_ref`: Fast-dLLM's block-wise Dream loop (``generation_utils_block.py``,
+  ``alg="confidence_threshold"``) at temperature 0, batch 1, every forward over the whole canvas.
 
 Both loops are re-written from the algorithms, step for step in the reference order, with three
 deliberate, documented differences:
@@ -536,3 +538,47 @@ def budget_threshold_ref(logits_fn: LogitsFn, input_ids: Tensor, *, max_new_toke
         x[transfer_index] = x_[transfer_index]
         i += 1
     return x, forwards, useful
+
+
+@torch.no_grad()
+def block_threshold_ref(logits_fn: LogitsFn, input_ids: Tensor, *, max_new_tokens: int, block_length: int,
+                        threshold: float, mask_id: int) -> tuple[Tensor, int]:
+    """Fast-dLLM's block-wise ``confidence_threshold`` loop of Dream's ``_sample`` at temperature 0,
+    batch 1, its cached forwards replaced by full ones. ``logits_fn(x, None)`` gives ALIGNED logits.
+
+    Per block: a forward whose candidate at the block's first position is written outright, then
+    forwards that each commit the block's most confident mask and every other one >= threshold, until
+    the block holds no mask (checked after each of these forwards). Returns the canvas and the forwards.
+    """
+    assert input_ids.shape[0] == 1, "batch size must be 1"
+    Lp = input_ids.shape[1]
+    x = F.pad(input_ids, (0, max_new_tokens), value=mask_id)
+    forwards = 0
+    for num_block in range(max_new_tokens // block_length):
+        start, end = Lp + num_block * block_length, Lp + (num_block + 1) * block_length
+        logits = logits_fn(x, None)
+        forwards += 1
+        _, x0 = _sample_tokens(logits[0], temperature=0.0, top_p=None, top_k=None, kind="prob", generator=None)
+        x[0, start] = x0[start]
+        while True:
+            mask_index = x[:, start:end] == mask_id
+            logits = logits_fn(x, None)[:, start:end]
+            forwards += 1
+            confidence, x0 = _sample_tokens(logits[mask_index], temperature=0.0, top_p=None, top_k=None,
+                                            kind="prob", generator=None)
+            x_ = torch.full_like(x[:, start:end], mask_id)
+            full_confidence = torch.full(x_.shape, -torch.inf, dtype=logits.dtype)
+            x_[mask_index] = x0
+            full_confidence[mask_index] = confidence
+            count = int(mask_index.sum())
+            select_index = _topk_lowest_first(full_confidence, count)
+            selected_confidence = full_confidence.gather(1, select_index)
+            transfer_index = torch.zeros_like(x_, dtype=torch.bool)
+            transfer_index[0, select_index[0]] = True
+            for k in range(1, count):
+                if selected_confidence[0, k] < threshold:
+                    transfer_index[0, select_index[0, k]] = False
+            x[:, start:end][transfer_index] = x_[transfer_index]
+            if not bool((x[:, start:end] == mask_id).any()):
+                break
+    return x, forwards
