@@ -476,11 +476,12 @@ class StoringPolicy(CachePolicy):
         return i == 0 if refresh is None else i % refresh == 0
 
     def _from_block_start(self, state, rows) -> torch.Tensor:
-        """(B', L) bool: columns >= each row's block start (one further left for a shifted model,
-        whose first block position is predicted by the column before it; from the start of the
-        attention block for a block-causal model, `DecodeState.block_first_column`)."""
+        """(B', L) bool: columns >= each row's block start (from the start of the attention block for
+        a block-causal model, `DecodeState.block_first_column`). A shifted model's column before
+        the block, which predicts the block's first position, is recomputed while that position
+        is scored: the loop adds the scored columns' sources to every plan (`cover_columns`)."""
         cols = state.columns()[None, :]
-        return cols >= state.block_first_column(rows)[:, None] - int(self.shift)
+        return cols >= state.block_first_column(rows)[:, None]
 
 
 class PrefixCache(StoringPolicy):
@@ -489,9 +490,9 @@ class PrefixCache(StoringPolicy):
 
     refresh: also refresh every `refresh` steps inside a block (None: only at block starts, as
         Fast-dLLM; 1 recomputes everything every step, which equals `none`).
-    On Dream the column left of the block is recomputed too: its hidden state predicts the block's
-    first position (Fast-dLLM's Dream code commits that position outright at the block's full
-    forward instead).
+    On Dream the column left of the block is recomputed too while the block's first position, which
+    its hidden state predicts, is masked (Fast-dLLM's Dream code commits that position outright at
+    the block's full forward and never recomputes that column: `threshold`'s `commit_block_start`).
     twins, guard: see `StoringPolicy` (False, None: Fast-dLLM's rule).
     """
 
@@ -514,7 +515,8 @@ class DualCache(PrefixCache):
     (prefix and masked suffix are served from the cache).
 
     refresh: as for `prefix`. The block is read at every step, so a block whose end a sampler moves
-    is recomputed up to its new end. On Dream the column left of the block is recomputed too.
+    is recomputed up to its new end. On Dream the column left of the block is recomputed as for
+    `prefix`.
     twins, guard: see `StoringPolicy` (False, None: Fast-dLLM's rule).
     """
 

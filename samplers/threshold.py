@@ -58,8 +58,7 @@ class Threshold(Sampler):
             raise ValueError(f"sampler {self.name!r}: commit_block_start must be true or false, got "
                              f"{commit_block_start!r}")
         self.tau, self.commit_block_start = float(tau), commit_block_start
-        # commit_block_start is recorded only when set, so that runs without it keep their identity.
-        self._args = dict(tau=tau, **({"commit_block_start": True} if commit_block_start else {}))
+        self._args = dict(tau=tau, commit_block_start=commit_block_start)
 
     def step(self, state, rows, positions, valid, scores):
         conf = masked_confidence(scores, valid)                                  # (B', Q)

@@ -490,10 +490,10 @@ def test_guard_zero_changes_nothing_and_guard_one_equals_no_cache(family_model):
 
 def test_prefix_and_dual_recompute_the_block_and_follow_moved_ends(family_model):
     """Full refresh at each row's block start, then `dual` recomputes [start, end) (read at each
-    step, so a moved end is followed) and `prefix` [start, L); on Dream one column further left.
-    Rows sit in different blocks; finished rows drop out."""
+    step, so a moved end is followed) and `prefix` [start, L) (the loop adds the scored columns'
+    sources: on Dream the column left of a scored block start, which the Fast-dLLM loop tests
+    check). Rows sit in different blocks; finished rows drop out."""
     model, _ = family_model
-    shift = int(model.config.logit_shift)
     for name in ("dual", "prefix"):
         for sampler in (MovingEnd(), FillAllAtStep2()):
             policy = get_policy(name)
@@ -509,9 +509,9 @@ def test_prefix_and_dual_recompute_the_block_and_follow_moved_ends(family_model)
                     if int(e["step_in_block"][k]) == 0:
                         assert got == set(range(L))
                     elif name == "dual":
-                        assert got == set(range(s - shift, end)), (e["step"], r)
+                        assert got == set(range(s, end)), (e["step"], r)
                     else:
-                        assert got == set(range(s - shift, L)), (e["step"], r)
+                        assert got == set(range(s, L)), (e["step"], r)
             if isinstance(sampler, MovingEnd):
                 assert any(int(e["block_end"][k] - e["block_start"][k]) == 8 and int(e["step_in_block"][k]) > 0
                            for e in log for k in range(len(e["rows"])))

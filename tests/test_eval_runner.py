@@ -571,6 +571,18 @@ def test_sampler_identity_reads_integers_for_float_arguments_as_floats(name, giv
     assert runner.sampler_identity(samplers.get("adablock", window=3))["window"] == 3     # an int argument stays
 
 
+def test_sampler_arguments_added_later_keep_earlier_run_ids():
+    """threshold's commit_block_start, at False (how every earlier run decoded), is not in the
+    identity, in prophet's base_kwargs neither; set, it is."""
+    from dllm import samplers
+
+    assert runner.sampler_identity(samplers.get("threshold", tau=0.9)) == {"tau": 0.9}
+    assert samplers.get("threshold").arguments()["commit_block_start"] is False           # recorded in rows
+    assert runner.sampler_identity(samplers.get("threshold", commit_block_start=True))["commit_block_start"]
+    inner = runner.sampler_identity(samplers.get("prophet", base="threshold", base_kwargs={"tau": 0.8}))
+    assert inner["base_kwargs"] == {"tau": 0.8}
+
+
 def test_rows_record_the_blocks_the_decode_used(bench_data, tmp_path):
     """A block-causal model decodes in its attention blocks whatever the request leaves open: rows
     say so (they recorded the whole generation length)."""

@@ -494,7 +494,7 @@ def test_prophet_base_instance_and_kwargs():
     inner = samplers.get("threshold", tau=0.8)
     p = samplers.get("prophet", base=inner)
     assert p.base is inner and p.uses_blocks and not p.fixed_schedule and "logit_gap" in p.score_fields
-    assert p.arguments()["base_kwargs"] == {"tau": 0.8}
+    assert p.arguments()["base_kwargs"] == {"tau": 0.8, "commit_block_start": False}
     p = samplers.get("prophet", base="entropy", base_kwargs={"eps": 0.01})
     assert not p.uses_blocks and p.fixed_schedule and p.needs_logits and not p.gumbel_candidates
     with pytest.raises(ValueError, match="base_kwargs are only used"):

@@ -54,6 +54,9 @@ PREDICTION = "region"
 # Request fields that joined the run identity later: named in it only when not at their default,
 # so the run ids of earlier results files stay valid.
 _LATER_IDENTITY_FIELDS = ("cfg_scale", "chat", "score_dtype")
+# Sampler arguments added later, with the value that decodes as before: left out of the identity at
+# that value, so the run ids of earlier results files stay valid.
+LATER_SAMPLER_ARGUMENTS = {"threshold": {"commit_block_start": False}}
 
 
 def _bench_generation() -> GenerationConfig:
@@ -261,7 +264,7 @@ def cache_identity(cache, cache_kwargs: dict) -> tuple[str, dict]:
 def sampler_identity(sampler: Sampler) -> dict:
     """A run's sampler arguments as its identity holds them: resolved, and an integer given for an
     argument annotated as a float as that float (also in prophet's `base_kwargs`), so that `tau=1`
-    and `tau=1.0` are one run."""
+    and `tau=1.0` are one run; `LATER_SAMPLER_ARGUMENTS` at their old behaviour left out."""
     return _canonical_arguments(sampler.name, sampler.arguments())
 
 
@@ -270,8 +273,10 @@ def _canonical_arguments(name: str, arguments: dict) -> dict:
         params = inspect.signature(samplers.sampler_class(name).__init__).parameters
     except ValueError:      # an unregistered sampler instance: its arguments as they are
         return dict(arguments)
-    out = {}
+    out, later = {}, LATER_SAMPLER_ARGUMENTS.get(name, {})
     for key, value in arguments.items():
+        if key in later and value is later[key]:
+            continue
         annotation = str(params[key].annotation) if key in params else ""
         if type(value) is int and "float" in annotation:
             value = float(value)

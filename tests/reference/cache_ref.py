@@ -70,9 +70,10 @@ def _attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 def _forward(model, tokens: Tensor, start: int, past: list | None, mode: str):
     """Run `tokens` (1, P), the canvas columns start..start+P-1.
 
-    mode "full":   no past; returns (raw logits (1, P, V), per-layer [k, v] (1, H_kv, P, D)).
+    mode "full":   no past.
     mode "prefix": past holds the K/V of columns < start; keys = past ++ fresh.
     mode "dual":   past holds the K/V of every column; [start, start+P) are replaced in place.
+    Returns (raw logits (1, P, V), the fresh per-layer [k, v] (1, H_kv, P, D)).
     """
     cfg = model.config
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -88,9 +89,9 @@ def _forward(model, tokens: Tensor, start: int, past: list | None, mode: str):
         v = a.v(n).view(1, P, Hkv, D).transpose(1, 2)
         q = _rope(q, positions, cfg.rope_theta, cfg.rope_fp32)
         k = _rope(k, positions, cfg.rope_theta, cfg.rope_fp32)
+        kv.append([k, v])
         if mode == "full":
             keys, values = k, v
-            kv.append([k, v])
         elif mode == "prefix":
             keys = torch.cat([past[i][0], k], dim=2)                           # (1, H_kv, start + P, D)
             values = torch.cat([past[i][1], v], dim=2)
@@ -156,16 +157,25 @@ def fastdllm_generate_ref(model, prompt: list[int], *, gen_length: int, block_le
         nfe += 1
         logits = torch.cat([raw[:, :1], raw[:, :-1]], dim=1) if shift else raw  # aligned
         _commit(x, logits[0], torch.arange(L), (s, e), mask_id, threshold, None if counts is None else counts[0])
-        w = s - shift                                                          # first recomputed column
-        if mode == "prefix":
-            kv = [[k[:, :, :w], v[:, :, :w]] for k, v in kv]
         i = 1
         while bool((x[0, s:e] == mask_id).any()):
+            # Dream recomputes the column left of the block while the block's first position, which
+            # it predicts, is masked; its K/V, re-stored then, are served from the cache after that.
+            w = s - int(shift and bool(x[0, s] == mask_id))                     # first recomputed column
             end = L if mode == "prefix" else e
-            raw, _ = _forward(model, x[:, w:end], w, kv, mode)
+            past = [[k[:, :, :w], v[:, :, :w]] for k, v in kv] if mode == "prefix" else kv
+            raw, fresh = _forward(model, x[:, w:end], w, past, mode)
             nfe += 1
-            # column w + j is predicted by raw[j] (LLaDA) or raw[j - 1] (Dream); keep columns >= s
-            logits = raw[0, :end - s] if shift else raw[0, s - w:]
+            if mode == "prefix" and w < s:
+                for (k, v), (fk, fv) in zip(kv, fresh):
+                    k[:, :, w], v[:, :, w] = fk[:, :, 0], fv[:, :, 0]
+            # column c is predicted by the hidden state of column c (LLaDA) or c - 1 (Dream); keep c >= s
+            if not shift:
+                logits = raw[0, s - w:]
+            elif w < s:
+                logits = raw[0, :end - s]
+            else:       # column s is not predicted here (it is not masked): a placeholder row
+                logits = torch.cat([raw[0, :1], raw[0, :end - s - 1]])
             count = None if counts is None else counts[min(i, len(counts) - 1)]
             _commit(x, logits, torch.arange(s, end), (s, e), mask_id, threshold, count)
             i += 1
