@@ -1,0 +1,165 @@
+"""Fast-dLLM's own Dream decoding loops against dllm on tiny random Dream checkpoints: tokens and
+forwards, case by case (no timing).
+
+Fast-dLLM's `dream/model` (DreamModel and the `diffusion_generate` mixins of `generation_utils.py`
+and `generation_utils_block.py`, `alg="confidence_threshold"`) is imported from the checkout given
+with `--fastdllm DIR` by the peer side, which runs in the peer environment
+(`benchmarks/peers/setup_env.sh`; it imports nothing from dllm). The pairs compared:
+
+    none    Fast-dLLM without a cache            dllm sampler "budget_threshold"
+    prefix  Fast-dLLM use_cache                  dllm "threshold" commit_block_start, cache "prefix"
+    dual    Fast-dLLM use_cache + dual_cache     dllm "threshold" commit_block_start, cache "dual"
+
+dllm never offers the mask token as a candidate; on random weights that moves confidences, so the
+peer side sets the mask token's logit to -inf too (a trained model gives it no mass).
+
+    python benchmarks/peers/dream_parity.py --fastdllm /tmp/fastdllm --work runs/dream-parity \\
+        [--peer-python runs/peers-venv/bin/python] [--cases 8] [--seed 0]
+
+writes the checkpoints and cases under --work, runs both sides, prints one line per case that
+differs and a count per checkpoint and mode.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+CHECKPOINTS = {"l2": {}, "l2-std1": {"init_std": 1.0}, "l4": {"num_hidden_layers": 4, "init_std": 1.0},
+               "l1": {"num_hidden_layers": 1}}
+MODES = ("none", "prefix", "dual")
+
+
+def make_cases(work: Path, count: int, seed: int) -> list[dict]:
+    """Random prompts and settings per checkpoint and mode (lengths that both sides accept)."""
+    rng = random.Random(seed)
+    cases = []
+    for name in CHECKPOINTS:
+        for mode in MODES:
+            for _ in range(count):
+                prompt = [rng.randrange(300) for _ in range(rng.randint(3, 12))]
+                if mode == "none":
+                    (gen, steps), block = rng.choice([(16, 4), (16, 8), (32, 8), (24, 6), (32, 32)]), None
+                else:
+                    gen, block = rng.choice([(16, 4), (16, 8), (32, 8), (32, 16), (24, 8)])
+                    steps = gen // block
+                cases.append(dict(checkpoint=str(work / name), mode=mode, prompt=prompt, gen_length=gen,
+                                  steps=steps, block_length=block,
+                                  threshold=rng.choice([0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.9])))
+    return cases
+
+
+def run_dllm(cases: list[dict]) -> list[dict]:
+    import dllm
+    models = {}
+    out = []
+    for case in cases:
+        if case["checkpoint"] not in models:
+            models[case["checkpoint"]] = dllm.load(case["checkpoint"], dtype="float32")[0]
+        model = models[case["checkpoint"]]
+        kw = dict(gen_length=case["gen_length"], score_dtype="logits")
+        if case["mode"] == "none":
+            kw.update(steps=case["steps"], sampler="budget_threshold", sampler_kwargs={"threshold": case["threshold"]})
+        else:
+            kw.update(block_length=case["block_length"], sampler="threshold", cache=case["mode"],
+                      sampler_kwargs={"tau": case["threshold"], "commit_block_start": True})
+        result = dllm.generate(model, None, [case["prompt"]], **kw)
+        out.append(dict(tokens=result.generated[0].tolist(), forwards=result.forwards))
+    return out
+
+
+def run_peer(cases: list[dict], fastdllm: Path, mask_id: int) -> list[dict]:
+    """Fast-dLLM's side (peer environment): DreamModel with its mixins bound as its eval.py binds them."""
+    import contextlib
+    import io
+    import types
+
+    import torch
+    sys.path.insert(0, str(fastdllm / "dream"))
+    import model.generation_utils as plain
+    import model.generation_utils_block as blocks
+    from model.modeling_dream import DreamModel
+
+    models, out = {}, []
+    for case in cases:
+        if case["checkpoint"] not in models:
+            m = DreamModel.from_pretrained(case["checkpoint"], torch_dtype=torch.float32,
+                                           attn_implementation="sdpa").eval()
+            counter = [0]
+            m.register_forward_pre_hook(lambda *_, counter=counter: counter.__setitem__(0, counter[0] + 1))
+            forward = m.forward
+
+            def no_mask(*args, forward=forward, **kwargs):
+                result = forward(*args, **kwargs)
+                result.logits[..., mask_id] = float("-inf")
+                return result
+            m.forward = no_mask
+            models[case["checkpoint"]] = (m, counter)
+        m, counter = models[case["checkpoint"]]
+        mixin = (plain if case["mode"] == "none" else blocks).DreamGenerationMixin
+        m.diffusion_generate = types.MethodType(mixin.diffusion_generate, m)
+        m._sample = types.MethodType(mixin._sample, m)
+        kw = dict(attention_mask=None, max_new_tokens=case["gen_length"], steps=case["steps"], temperature=0.0,
+                  alg="confidence_threshold", threshold=case["threshold"], top_k=None, top_p=None,
+                  return_dict_in_generate=True, output_history=False)
+        if case["mode"] != "none":
+            kw.update(block_length=case["block_length"], dual_cache=case["mode"] == "dual")
+        counter[0] = 0
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            result = m.diffusion_generate(torch.tensor([case["prompt"]]), **kw)
+        out.append(dict(tokens=result.sequences[0, len(case["prompt"]):].tolist(), forwards=counter[0]))
+    return out
+
+
+def compare(cases: list[dict], ours: list[dict], theirs: list[dict]) -> dict:
+    """Per (checkpoint, mode): cases, identical tokens, equal forwards; prints each difference."""
+    counts: dict[str, list[int]] = {}
+    for case, a, b in zip(cases, ours, theirs):
+        key = f"{Path(case['checkpoint']).name} {case['mode']}"
+        tally = counts.setdefault(key, [0, 0, 0])
+        tally[0] += 1
+        tally[1] += a["tokens"] == b["tokens"]
+        tally[2] += a["forwards"] == b["forwards"]
+        if a != b:
+            first = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), None)
+            print(f"differs: {json.dumps(case)} first differing position {first}, forwards dllm {a['forwards']} "
+                  f"peer {b['forwards']}")
+    for key, (n, same, forwards) in counts.items():
+        print(f"{key}: {n} cases, {same} identical tokens, {forwards} equal forwards")
+    return counts
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fastdllm", type=Path, required=True, help="Fast-dLLM checkout (holds dream/model/)")
+    p.add_argument("--work", type=Path, default=Path("runs/dream-parity"))
+    p.add_argument("--peer-python", default="runs/peers-venv/bin/python")
+    p.add_argument("--cases", type=int, default=8, help="cases per checkpoint and mode")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--side", choices=("both", "peer"), default="both", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    work = args.work.resolve()
+    if args.side == "peer":          # inside the peer environment
+        request = json.loads((work / "cases.json").read_text())
+        result = run_peer(request["cases"], args.fastdllm.resolve(), request["mask_id"])
+        (work / "peer.json").write_text(json.dumps(result))
+        return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.fixtures.checkpoints import write_dream_checkpoint
+    work.mkdir(parents=True, exist_ok=True)
+    for name, overrides in CHECKPOINTS.items():
+        write_dream_checkpoint(work / name, seed=1, **overrides)
+    cases = make_cases(work, args.cases, args.seed)
+    mask_id = json.loads((work / "l2" / "config.json").read_text())["mask_token_id"]
+    (work / "cases.json").write_text(json.dumps({"cases": cases, "mask_id": mask_id}))
+    subprocess.run([args.peer_python, __file__, "--side", "peer", "--fastdllm", str(args.fastdllm),
+                    "--work", str(work)], check=True)
+    counts = compare(cases, run_dllm(cases), json.loads((work / "peer.json").read_text()))
+    return 0 if all(n == same == forwards for n, same, forwards in counts.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
