@@ -21,6 +21,11 @@ def check_fields(cls, options, what: str) -> None:
         raise ValueError(f"unknown {what} option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
 
 
+def positive_finite(value) -> bool:
+    """Whether `value` is a finite real number > 0 (an int or float, not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
+
+
 def check_seed(seed, allow_none: bool = True) -> None:
     """A ValueError unless `seed` is an integer torch.Generator takes (or None with `allow_none`)."""
     if seed is None and allow_none:
@@ -139,7 +144,7 @@ class ModelConfig:
             raise ValueError(f"head dim {self.head_dim} must be even for rotary embeddings")
         for name in ("norm_eps", "rope_theta"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            if not positive_finite(value):
                 raise ValueError(f"ModelConfig.{name} must be a finite positive number, got {value!r}")
         for name in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id", "eot_token_id"):
             value = getattr(self, name)
@@ -155,8 +160,7 @@ class ModelConfig:
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
             raise ValueError(f"ModelConfig.rotary_dim must be an even number in (0, {self.head_dim}], "
                              f"got {self.rotary_dim!r}")
-        if self.clip_qkv is not None and (isinstance(self.clip_qkv, bool) or not isinstance(self.clip_qkv, (int, float))
-                                          or not 0 < self.clip_qkv < math.inf):
+        if self.clip_qkv is not None and not positive_finite(self.clip_qkv):
             raise ValueError(f"ModelConfig.clip_qkv must be None or a finite number > 0, got {self.clip_qkv!r}")
         if self.attention_block is not None and (isinstance(self.attention_block, bool)
                                                  or not isinstance(self.attention_block, int)

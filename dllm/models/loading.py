@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 from ..attention import check_device, get_backend
-from ..config import ModelConfig, check_seed
+from ..config import ModelConfig, check_seed, positive_finite
 from .config_json import naming_keys
 from .dream import DreamModel
 from .llada import LLaDAModel
@@ -320,7 +319,7 @@ def build_model(cfg: ModelConfig, attention: str = "auto", *, dtype=torch.float3
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"build_model takes a ModelConfig (ModelConfig.from_name(...) for a preset), got {cfg!r}")
     check_seed(seed)
-    if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or not 0 < init_std < math.inf:
+    if not positive_finite(init_std):
         raise ValueError(f"init_std must be a finite number > 0, got {init_std!r}")
     dtype = dtype if dtype in COMPUTE_DTYPES else (resolve_dtype(dtype) or torch.float32)
     device = resolve_device(device)
