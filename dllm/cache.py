@@ -491,7 +491,7 @@ class PrefixCache(StoringPolicy):
     refresh: also refresh every `refresh` steps inside a block (None: only at block starts, as
         Fast-dLLM; 1 recomputes everything every step, which equals `none`).
     On Dream the column left of the block is recomputed too while the block's first position, which
-    its hidden state predicts, is masked (Fast-dLLM's Dream code commits that position outright at
+    its hidden state predicts, is scored (Fast-dLLM's Dream code commits that position outright at
     the block's full forward and never recomputes that column: `threshold`'s `commit_block_start`).
     twins, guard: see `StoringPolicy` (False, None: Fast-dLLM's rule).
     """

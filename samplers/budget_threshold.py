@@ -7,16 +7,15 @@ step before. At step i it takes the n + carried most confident masked positions;
 commits, each other one when its confidence is >= `threshold`, and the ones below it are carried to
 the next step. Before the last step (i = steps - 1) this never asks for more than the masks left (n
 per remaining step plus the carried ones is exactly what is left); from the last step on it takes
-every mask left, and a row steps until none is (the reference grants one more step per position
-its last step leaves, with a budget of 0, so that its later steps take exactly the masks left).
+every mask left, and a row steps until none is (the reference adds one step, with a budget of 0,
+each time its last step leaves masks, so that step takes exactly the masks left).
 
 The candidate is drawn as Dream's `sample_tokens` draws it (`sampling.sample_filtered`: temperature,
 then top-p and top-k; the argmax at temperature 0) and its confidence is its probability there, in
 the logits dtype (the reference compares bf16 probabilities with the threshold, which rounds 0.9 to
 0.8984375). Ties go to the lower position (the reference's `torch.topk` leaves their order to the
 backend). The reference runs batch 1 and asserts gen_length % steps == 0; here rows are independent
-(each its own budget and carry) and such lengths are refused. Where the granted steps outlast the
-masks, the reference still runs their forwards (they commit nothing); here the row ends.
+(each its own budget and carry) and such lengths are refused. The forwards are the reference's.
 Published settings (Fast-dLLM `dream/eval_gsm8k.sh`): threshold 0.9, steps = gen_length / 32 (8 for
 256 tokens), temperature 0.
 """

@@ -126,7 +126,8 @@ def test_requests_that_cannot_share_a_batch_are_refused(model):
     running.join(fresh(model, [PROMPTS[1]], dllm.GenerationConfig(sampler="threshold", seed=5, **base)))
 
 
-@pytest.mark.parametrize("sampler,cache", [("maskgit_plus", "none"), ("entropy", "dual"), ("topk_margin", "dkv-decode")])
+@pytest.mark.parametrize("sampler,cache", [("maskgit_plus", "none"), ("entropy", "dual"), ("topk_margin", "dkv-decode"),
+                                          ("budget_threshold", "none"), ("budget_threshold", "dual")])
 def test_dream_rows_that_join_decode_as_alone(sampler, cache):
     """Dream predicts each position from the column before it; joined rows keep that shift."""
     dream = dllm.build_model(dllm.ModelConfig.from_name("dream-tiny"), seed=1, init_std=0.3)

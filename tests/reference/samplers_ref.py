@@ -495,24 +495,22 @@ def llada21_generate_ref(
 
 @torch.no_grad()
 def budget_threshold_ref(logits_fn: LogitsFn, input_ids: Tensor, *, max_new_tokens: int, steps: int,
-                         threshold: float, mask_id: int) -> tuple[Tensor, int, int]:
+                         threshold: float, mask_id: int) -> tuple[Tensor, int]:
     """Fast-dLLM's ``confidence_threshold`` loop of Dream's ``_sample`` at temperature 0, batch 1.
 
-    ``logits_fn(x, None)`` gives ALIGNED logits (B, L, V). Returns the final canvas, the forwards the
-    reference runs, and those of them that had a mask to fill (the reference keeps stepping until
-    its step count, extended by the last step's rejects, is reached).
+    ``logits_fn(x, None)`` gives ALIGNED logits (B, L, V). Returns the final canvas and the forwards
+    (the last step's first reject adds one step; its other rejects are carried into it).
     """
     assert input_ids.shape[0] == 1, "batch size must be 1"
     x = F.pad(input_ids, (0, max_new_tokens), value=mask_id)
     assert int((x == mask_id).sum()) % steps == 0
     number_transfer_tokens = int((x == mask_id).sum()) // steps
     left_tokens_last_step = 0
-    i, forwards, useful = 0, 0, 0
+    i, forwards = 0, 0
     while i < steps:
         mask_index = x == mask_id
         logits = logits_fn(x, None)
         forwards += 1
-        useful += int(bool(mask_index.any()))
         confidence, x0 = _sample_tokens(logits[mask_index], temperature=0.0, top_p=None, top_k=None, kind="prob",
                                         generator=None)
         x_ = torch.full_like(x, mask_id)
@@ -537,7 +535,7 @@ def budget_threshold_ref(logits_fn: LogitsFn, input_ids: Tensor, *, max_new_toke
                     transfer_index[0, select_index[0, k]] = False
         x[transfer_index] = x_[transfer_index]
         i += 1
-    return x, forwards, useful
+    return x, forwards
 
 
 @torch.no_grad()
