@@ -619,7 +619,7 @@ class DKVDecode(StoringPolicy):
         return (i < self.warmup) | (i % self.refresh == 0)
 
     def _columns(self, state, rows, changed, scored):
-        due = (state.is_mask[rows] & state.in_generation()[None, :]) | changed
+        due = state.masked_in_generation(rows) | changed
         # dKV-Cache's shift_type "un": column j follows the token it predicts, j + 1 (the last
         # column follows column 0, as the published loop rolls its cache positions)
         return torch.roll(due, -1, dims=1) if self.shift else due
@@ -660,7 +660,7 @@ class DKVGreedy(StoringPolicy):
             raise ValueError(f"cache policy {self.name!r} needs the scored columns: call needs(state, rows, scored)")
         need = scored | changed
         if self.window:
-            masked = state.is_mask[rows] & state.in_generation()[None, :]
+            masked = state.masked_in_generation(rows)
             need = window_columns(need, scored, masked, self.window)
         return need
 

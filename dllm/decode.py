@@ -560,9 +560,9 @@ class _Step:
 def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _Step:
     score_mask = sampler.score_mask(state, rows)
     if flush is True:  # last allowed forward: score every remaining mask so it can be filled
-        score_mask = score_mask | (state.is_mask[rows] & state.in_generation()[None, :])
+        score_mask = score_mask | state.masked_in_generation(rows)
     elif flush is not False:  # (B',) the rows at their cap
-        score_mask = score_mask | (flush[:, None] & state.is_mask[rows] & state.in_generation()[None, :])
+        score_mask = score_mask | (flush[:, None] & state.masked_in_generation(rows))
     # Columns after a truncation cut are gone: never scored, and the forward stops at the longest kept row.
     row_end = state.row_end[rows]
     score_mask = score_mask & state.in_reach(rows)
@@ -850,7 +850,7 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
     state.global_step += 1
     _open_blocks(state, sampler, rows)
     # A row with no mask left in its generation region is done, unless its sampler holds its block.
-    left = (state.is_mask[rows] & state.in_generation()[None, :]).any(1)
+    left = state.masked_in_generation(rows).any(1)
     state.finished[rows] = state.finished[rows] | ~(left | state.block_hold[rows])
     return scores
 

@@ -244,6 +244,10 @@ class DecodeState:
             return end
         return self.to_attention_blocks(self.block_start[rows], end, self.block_length, rows)[1]
 
+    def masked_in_generation(self, rows: torch.Tensor) -> torch.Tensor:
+        """(B', L) bool: the masked columns of the generation region of rows `rows`."""
+        return self.is_mask[rows] & self.in_generation()[None, :]
+
     def masked_in_block(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         rows = self._rows(rows)
         return self.derived("masked_in_block", (rows, self.x, self.block_start, self.block_end),

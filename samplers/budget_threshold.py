@@ -60,20 +60,15 @@ class BudgetThreshold(Sampler):
         state.extra.update(bt_budget=full(state.answer_length // state.steps), bt_carry=full(0))
 
     def score_mask(self, state, rows):
-        return state.is_mask[rows] & state.in_generation()[None, :]
+        return state.masked_in_generation(rows)
 
     def step(self, state, rows, positions, valid, scores):
         ex = state.extra
-        conf, tokens = sample_at(scores.logits, valid, self._sample(state), sampled=state.temperature > 0)
+        draw = lambda logits: sample_filtered(logits, state.temperature, self.top_p, self.top_k,   # noqa: E731
+                                              state.generator)[1:]                    # (confidence, token)
+        conf, tokens = sample_at(scores.logits, valid, draw, sampled=state.temperature > 0)
         # From the last step on this is at least the masks left, and every one of them is taken.
         taken = top_k_mask(conf, ex["bt_budget"][rows] + ex["bt_carry"][rows]) & valid
         commit = taken & (top1(conf, valid) | (conf >= self.threshold))
         ex["bt_carry"][rows] = (taken & ~commit).sum(1)
         return Decision(commit=commit, tokens=tokens)
-
-    def _sample(self, state):
-        """(N, V) logits -> (confidence, token) of the filtered draw (`sample_filtered`)."""
-        def draw(logits):
-            _, conf, token = sample_filtered(logits, state.temperature, self.top_p, self.top_k, state.generator)
-            return conf, token
-        return draw

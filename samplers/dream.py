@@ -72,7 +72,7 @@ class _DreamBase(Sampler):
         state.extra["timesteps"] = torch.linspace(1, self.eps, state.steps + 1, device=state.x.device)
 
     def score_mask(self, state, rows):
-        return state.is_mask[rows] & state.in_generation()[None, :]
+        return state.masked_in_generation(rows)
 
     def _sample(self, state, logits):
         """(confidence, token) of each row of logits (N, V), following the reference's sample_tokens."""

@@ -54,7 +54,7 @@ class KLASS(LowConfidence):
 
     def score_mask(self, state, rows):
         """Every masked column of the generation region: their KL history runs across blocks."""
-        return state.is_mask[rows] & state.in_generation()[None, :]
+        return state.masked_in_generation(rows)
 
     def kl_history(self, state, rows, positions, valid, p) -> torch.Tensor:
         """Append KL(p || p_prev) of the scored columns to their history and store p; returns the

@@ -242,7 +242,7 @@ class Learn2PD(LowConfidence):
         # The filter reads every block position (committed ones too); EoTP every masked one.
         mask = state.in_block(rows) if self.use_filter else state.masked_in_block(rows)
         if self.eotp:
-            mask = mask | (state.is_mask[rows] & state.in_generation()[None, :])
+            mask = mask | state.masked_in_generation(rows)
         return mask
 
     # -- the rule --------------------------------------------------------------------------

@@ -161,7 +161,7 @@ class Prophet(Sampler):
         a0, a1 = self.answer_columns(state)
         cols = state.columns()
         region = (cols >= a0) & (cols < a1)
-        every_mask = state.is_mask[rows] & state.in_generation()[None, :]
+        every_mask = state.masked_in_generation(rows)
         return self.base.score_mask(state, rows) | every_mask | region[None, :]
 
     def step(self, state, rows, positions, valid, scores):
