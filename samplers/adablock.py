@@ -13,8 +13,9 @@ forward that also commits the block's first tokens:
 4. The block is then filled with the Fast-dLLM threshold rule (commit every masked block position
    with c >= tau, and always the most confident one), starting with the opening step's scores.
 The first block is adaptive too. c is the un-tempered probability of the candidate, in the
-request's `score_dtype`. The reference computes the delimiters' c as exp(l - logsumexp(l)) in the
-logits dtype and (Dream) compares the threshold rule's confidences in it too: on bf16 logits its
+request's `score_dtype`, compared with tau and tau_d in that dtype (tau rounded to it, as a
+PyTorch `c >= tau` compares). The reference computes the delimiters' c as exp(l - logsumexp(l)) in
+the logits dtype (and, on Dream, the threshold rule's confidences in it too): on bf16 logits its
 values round differently (many delimiters reach exactly 1.0, the first of them winning), so block
 lengths there can differ from the reference's; in float32 the two agree.
 
@@ -41,7 +42,7 @@ import re
 import torch
 
 from .base import Sampler, check_number
-from .threshold import masked_confidence, threshold_commit, top1
+from .threshold import masked_confidence, rounded_to, threshold_commit, top1
 from dllm.state import Decision
 
 TAU_D_DEFAULTS = {"llada": 0.3, "dream": 0.5}
@@ -166,7 +167,8 @@ class AdaBlock(Sampler):
         c_star = conf.masked_fill(~pick, float("-inf")).max(1).values
         p_star = (positions * pick).sum(1)
         fallback = start + remaining.clamp(max=ex["base_block"])
-        return torch.where(pick.any(1) & (c_star >= ex["tau_d"]), p_star + 1, fallback)
+        tau_d = rounded_to(ex["tau_d"], scores.prob.dtype)
+        return torch.where(pick.any(1) & (c_star >= tau_d), p_star + 1, fallback)
 
     def step(self, state, rows, positions, valid, scores):
         ex = state.extra["adablock"]
@@ -177,4 +179,4 @@ class AdaBlock(Sampler):
             end = torch.where(pending, self.choose_block_end(state, rows, positions, valid, scores, conf), end)
             ex["pending"][rows] = False
         active = valid & (positions >= state.block_start[rows, None]) & (positions < end[:, None])
-        return Decision(commit=threshold_commit(conf, active, self.tau), block_end=end)
+        return Decision(commit=threshold_commit(conf, active, self.tau, scores.prob.dtype), block_end=end)

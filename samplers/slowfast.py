@@ -18,9 +18,10 @@ far (block-relative, 0 at the block start) and `cur` the end of the next span.
 * Then last = cur and the next sub-cycle begins; a block ends when it has no mask.
 
 Where a block fills up during an exploration phase, the reference still runs the phase's remaining
-forwards (they commit nothing); here the block ends. Confidence is the candidate's probability in the request's `score_dtype` (the reference compares
-bf16 probabilities with the thresholds, which rounds 0.9 to 0.8984375); ties go to the lower
-position. `steps` is not used. Published defaults (the code and its scripts): explore_steps 6,
+forwards (they commit nothing); here the block ends. Confidence is the candidate's probability in
+the request's `score_dtype`, compared with the thresholds in that dtype (the reference compares
+bf16 probabilities, which rounds 0.9 to 0.8984375: `score_dtype="logits"` on bf16 does the same);
+ties go to the lower position. `steps` is not used. Published defaults (the code and its scripts): explore_steps 6,
 span_threshold 0.3, high_threshold 0.9, window 2, std_threshold 1.0, block_length = gen_length
 (256), temperature 0. The paper's text gives 0.1, 0.85 and 8 exploration steps.
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .base import Sampler, check_number
-from .threshold import masked_confidence, top1
+from .threshold import masked_confidence, rounded_to, top1
 from dllm.state import Decision
 
 _STATE = ("sf_last", "sf_cur", "sf_slow", "sf_settled", "sf_fast", "sf_history", "sf_count")
@@ -108,12 +109,13 @@ class SlowFast(Sampler):
         end = state.block_start[rows] + state.extra["sf_cur"][rows]
         return torch.where(fast_again, end, torch.full_like(end, state.length))
 
-    def _estimate(self, state, rows, positions, valid, conf, slow) -> None:
-        """The span estimate of the rows in their slow phase (`slow`) and the settling test."""
+    def _estimate(self, state, rows, positions, valid, conf, slow, dtype) -> None:
+        """The span estimate of the rows in their slow phase (`slow`) and the settling test; the
+        confidences were computed in `dtype`."""
         ex = state.extra
         start, last = state.block_start[rows], ex["sf_last"][rows]
         length = state.block_end[rows] - start
-        hit = valid & (conf >= self.span_threshold)
+        hit = valid & (conf >= rounded_to(self.span_threshold, dtype))
         offset = positions - (start + last)[:, None]                                      # (B', Q)
         far = torch.where(hit, offset, -1).amax(1)                                        # (B',) -1: none
         est = torch.minimum(torch.maximum(last + torch.where(far >= 0, far + 1, 1), torch.ones_like(last)), length)
@@ -135,8 +137,8 @@ class SlowFast(Sampler):
     def step(self, state, rows, positions, valid, scores):
         conf = masked_confidence(scores, valid)                                           # (B', Q)
         fast = self._fast(state, rows)
-        self._estimate(state, rows, positions, valid, conf, ~fast)
-        high = valid & (conf >= self.high_threshold)
+        self._estimate(state, rows, positions, valid, conf, ~fast, scores.prob.dtype)
+        high = valid & (conf >= rounded_to(self.high_threshold, scores.prob.dtype))
         commit = torch.where((high.sum(1) > 1)[:, None], high, top1(conf, valid))
         self._advance(state, rows, positions, valid, commit, fast)
         return Decision(commit=commit)

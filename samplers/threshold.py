@@ -5,8 +5,10 @@ block, the most confident candidate is committed unconditionally and every other
 confidence c_i (the un-tempered probability of the candidate token) is >= tau; the block is stepped
 until it holds no mask. Ties for the top position go to the lowest position.
 
-The confidence is computed in the request's `score_dtype`; Fast-dLLM's reference uses a float64
-softmax (`score_dtype="float64"`).
+The confidence is computed in the request's `score_dtype` and compared with tau in that dtype, as
+a PyTorch `conf >= tau` compares (tau rounded to it: 0.9 is 0.8984375 in bfloat16). Fast-dLLM's
+LLaDA reference uses a float64 softmax (`score_dtype="float64"`); its Dream loops compute and
+compare in the logits' dtype (`score_dtype="logits"`).
 
 `commit_block_start=True` is Fast-dLLM's block-wise Dream loop (`generation_utils_block.py`, its
 cached runs): a block's first step commits the block's first position, whatever its confidence,
@@ -16,6 +18,8 @@ block_length 32 (scripts), temperature 0. tau = 1.0 commits one token per step (
 candidate is certain).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -37,10 +41,18 @@ def top1(conf: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return (torch.arange(conf.shape[1], device=conf.device) == best) & valid
 
 
-def threshold_commit(conf: torch.Tensor, valid: torch.Tensor, tau: float) -> torch.Tensor:
-    """Fast-dLLM's rule: commit the top-1 valid entry and every valid entry with conf >= tau.
-    conf (B, Q) float, valid (B, Q) bool -> (B, Q) bool."""
-    return top1(conf, valid) | (valid & (conf >= tau))
+@functools.lru_cache(maxsize=64)
+def rounded_to(value: float, dtype: torch.dtype) -> float:
+    """`value` as a tensor of `dtype` holds it: what `tensor >= value` compares with."""
+    return float(torch.tensor(value, dtype=dtype))
+
+
+def threshold_commit(conf: torch.Tensor, valid: torch.Tensor, tau: float,
+                     dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Fast-dLLM's rule: commit the top-1 valid entry and every valid entry with conf >= tau, the
+    confidences computed in `dtype` and compared there. conf (B, Q) float (values of `dtype`),
+    valid (B, Q) bool -> (B, Q) bool."""
+    return top1(conf, valid) | (valid & (conf >= rounded_to(tau, dtype)))
 
 
 class Threshold(Sampler):
@@ -62,7 +74,7 @@ class Threshold(Sampler):
 
     def step(self, state, rows, positions, valid, scores):
         conf = masked_confidence(scores, valid)                                  # (B', Q)
-        commit = threshold_commit(conf, valid, self.tau)
+        commit = threshold_commit(conf, valid, self.tau, scores.prob.dtype)
         if self.commit_block_start:
             first_step = (state.step_in_block[rows] == 0)[:, None]                # (B', 1)
             commit = torch.where(first_step, valid & (positions == state.block_start[rows, None]), commit)

@@ -173,6 +173,22 @@ def test_threshold_nothing_above_tau_commits_exactly_the_first_of_tied_best():
     assert positions[dec.commit].tolist() == [state.gen_start + 0, state.gen_start + 2]
 
 
+@pytest.mark.parametrize("dtype, commits", [(torch.bfloat16, [True, True, False]), (torch.float32, [True, False, False]),
+                                           (torch.float64, [True, False, False])])
+def test_threshold_compares_tau_in_the_confidences_dtype(dtype, commits):
+    """As `conf >= 0.9` on a tensor compares (Fast-dLLM's Dream loops, SlowFast's reference, bf16):
+    0.9 is 0.8984375 in bfloat16, so a bf16 confidence of 0.8984375 commits; in float32 and float64
+    it stays below."""
+    state = make_state([1], 3, [(0, 3)])
+    g = state.gen_start
+    prob = torch.zeros(state.x.shape, dtype=dtype)
+    prob[0, g:g + 3] = torch.tensor([0.99, 0.8984375, 0.5], dtype=dtype)
+    for sampler in (samplers.get("threshold", tau=0.9), samplers.get("adablock", tau=0.9, delimiter_ids=[299]),
+                    samplers.get("slowfast", high_threshold=0.9)):
+        _, _, dec = run_step(sampler, state, prob=prob)
+        assert dec.commit[0].tolist() == commits, sampler.name
+
+
 def test_threshold_commits_only_inside_each_rows_block():
     state = make_state([2, 4, 1], 12, [(0, 4), (4, 8), (8, 12)])
     prob = torch.full(state.x.shape, 0.95, dtype=torch.float64)
