@@ -1,34 +1,38 @@
-"""dllm against the peers' own LLaDA code (NVlabs/Fast-dLLM, ML-GSAI/LLaDA): the same checkpoint,
-prompts and settings, in one run.
+"""dllm against the peers' own LLaDA and Dream code (NVlabs/Fast-dLLM, ML-GSAI/LLaDA): the same
+checkpoint, prompts and settings, in one run.
 
 The peers' code is not part of this repository. Give Fast-dLLM's checkout with `--fastdllm DIR`
-(the folder holding `llada/generate.py`) and LLaDA's with `--llada DIR` (the folder holding
-`generate.py`); `benchmarks/peers/driver.py` imports them from there, in a separate virtual
-environment with transformers 4.x (the LLaDA checkpoints' `modeling_llada.py` is remote code
-written for it), built by `benchmarks/peers/setup_env.sh`:
+(the folder holding `llada/generate.py` and `dream/model/`) and LLaDA's with `--llada DIR` (the
+folder holding `generate.py`); `benchmarks/peers/driver.py` imports them from there, in a separate
+virtual environment with transformers 4.x (the checkpoints' modeling code is remote code written
+for it), built by `benchmarks/peers/setup_env.sh`:
 
     bash benchmarks/peers/setup_env.sh runs/peers-venv
     git clone https://github.com/NVlabs/Fast-dLLM /tmp/fastdllm     # or, from a bare mirror:
-    #   mkdir -p /tmp/fastdllm && git --git-dir=MIRROR archive HEAD llada | tar -x -C /tmp/fastdllm
+    #   mkdir -p /tmp/fastdllm && git --git-dir=MIRROR archive HEAD llada dream | tar -x -C /tmp/fastdllm
     git clone https://github.com/ML-GSAI/LLaDA /tmp/llada           # for --configs llada
     python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --out rows.jsonl    # llada-compute (~35 min on 2 cores)
     python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --quick             # llada-tiny smoke run (seconds)
     python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --checkpoint dllm/assets/llada-pb-tiny
     python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --llada /tmp/llada --configs llada,low_confidence
+    python benchmarks/bench_peers.py --fastdllm /tmp/fastdllm --preset dream-compute   # Dream's loops
 
 The checkpoint is a random-weight model of a dllm preset (`--preset`, default `llada-compute`:
-d 1024, 8 layers, the real 126464-token vocabulary; `dllm.build_model(..., seed)`) written in the
-LLaDA Hugging Face layout under `--workdir` (reused when it is there), or any LLaDA folder given
-with `--checkpoint`. Both sides read that folder: dllm with `dllm.models.loading.load_model`,
-the peers with Fast-dLLM's `LLaDAModelLM.from_pretrained(..., torch_dtype=...)` (with `--fastdllm`;
-LLaDA's repository ships no model code), else with the folder's own remote code. The prompts are
+d 1024, 8 layers, the real 126464-token vocabulary; `dream-compute` and `dream-7b` for Dream;
+`dllm.build_model(..., seed)`) written in its family's Hugging Face layout under `--workdir` (reused
+when it is there), or any LLaDA or Dream folder given with `--checkpoint`. Both sides read that
+folder: dllm with `dllm.models.loading.load_model`, the peers with Fast-dLLM's
+`LLaDAModelLM.from_pretrained(..., torch_dtype=...)` (with `--fastdllm`; LLaDA's repository ships no
+model code), else with the folder's own remote code, and Dream with Fast-dLLM's `DreamModel`. The
+peer's forward is wrapped to count calls and to set the mask token's logit to -inf, as dllm never
+proposes the mask token (`benchmarks/peers/driver.py`). The prompts are
 `--prompts` rows of `--prompt-length` random token ids below the smallest special id (seeded),
 each decoded alone (batch 1: Fast-dLLM's functions build a one-row canvas), at temperature 0;
 `--prompt-ids FILE` gives the prompts instead (a JSON list of token-id lists).
 
-Configurations (`--configs`), peer function <-> dllm request (`score_dtype="float64"` against
-Fast-dLLM, which computes confidences with a float64 softmax; `"logits"` against LLaDA's
-`generate`, whose softmax is in the logits' dtype):
+Configurations (`--configs`) on a LLaDA checkpoint, peer function <-> dllm request
+(`score_dtype="float64"` against Fast-dLLM, which computes confidences with a float64 softmax;
+`"logits"` against LLaDA's `generate`, whose softmax is in the logits' dtype):
 
     threshold       Fast-dLLM generate(threshold=t)              sampler="threshold" tau=t, cache="none"
     prefix          Fast-dLLM generate_with_prefix_cache(...=t)  sampler="threshold" tau=t, cache="prefix"
@@ -39,7 +43,19 @@ Fast-dLLM, which computes confidences with a float64 softmax; `"logits"` against
 
 With a threshold Fast-dLLM's `steps` only has to be a multiple of the number of blocks (each step
 commits the top-1 masked block position and every other with confidence >= t, until the block
-holds no mask); gen_length is passed. Each side runs every configuration once untimed
+holds no mask); gen_length is passed.
+
+On a Dream checkpoint, Fast-dLLM's `diffusion_generate` (`dream/model`, alg "confidence_threshold",
+bound as its `dream/eval.py` binds it) <-> dllm, both with the softmax in the logits' dtype:
+
+    threshold       without a cache, steps=S                     sampler="budget_threshold" threshold=t, steps=S
+    prefix          use_cache, block_length                      sampler="threshold" tau=t commit_block_start,
+                                                                 cache="prefix"
+    dual            use_cache, dual_cache, block_length          the same with cache="dual"
+
+S (`--steps`) defaults to gen_length / block_length, the setting of Fast-dLLM's Dream scripts (each
+step's budget is gen_length / S positions; the block loops only need S to be a multiple of the
+blocks). Each side runs every configuration once untimed
 (`--warmup-runs`) and then `--repeats` times; the median is reported. dllm runs first, in this
 process; then the driver runs in a subprocess with `--peer-python` (default
 `runs/peers-venv/bin/python`); never both at once. `--threads` sets torch's thread count on both
@@ -74,7 +90,7 @@ import torch
 
 import dllm
 from dllm.config import ModelConfig
-from dllm.models.loading import load_model
+from dllm.models.loading import load_model, read_config
 from dllm.train import save_pretrained
 from dllm.provenance import hardware, source_commit, timestamp, versions
 
@@ -86,20 +102,32 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 class PeerConfig(NamedTuple):
     peer: str            # "fastdllm" or "llada": the checkout (--fastdllm / --llada) holding the function
-    function: str        # in that checkout's generate.py
+    function: str        # in that checkout's generate.py (LLaDA) or dream/model (Dream)
     sampler: str         # dllm's request
     cache: str
     uses_threshold: bool
     score_dtype: str     # the dtype of the peer's softmax
+    sampler_kwargs: dict = {}   # dllm's sampler arguments besides the threshold
+    peer_options: dict = {}     # the peer function's arguments besides the shared settings
 
 
 PEERS = {"fastdllm": ("NVlabs/Fast-dLLM", "Fast-dLLM"), "llada": ("ML-GSAI/LLaDA", "LLaDA")}   # repo, short name
-CONFIGS = {
-    "threshold": PeerConfig("fastdllm", "generate", "threshold", "none", True, "float64"),
-    "prefix": PeerConfig("fastdllm", "generate_with_prefix_cache", "threshold", "prefix", True, "float64"),
-    "dual": PeerConfig("fastdllm", "generate_with_dual_cache", "threshold", "dual", True, "float64"),
-    "low_confidence": PeerConfig("fastdllm", "generate", "low_confidence", "none", False, "float64"),
-    "llada": PeerConfig("llada", "generate", "low_confidence", "none", False, "logits"),   # its softmax's dtype
+BLOCK_START = {"commit_block_start": True}
+CONFIGS = {   # family -> name -> configuration
+    "llada": {
+        "threshold": PeerConfig("fastdllm", "generate", "threshold", "none", True, "float64"),
+        "prefix": PeerConfig("fastdllm", "generate_with_prefix_cache", "threshold", "prefix", True, "float64"),
+        "dual": PeerConfig("fastdllm", "generate_with_dual_cache", "threshold", "dual", True, "float64"),
+        "low_confidence": PeerConfig("fastdllm", "generate", "low_confidence", "none", False, "float64"),
+        "llada": PeerConfig("llada", "generate", "low_confidence", "none", False, "logits"),   # its softmax's dtype
+    },
+    "dream": {
+        "threshold": PeerConfig("fastdllm", "diffusion_generate", "budget_threshold", "none", True, "logits"),
+        "prefix": PeerConfig("fastdllm", "diffusion_generate", "threshold", "prefix", True, "logits", BLOCK_START,
+                             {"use_cache": True}),
+        "dual": PeerConfig("fastdllm", "diffusion_generate", "threshold", "dual", True, "logits", BLOCK_START,
+                           {"use_cache": True, "dual_cache": True}),
+    },
 }
 DEFAULT_CONFIGS = "threshold,prefix,dual"
 VARIANTS = ("eager", "graphs", "compile", "graphs+compile")
@@ -109,10 +137,10 @@ QUICK = dict(preset="llada-tiny", prompt_length=32, gen_length=64, block_length=
 # -- the checkpoint ------------------------------------------------------------------------------
 def write_checkpoint(cfg: ModelConfig, folder: str | Path, *, seed: int = 0, init_std: float = 0.02,
                      dtype: str = "float32", device: str = "cpu") -> Path:
-    """A random-weight LLaDA model of `cfg` (`dllm.build_model(cfg, seed=seed)`, drawn on `device`
-    in `dtype`) written in the LLaDA Hugging Face layout: `model.safetensors` with the published
-    weight names and a `config.json` with the published key set (no tokenizer: both sides take
-    token ids)."""
+    """A random-weight LLaDA or Dream model of `cfg` (`dllm.build_model(cfg, seed=seed)`, drawn on
+    `device` in `dtype`) written in its family's Hugging Face layout: `model.safetensors` with the
+    published weight names and a `config.json` with the published key set (no tokenizer: both sides
+    take token ids)."""
     model = dllm.build_model(cfg, seed=seed, init_std=init_std, dtype=getattr(torch, dtype), device=device)
     return save_pretrained(model, None, folder)
 
@@ -165,18 +193,26 @@ def read_prompt_ids(path: str | Path, cfg: ModelConfig) -> list[list[int]]:
 
 
 # -- argument checks -------------------------------------------------------------------------------
-# peer -> (files its checkout must hold, its repository URL, how to export it from a bare mirror)
+# peer -> (its repository URL, how to export it from a bare mirror)
 CHECKOUTS = {
-    "fastdllm": (("llada/generate.py", "llada/model/modeling_llada.py"), "https://github.com/NVlabs/Fast-dLLM",
-                 "mkdir -p DIR && git --git-dir=MIRROR archive HEAD llada | tar -x -C DIR"),
-    "llada": (("generate.py",), "https://github.com/ML-GSAI/LLaDA",
+    "fastdllm": ("https://github.com/NVlabs/Fast-dLLM",
+                 "mkdir -p DIR && git --git-dir=MIRROR archive HEAD llada dream | tar -x -C DIR"),
+    "llada": ("https://github.com/ML-GSAI/LLaDA",
               "mkdir -p DIR && git --git-dir=MIRROR archive HEAD generate.py | tar -x -C DIR"),
+}
+# (peer, family) -> the files its checkout must hold
+CHECKOUT_FILES = {
+    ("fastdllm", "llada"): ("llada/generate.py", "llada/model/modeling_llada.py"),
+    ("fastdllm", "dream"): ("dream/model/modeling_dream.py", "dream/model/generation_utils.py",
+                            "dream/model/generation_utils_block.py"),
+    ("llada", "llada"): ("generate.py",),
 }
 
 
-def check_checkout(peer: str, folder: str | None) -> Path:
-    """The checkout of `peer` ("fastdllm" or "llada") given with --fastdllm / --llada, checked."""
-    files, url, export = CHECKOUTS[peer]
+def check_checkout(peer: str, folder: str | None, family: str = "llada") -> Path:
+    """The checkout of `peer` ("fastdllm" or "llada") given with --fastdllm / --llada, checked for
+    the files `family`'s configurations run."""
+    (url, export), files = CHECKOUTS[peer], CHECKOUT_FILES.get((peer, family), CHECKOUT_FILES[peer, "llada"])
     name = PEERS[peer][1]
     if not folder:
         raise FileNotFoundError(f"no {name} checkout given: pass --{peer} DIR, the folder of a checkout of {url} "
@@ -190,11 +226,11 @@ def check_checkout(peer: str, folder: str | None) -> Path:
 
 
 def check_peers(configs: list[str], fastdllm: str | None, llada: str | None,
-                peer_python: str) -> tuple[dict[str, Path], Path]:
-    """The checkouts the configurations need (and any other given), {peer: folder}, and the peer
-    interpreter, checked before any model is built."""
-    needed = {CONFIGS[c].peer for c in configs}
-    roots = {peer: check_checkout(peer, folder) for peer, folder in (("fastdllm", fastdllm), ("llada", llada))
+                peer_python: str, family: str = "llada") -> tuple[dict[str, Path], Path]:
+    """The checkouts `family`'s configurations need (and any other given), {peer: folder}, and the
+    peer interpreter, checked before any model is built."""
+    needed = {CONFIGS[family][c].peer for c in configs}
+    roots = {peer: check_checkout(peer, folder, family) for peer, folder in (("fastdllm", fastdllm), ("llada", llada))
              if peer in needed or folder}
     python = Path(peer_python).expanduser()
     if not python.is_file() or not os.access(python, os.X_OK):
@@ -236,13 +272,16 @@ def sync(device: torch.device) -> None:
 
 
 def dllm_request(name: str, args) -> dict:
-    config = CONFIGS[name]
-    req = dict(gen_length=args.gen_length, block_length=args.block_length, sampler=config.sampler,
-               cache=config.cache, score_dtype=config.score_dtype, temperature=0.0)
-    if config.uses_threshold:
-        req["sampler_kwargs"] = {"tau": args.threshold}
+    """dllm's `generate` arguments of configuration `name` on the run's family."""
+    config = CONFIGS[args.family][name]
+    req = dict(gen_length=args.gen_length, sampler=config.sampler, cache=config.cache,
+               score_dtype=config.score_dtype, temperature=0.0)
+    if config.sampler == "budget_threshold":        # no blocks: a step budget
+        req.update(steps=args.steps, sampler_kwargs={"threshold": args.threshold})
+    elif config.uses_threshold:
+        req.update(block_length=args.block_length, sampler_kwargs={"tau": args.threshold, **config.sampler_kwargs})
     else:
-        req["steps"] = args.steps
+        req.update(block_length=args.block_length, steps=args.steps)
     return req
 
 
@@ -289,7 +328,7 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> tuple[int | None
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fastdllm", help="Fast-dLLM checkout (the folder holding llada/generate.py)")
+    ap.add_argument("--fastdllm", help="Fast-dLLM checkout (the folder holding llada/generate.py and dream/model/)")
     ap.add_argument("--fastdllm-git", help="git dir of that checkout (e.g. a bare mirror), for its commit")
     ap.add_argument("--llada", help="LLaDA checkout (the folder holding generate.py), for --configs llada")
     ap.add_argument("--llada-git", help="git dir of that checkout (e.g. a bare mirror), for its commit")
@@ -298,7 +337,7 @@ def parse_args(argv=None):
                          f"built by benchmarks/peers/setup_env.sh)")
     ap.add_argument("--preset", default=None, help="dllm ModelConfig preset of the random checkpoint "
                                                    "(default llada-compute; llada-tiny with --quick)")
-    ap.add_argument("--checkpoint", help="a LLaDA checkpoint folder instead of a random preset")
+    ap.add_argument("--checkpoint", help="a LLaDA or Dream checkpoint folder instead of a random preset")
     ap.add_argument("--seed", type=int, default=0, help="weights and prompts seed")
     ap.add_argument("--prompts", type=int, default=1, help="prompts, each decoded alone (batch 1)")
     ap.add_argument("--prompt-ids", help="JSON file with a list of prompt token-id lists, used instead of random "
@@ -308,8 +347,11 @@ def parse_args(argv=None):
     ap.add_argument("--block-length", type=int, default=None, help="default 32 (16 with --quick)")
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--steps", type=int, default=None,
-                    help="steps of the low_confidence and llada configurations (default gen_length)")
-    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma list of {', '.join(CONFIGS)}")
+                    help="steps of the low_confidence and llada configurations (default gen_length); on Dream "
+                         "the step budget (default gen_length / block_length)")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
+                    help=f"comma list of {', '.join(CONFIGS['llada'])} (LLaDA) or {', '.join(CONFIGS['dream'])} "
+                         f"(Dream)")
     ap.add_argument("--variants", default="eager",
                     help=f"comma list of how dllm runs its forwards: {', '.join(VARIANTS)} (default eager)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per side and configuration (median)")
@@ -327,12 +369,14 @@ def parse_args(argv=None):
     for key, value in base.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    args.family = family_of(args)
     if args.steps is None:
-        args.steps = args.gen_length
+        args.steps = args.gen_length if args.family == "llada" else args.gen_length // max(1, args.block_length)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    bad = [c for c in args.configs if c not in CONFIGS]
+    bad = [c for c in args.configs if c not in CONFIGS[args.family]]
     if bad or not args.configs:
-        raise ValueError(f"unknown configuration(s) {', '.join(bad) or '(none given)'}; valid: {', '.join(CONFIGS)}")
+        raise ValueError(f"unknown configuration(s) {', '.join(bad) or '(none given)'} for a {args.family} "
+                         f"checkpoint; valid: {', '.join(CONFIGS[args.family])}")
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad or not args.variants:
@@ -346,10 +390,13 @@ def parse_args(argv=None):
         raise ValueError(f"--block-length {args.block_length} does not divide --gen-length {args.gen_length} "
                          f"(the peers assert it)")
     blocks = args.gen_length // args.block_length
-    fixed = [c for c in args.configs if not CONFIGS[c].uses_threshold]
-    if fixed and args.steps % blocks:
-        raise ValueError(f"--steps {args.steps} is not a multiple of the {blocks} blocks ({', '.join(fixed)}: "
+    stepped = [c for c in args.configs if not CONFIGS[args.family][c].uses_threshold or args.family == "dream"]
+    if stepped and args.steps % blocks:
+        raise ValueError(f"--steps {args.steps} is not a multiple of the {blocks} blocks ({', '.join(stepped)}: "
                          f"the peers assert it)")
+    if args.family == "dream" and args.gen_length % args.steps:
+        raise ValueError(f"--steps {args.steps} does not divide --gen-length {args.gen_length} (Fast-dLLM's Dream "
+                         f"loop asserts it)")
     if not 0 <= args.threshold <= 1:
         raise ValueError(f"--threshold must lie in [0, 1], got {args.threshold}")
     if args.device == "auto":
@@ -359,6 +406,22 @@ def parse_args(argv=None):
     if not args.device.startswith("cuda") and any("graphs" in v for v in args.variants):
         raise ValueError(f"--variants {','.join(args.variants)}: CUDA graphs need --device cuda, got {args.device}")
     return args
+
+
+def family_of(args) -> str:
+    """The model family of the run's checkpoint: the preset's, or that of --checkpoint's config.json;
+    the peers' code runs LLaDA and Dream."""
+    if args.checkpoint:
+        ckpt = Path(args.checkpoint).expanduser()
+        if not (ckpt / "config.json").is_file():
+            raise FileNotFoundError(f"no config.json in --checkpoint {ckpt}; pass a LLaDA or Dream checkpoint folder")
+        family = read_config(ckpt)[0].family
+    else:
+        family = ModelConfig.from_name(args.preset).family
+    if family not in CONFIGS:
+        raise ValueError(f"{args.checkpoint or args.preset} is a {family} model; the peers' code runs "
+                         f"{' and '.join(CONFIGS)} models")
+    return family
 
 
 def run_prompts(args, cfg: ModelConfig) -> list[list[int]]:
@@ -375,10 +438,7 @@ def checkpoint_of(args, workdir: Path) -> tuple[Path, str]:
     """The checkpoint folder both sides read, and its label in the rows."""
     if not args.checkpoint:
         return preset_checkpoint(args.preset, workdir, args.seed, args.dtype, args.device), args.preset
-    ckpt = Path(args.checkpoint).expanduser()
-    if not (ckpt / "config.json").is_file():
-        raise FileNotFoundError(f"no config.json in --checkpoint {ckpt}; pass a LLaDA checkpoint folder")
-    return ckpt, str(args.checkpoint)
+    return Path(args.checkpoint).expanduser(), str(args.checkpoint)
 
 
 def first_canvas_logits(model, prompt: list[int], gen_length: int, device) -> tuple[list[int], torch.Tensor]:
@@ -410,13 +470,16 @@ def run_peer(roots: dict[str, Path], python: Path, ckpt: Path, prompts, logit_co
              mask_id: int) -> tuple[dict, torch.Tensor]:
     """The peer driver's result and its logits on the first canvas, from a subprocess in the peers'
     environment."""
-    request = {"prompts": prompts, "gen_length": args.gen_length, "block_length": args.block_length,
-               "steps": args.gen_length, "threshold": args.threshold, "mask_id": mask_id, "temperature": 0.0,
+    configs = CONFIGS[args.family]
+    request = {"family": args.family, "prompts": prompts, "gen_length": args.gen_length,
+               "block_length": args.block_length, "steps": args.gen_length if args.family == "llada" else args.steps,
+               "threshold": args.threshold, "mask_id": mask_id, "temperature": 0.0,
                "remasking": "low_confidence", "repeats": args.repeats, "warmup_runs": args.warmup_runs,
                "device": args.device, "dtype": args.dtype, "threads": args.threads,
                "logit_positions": logit_columns,
-               "functions": [{"name": n, "peer": CONFIGS[n].peer, "function": CONFIGS[n].function,
-                              **({} if CONFIGS[n].uses_threshold else {"threshold": None, "steps": args.steps})}
+               "functions": [{"name": n, "peer": configs[n].peer, "function": configs[n].function,
+                              **configs[n].peer_options,
+                              **({} if configs[n].uses_threshold else {"threshold": None, "steps": args.steps})}
                              for n in args.configs]}
     req_path, res_path = workdir / "request.json", workdir / "peer_result.json"
     req_path.write_text(json.dumps(request) + "\n")
@@ -440,7 +503,7 @@ def shared_fields(args, cfg, label: str, prompts, peer: dict, load_avg: list[flo
             "load_avg_1m": load_avg, "checkpoint": label, "n_params": cfg.n_params,
             "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "seed": args.seed,
             "batch": 1, "prompts": args.prompts, "prompt_length": len(prompts[0]),
-            "prompt_lengths": [len(p) for p in prompts],
+            "prompt_lengths": [len(p) for p in prompts], "family": args.family, "steps": args.steps,
             "prompt_source": args.prompt_ids or f"random (seed {args.seed})", "gen_length": args.gen_length,
             "block_length": args.block_length, "threshold": args.threshold, "dtype": args.dtype,
             "device": args.device, "threads": torch.get_num_threads(), "peer_threads": peer["threads"],
@@ -454,12 +517,13 @@ def compared_rows(ours: dict, peer: dict, commits: dict, shared: dict, args) -> 
           f"{'dllm s':>9} {'peer s':>9} {'dllm/peer':>9}")
     for entry, variant in ((e, v) for e in peer["results"] for v in args.variants):
         name, peer_name = entry["name"], entry["peer"]
+        options = CONFIGS[args.family][name].peer_options
         mine = ours[name, variant]
         row_i, pos, count = first_difference(mine["tokens"], entry["tokens"])
         ratio = mine["seconds"] / entry["seconds"] if entry["seconds"] > 0 else float("inf")
         rows.append({**shared, "config": name, "dllm_variant": variant, "peer": PEERS[peer_name][0],
                      "peer_commit": commits[peer_name], "peer_function": entry["function"],
-                     "peer_kwargs": entry["kwargs"], "dllm_request": dllm_request(name, args),
+                     "peer_options": options, "peer_kwargs": entry["kwargs"], "dllm_request": dllm_request(name, args),
                      "tokens_identical": count == 0, "first_diff_prompt": row_i, "first_diff_position": pos,
                      "mismatched_tokens": count, "dllm_forwards": mine["forwards"],
                      "peer_forwards": entry["forwards"], "peer_nfe": entry["nfe"],
@@ -469,7 +533,7 @@ def compared_rows(ours: dict, peer: dict, commits: dict, shared: dict, args) -> 
                      "ratio": ratio})
         ident = "yes" if count == 0 else f"no @{pos}" + (f" (p{row_i})" if args.prompts > 1 else "")
         fw = f"{sum(mine['forwards'])} / {sum(entry['forwards'])}"
-        function = f"{PEERS[peer_name][1]} {entry['function']}"
+        function = " ".join([PEERS[peer_name][1], entry["function"], *(k for k, on in options.items() if on)])
         print(f"{name + ' (' + variant + ')':<30} {function:<38} {ident:<12} {fw:>15} {mine['seconds']:>9.2f} "
               f"{entry['seconds']:>9.2f} {ratio:>9.3f}")
     return rows
@@ -486,7 +550,7 @@ def append_rows(path: str, rows: list[dict]) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    roots, python = check_peers(args.configs, args.fastdllm, args.llada, args.peer_python)
+    roots, python = check_peers(args.configs, args.fastdllm, args.llada, args.peer_python, args.family)
     check_peer_model(roots, args.checkpoint)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -498,8 +562,6 @@ def main(argv=None) -> int:
     # dllm's side, in this process.
     model = load_model(ckpt, dtype=args.dtype, device=device)
     cfg = model.config
-    if cfg.family != "llada":
-        raise ValueError(f"{ckpt} holds a {cfg.family} model; the peers' LLaDA code runs LLaDA only")
     prompts = run_prompts(args, cfg)
     logit_columns, our_logits = first_canvas_logits(model, prompts[0], args.gen_length, device)
     load_before = os.getloadavg()[0]
@@ -510,8 +572,10 @@ def main(argv=None) -> int:
     # The peer's side, in its own environment.
     peer, peer_logits = run_peer(roots, python, ckpt, prompts, logit_columns, args, workdir, cfg.mask_token_id)
     load_after = os.getloadavg()[0]
-    logit_diff = float((our_logits - peer_logits).abs().max())
-    logit_scale = float(our_logits.abs().max())
+    # the peer's mask-token logit is -inf (benchmarks/peers/driver.py); the other columns are compared
+    others = torch.arange(our_logits.shape[1]) != cfg.mask_token_id
+    logit_diff = float((our_logits - peer_logits)[:, others].abs().max())
+    logit_scale = float(our_logits[:, others].abs().max())
 
     commits = {name: peer_commit(root, args.fastdllm_git if name == "fastdllm" else args.llada_git)
                for name, root in roots.items()}

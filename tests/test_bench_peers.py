@@ -2,6 +2,7 @@
 logits of the model it was built from, its prompts avoid the special ids, and a missing peer
 checkout (Fast-dLLM, LLaDA), model code or peer interpreter is a clear error, on both sides of the
 subprocess."""
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -36,16 +37,36 @@ def driver():
     sys.modules.pop("peer_driver_under_test", None)
 
 
-def test_written_checkpoint_loads_back_with_equal_logits(bench, tmp_path):
-    cfg = dllm.ModelConfig.from_name("llada-tiny")
+def _without_tokenizer_ids(cfg):
+    """`cfg` less the ids a checkpoint's tokenizer gives (no tokenizer is written)."""
+    return dataclasses.replace(cfg, eot_token_id=None, bos_token_id=None)
+
+
+@pytest.mark.parametrize("preset, architecture", [("llada-tiny", "LLaDAModelLM"), ("dream-tiny", "DreamModel")])
+def test_written_checkpoint_loads_back_with_equal_logits(bench, tmp_path, preset, architecture):
+    cfg = dllm.ModelConfig.from_name(preset)
     folder = bench.write_checkpoint(cfg, tmp_path / "ckpt", seed=3)
     raw = json.loads((folder / "config.json").read_text())
-    assert raw["architectures"] == ["LLaDAModelLM"] and raw["mask_token_id"] == cfg.mask_token_id
+    assert raw["architectures"] == [architecture] and raw["mask_token_id"] == cfg.mask_token_id
     loaded = load_model(folder, dtype="float32")
+    assert _without_tokenizer_ids(loaded.config) == _without_tokenizer_ids(cfg)
     built = dllm.build_model(cfg, seed=3)
     x = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(loaded(x), built(x))
+
+
+def test_a_written_dream_config_has_the_published_keys(bench, tmp_path):
+    from tests.fixtures.checkpoints import dream_config
+    cfg = dllm.ModelConfig.from_name("dream-7b")
+    written = dllm.models.dream.config_to_hf(cfg, torch_dtype="bfloat16")   # the 7B model itself is not built
+    assert set(written) == set(dream_config()) - {"transformers_version"}
+    assert (written["hidden_size"], written["num_hidden_layers"], written["num_key_value_heads"],
+            written["intermediate_size"], written["vocab_size"], written["mask_token_id"]) == (
+        3584, 28, 4, 18944, 152064, 151666)
+    assert _without_tokenizer_ids(dllm.models.dream.config_from_hf(written)) == _without_tokenizer_ids(cfg)
+    with pytest.raises(ValueError, match="a Dream config.json describes.*family 'llada'"):
+        dllm.models.dream.config_to_hf(dllm.ModelConfig.from_name("llada-tiny"))
 
 
 def test_prompts_avoid_special_ids_and_are_seeded(bench):
@@ -86,7 +107,7 @@ def test_missing_checkout_and_peer_python_are_clear_errors(bench, tmp_path):
 
 
 def test_llada_configuration_needs_its_checkout_and_model_code(bench, tmp_path):
-    assert bench.CONFIGS["llada"].peer == "llada" and bench.CONFIGS["llada"].score_dtype == "logits"
+    assert bench.CONFIGS["llada"]["llada"].peer == "llada" and bench.CONFIGS["llada"]["llada"].score_dtype == "logits"
     assert bench.dllm_request("llada", bench.parse_args(["--configs", "llada"]))["sampler"] == "low_confidence"
     with pytest.raises(FileNotFoundError, match="no LLaDA checkout given: pass --llada DIR.*ML-GSAI/LLaDA"):
         bench.check_peers(["llada"], None, None, sys.executable)
@@ -189,3 +210,73 @@ def test_prompt_ids_file_is_checked(bench, tmp_path):
         bench.read_prompt_ids(path, cfg)
     with pytest.raises(FileNotFoundError, match="missing.json"):
         bench.read_prompt_ids(tmp_path / "missing.json", cfg)
+
+
+def test_a_dream_run_takes_dreams_configurations_and_steps(bench, tmp_path):
+    args = bench.parse_args(["--preset", "dream-tiny", "--gen-length", "64", "--block-length", "16"])
+    assert (args.family, args.steps, args.configs) == ("dream", 4, ["threshold", "prefix", "dual"])
+    assert bench.dllm_request("threshold", args) == dict(
+        gen_length=64, sampler="budget_threshold", cache="none", score_dtype="logits", temperature=0.0, steps=4,
+        sampler_kwargs={"threshold": 0.9})
+    assert bench.dllm_request("dual", args)["sampler_kwargs"] == {"tau": 0.9, "commit_block_start": True}
+    assert bench.CONFIGS["dream"]["dual"].peer_options == {"use_cache": True, "dual_cache": True}
+    model = dllm.build_model(dllm.ModelConfig.from_name("dream-tiny"), seed=0)
+    for name in args.configs:      # every request is one dllm runs
+        out = dllm.generate(model, None, [[5, 6, 7]], **bench.dllm_request(name, args))
+        assert out.generated.shape == (1, 64) and out.forwards > 0
+    folder = bench.write_checkpoint(dllm.ModelConfig.from_name("dream-tiny"), tmp_path / "dream")
+    assert bench.parse_args(["--checkpoint", str(folder), "--quick"]).family == "dream"
+
+
+@pytest.mark.parametrize("argv, error, message", [
+    (["--preset", "dream-tiny", "--configs", "dual,llada"], ValueError,
+     "unknown configuration.*llada for a dream checkpoint; valid: threshold, prefix, dual"),
+    (["--preset", "dream-tiny", "--steps", "12"], ValueError, r"--steps 12 is not a multiple of the 8 blocks"),
+    (["--preset", "dream-tiny", "--steps", "24", "--gen-length", "256"], ValueError,
+     "--steps 24 does not divide --gen-length 256"),
+    (["--preset", "llada-moe-tiny"], ValueError, "llada-moe-tiny is a llada-moe model; the peers' code runs llada and "
+                                                 "dream models"),
+    (["--checkpoint", "/nowhere/ckpt"], FileNotFoundError, "no config.json in --checkpoint /nowhere/ckpt"),
+])
+def test_bad_family_arguments(bench, argv, error, message):
+    with pytest.raises(error, match=message):
+        bench.parse_args(argv)
+
+
+def test_a_dream_run_needs_fastdllms_dream_code(bench, driver, tmp_path, capsys):
+    checkout = _fastdllm_checkout(tmp_path / "fd")       # llada/ only
+    with pytest.raises(FileNotFoundError, match=r"fd has no dream/model/modeling_dream.py.*holds dream/model"):
+        bench.check_peers(["dual"], str(checkout), None, sys.executable, "dream")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    request = tmp_path / "req.json"
+    (tmp_path / "llada").mkdir()
+    (tmp_path / "llada" / "generate.py").write_text("")
+    for peer_args, message in ((["--llada", str(tmp_path / "llada")],
+                                "a Dream request runs Fast-dLLM's Dream code: pass --fastdllm DIR"),
+                               (["--fastdllm", str(checkout)], "dream/model/modeling_dream.py not found")):
+        request.write_text(json.dumps({"family": "dream", "prompts": [[1]], "gen_length": 4, "block_length": 4,
+                                       "steps": 1, "functions": ["diffusion_generate"], "mask_id": 3}))
+        with pytest.raises(SystemExit):
+            driver.main([*peer_args, "--checkpoint", str(ckpt), "--request", str(request),
+                         "--out", str(tmp_path / "out.json")])
+        assert message in capsys.readouterr().err
+
+
+def test_the_peer_forward_is_counted_and_never_proposes_the_mask_token(driver):
+    class Output:
+        def __init__(self, logits):
+            self.logits = logits
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return Output(torch.zeros(1, x.shape[1], 8))
+
+    model = Model()
+    counter = driver.ForwardCounter(model, cap=2, mask_id=5)
+    logits = model(torch.zeros(1, 3, dtype=torch.long)).logits
+    assert counter.calls == 1 and torch.isneginf(logits[..., 5]).all() and (logits[..., :5] == 0).all()
+    model(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="more than 2 forwards for one prompt"):
+        model(torch.zeros(1, 3, dtype=torch.long))

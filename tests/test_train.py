@@ -413,6 +413,13 @@ def test_a_canvas_recipe_names_its_canvas_as_the_generation_length(trained, tmp_
     assert checkpoint_gen_length(again) == 48
 
 
+def test_save_pretrained_writes_llada_and_dream_and_names_other_families(tmp_path):
+    model = dllm.build_model(dllm.ModelConfig.from_name("llada-moe-tiny"), seed=0)
+    with pytest.raises(ValueError, match=r"save_pretrained writes LLaDA and Dream models; got a llada-moe model"):
+        T.save_pretrained(model, None, tmp_path / "moe")
+    assert not (tmp_path / "moe").exists()
+
+
 def test_a_later_phase_made_with_other_settings_is_refused_before_any_phase_trains(tmp_path):
     two = dict(TINY, then_steps=(1,), then_seed=(5,), then_lr=1e-3, then_min_lr=1e-4, then_task_weights="",
                then_cover_share=0.0)

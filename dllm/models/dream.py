@@ -55,6 +55,26 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     )
 
 
+def config_to_hf(cfg: ModelConfig, **extra: Any) -> dict[str, Any]:
+    """A Dream `config.json` for `cfg`, with the key set of the published Dream-v0 checkpoints."""
+    if cfg.family != "dream" or not cfg.logit_shift or not cfg.qkv_bias or cfg.rope_fp32:
+        raise ValueError(f"a Dream config.json describes a Qwen2 model with q/k/v biases and shifted logits; got "
+                         f"family {cfg.family!r}, qkv_bias {cfg.qkv_bias}, logit_shift {cfg.logit_shift}, "
+                         f"rope_fp32 {cfg.rope_fp32}")
+    return {
+        "architectures": ["DreamModel"], "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "hidden_act": "silu",
+        "hidden_size": cfg.d_model, "initializer_range": 0.02, "intermediate_size": cfg.mlp_hidden,
+        "mask_token_id": cfg.mask_token_id, "max_position_embeddings": cfg.max_seq_len,
+        "max_window_layers": cfg.n_layers, "model_type": "Dream", "num_attention_heads": cfg.n_heads,
+        "num_hidden_layers": cfg.n_layers, "num_key_value_heads": cfg.n_kv_heads, "pad_token_id": cfg.pad_token_id,
+        "rms_norm_eps": cfg.norm_eps, "rope_scaling": None, "rope_theta": cfg.rope_theta,
+        "sliding_window": cfg.max_seq_len, "tie_word_embeddings": cfg.tie_embeddings, "use_cache": True,
+        "use_sliding_window": False, "vocab_size": cfg.vocab_size, **extra,
+    }
+
+
 def qwen2_names(cfg: ModelConfig) -> dict[str, str]:
     """The names every Qwen2-layout checkpoint shares (Dream, LLaDA-MoE): embedding, final norm,
     LM head and each layer's two norms, checkpoint name -> internal name."""
@@ -87,5 +107,6 @@ def hf_names(cfg: ModelConfig) -> dict[str, str]:
 class DreamModel(DiffusionTransformer):
     family = "dream"
     config_from_hf = staticmethod(config_from_hf)
+    config_to_hf = staticmethod(config_to_hf)
     config_keys = QWEN2_KEYS
     hf_names = staticmethod(hf_names)

@@ -129,6 +129,7 @@ def hf_names(cfg: ModelConfig) -> dict[str, str]:
 class LLaDAModel(DiffusionTransformer):
     family = "llada"
     config_from_hf = staticmethod(config_from_hf)
+    config_to_hf = staticmethod(config_to_hf)
     config_keys = {"vocab_size": "embedding_size", "mlp_hidden": "mlp_hidden_size",
                    "max_seq_len": "max_sequence_length"}
     hf_names = staticmethod(hf_names)

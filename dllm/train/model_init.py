@@ -13,7 +13,6 @@ import torch
 from safetensors.torch import save_file
 
 from ..config import ModelConfig
-from ..models.llada import config_to_hf, hf_names
 from ..models.loading import load_model, load_tokenizer
 from .config import MAX_SEQ_LEN, PREV_HEAD_INPUTS, PREV_HEAD_PAIRS, TrainConfig
 from .data import BOS, EOS, EOT, MASK
@@ -266,16 +265,21 @@ def published_tokenizer_config(path: Path) -> None:
 
 
 def save_pretrained(model, tokenizer, folder: str | Path, generation_defaults: dict | None = None) -> Path:
-    """Write `model` and `tokenizer` (None: weights and configs only) in the LLaDA Hugging Face
-    layout."""
+    """Write `model` (LLaDA or Dream) and `tokenizer` (None: weights and configs only) in its
+    family's Hugging Face layout: the published weight names and config.json keys."""
+    cfg = model.config
+    to_hf = getattr(type(model), "config_to_hf", None)
+    if to_hf is None:
+        raise ValueError(f"save_pretrained writes LLaDA and Dream models; got a {cfg.family} model "
+                         f"({type(model).__name__})")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = model.config
     state = model.state_dict()
-    tensors = {hf: state[internal].detach().to("cpu").contiguous() for hf, internal in hf_names(cfg).items()}
+    names = type(model).hf_names(cfg)
+    tensors = {hf: state[internal].detach().to("cpu").contiguous() for hf, internal in names.items()}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     dtype = str(next(iter(tensors.values())).dtype).replace("torch.", "")
-    (folder / "config.json").write_text(json.dumps(config_to_hf(cfg, torch_dtype=dtype), indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(to_hf(cfg, torch_dtype=dtype), indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))
         published_tokenizer_config(folder / "tokenizer_config.json")
