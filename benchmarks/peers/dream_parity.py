@@ -11,10 +11,12 @@ with `--fastdllm DIR` by the peer side, which runs in the peer environment
     dual    Fast-dLLM use_cache + dual_cache     dllm "threshold" commit_block_start, cache "dual"
 
 dllm never offers the mask token as a candidate; on random weights that moves confidences, so the
-peer side sets the mask token's logit to -inf too (a trained model gives it no mass).
+peer side sets the mask token's logit to -inf too (a trained model gives it no mass). The peer
+side runs through `benchmarks/peers/driver.py` (the peer side of `bench_peers.py`). Both sides
+score in the models' dtype (`--dtype`, float32 or bfloat16).
 
     python benchmarks/peers/dream_parity.py --fastdllm /tmp/fastdllm --work runs/dream-parity \\
-        [--peer-python runs/peers-venv/bin/python] [--cases 8] [--seed 0]
+        [--peer-python runs/peers-venv/bin/python] [--cases 8] [--seed 0] [--dtype bfloat16]
 
 writes the checkpoints and cases under --work, runs both sides, prints one line per case that
 differs and a count per checkpoint and mode.
@@ -52,13 +54,13 @@ def make_cases(work: Path, count: int, seed: int) -> list[dict]:
     return cases
 
 
-def run_dllm(cases: list[dict]) -> list[dict]:
+def run_dllm(cases: list[dict], dtype: str) -> list[dict]:
     import dllm
     models = {}
     out = []
     for case in cases:
         if case["checkpoint"] not in models:
-            models[case["checkpoint"]] = dllm.load(case["checkpoint"], dtype="float32")[0]
+            models[case["checkpoint"]] = dllm.load(case["checkpoint"], dtype=dtype)[0]
         model = models[case["checkpoint"]]
         kw = dict(gen_length=case["gen_length"], score_dtype="logits")
         if case["mode"] == "none":
@@ -71,46 +73,33 @@ def run_dllm(cases: list[dict]) -> list[dict]:
     return out
 
 
-def run_peer(cases: list[dict], fastdllm: Path, mask_id: int) -> list[dict]:
-    """Fast-dLLM's side (peer environment): DreamModel with its mixins bound as its eval.py binds them."""
-    import contextlib
-    import io
-    import types
+def run_peer(cases: list[dict], fastdllm: Path, mask_id: int, dtype: str) -> list[dict]:
+    """Fast-dLLM's side (peer environment), through the driver of `benchmarks/bench_peers.py`:
+    DreamModel with its mixins bound as its eval.py binds them, forwards counted, the mask token's
+    logit set to -inf."""
+    import importlib.util
 
     import torch
-    sys.path.insert(0, str(fastdllm / "dream"))
-    import model.generation_utils as plain
-    import model.generation_utils_block as blocks
-    from model.modeling_dream import DreamModel
-
+    spec = importlib.util.spec_from_file_location("peer_driver", Path(__file__).with_name("driver.py"))
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    mixins, DreamModel, _ = driver.import_fastdllm_dream(fastdllm)
     models, out = {}, []
     for case in cases:
         if case["checkpoint"] not in models:
-            m = DreamModel.from_pretrained(case["checkpoint"], torch_dtype=torch.float32,
-                                           attn_implementation="sdpa").eval()
-            counter = [0]
-            m.register_forward_pre_hook(lambda *_, counter=counter: counter.__setitem__(0, counter[0] + 1))
-            forward = m.forward
-
-            def no_mask(*args, forward=forward, **kwargs):
-                result = forward(*args, **kwargs)
-                result.logits[..., mask_id] = float("-inf")
-                return result
-            m.forward = no_mask
-            models[case["checkpoint"]] = (m, counter)
+            m = DreamModel.from_pretrained(case["checkpoint"], torch_dtype=getattr(torch, dtype)).eval()
+            models[case["checkpoint"]] = (m, driver.ForwardCounter(m, 4 * case["gen_length"] + 64, mask_id))
         m, counter = models[case["checkpoint"]]
-        mixin = (plain if case["mode"] == "none" else blocks).DreamGenerationMixin
-        m.diffusion_generate = types.MethodType(mixin.diffusion_generate, m)
-        m._sample = types.MethodType(mixin._sample, m)
+        generate, _ = driver.dream_function(mixins, use_cache=case["mode"] != "none")
         kw = dict(attention_mask=None, max_new_tokens=case["gen_length"], steps=case["steps"], temperature=0.0,
                   alg="confidence_threshold", threshold=case["threshold"], top_k=None, top_p=None,
                   return_dict_in_generate=True, output_history=False)
         if case["mode"] != "none":
             kw.update(block_length=case["block_length"], dual_cache=case["mode"] == "dual")
-        counter[0] = 0
-        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
-            result = m.diffusion_generate(torch.tensor([case["prompt"]]), **kw)
-        out.append(dict(tokens=result.sequences[0, len(case["prompt"]):].tolist(), forwards=counter[0]))
+        counter.calls = 0
+        with torch.no_grad():
+            sequences = generate(m, torch.tensor([case["prompt"]]), **kw)
+        out.append(dict(tokens=sequences[0, len(case["prompt"]):].tolist(), forwards=counter.calls))
     return out
 
 
@@ -139,12 +128,13 @@ def main(argv=None) -> int:
     p.add_argument("--peer-python", default="runs/peers-venv/bin/python")
     p.add_argument("--cases", type=int, default=8, help="cases per checkpoint and mode")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both models' dtype")
     p.add_argument("--side", choices=("both", "peer"), default="both", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     work = args.work.resolve()
     if args.side == "peer":          # inside the peer environment
         request = json.loads((work / "cases.json").read_text())
-        result = run_peer(request["cases"], args.fastdllm.resolve(), request["mask_id"])
+        result = run_peer(request["cases"], args.fastdllm.resolve(), request["mask_id"], args.dtype)
         (work / "peer.json").write_text(json.dumps(result))
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -156,8 +146,8 @@ def main(argv=None) -> int:
     mask_id = json.loads((work / "l2" / "config.json").read_text())["mask_token_id"]
     (work / "cases.json").write_text(json.dumps({"cases": cases, "mask_id": mask_id}))
     subprocess.run([args.peer_python, __file__, "--side", "peer", "--fastdllm", str(args.fastdllm),
-                    "--work", str(work)], check=True)
-    counts = compare(cases, run_dllm(cases), json.loads((work / "peer.json").read_text()))
+                    "--work", str(work), "--dtype", args.dtype], check=True)
+    counts = compare(cases, run_dllm(cases, args.dtype), json.loads((work / "peer.json").read_text()))
     return 0 if all(n == same == forwards for n, same, forwards in counts.values()) else 1
 
 
