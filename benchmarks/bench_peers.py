@@ -348,7 +348,7 @@ def parse_args(argv=None):
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--steps", type=int, default=None,
                     help="steps of the low_confidence and llada configurations (default gen_length); on Dream "
-                         "the step budget (default gen_length / block_length)")
+                         "the steps of every configuration (default gen_length / block_length)")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
                     help=f"comma list of {', '.join(CONFIGS['llada'])} (LLaDA) or {', '.join(CONFIGS['dream'])} "
                          f"(Dream)")
@@ -370,8 +370,6 @@ def parse_args(argv=None):
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.family = family_of(args)
-    if args.steps is None:
-        args.steps = args.gen_length if args.family == "llada" else args.gen_length // max(1, args.block_length)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = [c for c in args.configs if c not in CONFIGS[args.family]]
     if bad or not args.configs:
@@ -381,7 +379,7 @@ def parse_args(argv=None):
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad or not args.variants:
         raise ValueError(f"unknown variant(s) {', '.join(bad) or '(none given)'}; valid: {', '.join(VARIANTS)}")
-    for name in ("prompts", "prompt_length", "gen_length", "block_length", "steps", "repeats"):
+    for name in ("prompts", "prompt_length", "gen_length", "block_length", "repeats"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.warmup_runs < 0:
@@ -389,14 +387,7 @@ def parse_args(argv=None):
     if args.gen_length % args.block_length:
         raise ValueError(f"--block-length {args.block_length} does not divide --gen-length {args.gen_length} "
                          f"(the peers assert it)")
-    blocks = args.gen_length // args.block_length
-    stepped = [c for c in args.configs if not CONFIGS[args.family][c].uses_threshold or args.family == "dream"]
-    if stepped and args.steps % blocks:
-        raise ValueError(f"--steps {args.steps} is not a multiple of the {blocks} blocks ({', '.join(stepped)}: "
-                         f"the peers assert it)")
-    if args.family == "dream" and args.gen_length % args.steps:
-        raise ValueError(f"--steps {args.steps} does not divide --gen-length {args.gen_length} (Fast-dLLM's Dream "
-                         f"loop asserts it)")
+    resolve_steps(args)
     if not 0 <= args.threshold <= 1:
         raise ValueError(f"--threshold must lie in [0, 1], got {args.threshold}")
     if args.device == "auto":
@@ -422,6 +413,27 @@ def family_of(args) -> str:
         raise ValueError(f"{args.checkpoint or args.preset} is a {family} model; the peers' code runs "
                          f"{' and '.join(CONFIGS)} models")
     return family
+
+
+def resolve_steps(args) -> None:
+    """`--steps` by default (LLaDA: gen_length; Dream: the number of blocks, as Fast-dLLM's Dream
+    scripts set it), checked against what each chosen configuration's peer function asserts: its
+    block loops a multiple of the blocks, Fast-dLLM's Dream loop without blocks a divisor of
+    gen_length (LLaDA's threshold configurations are given gen_length steps, which they ignore)."""
+    blocks, configs = args.gen_length // args.block_length, CONFIGS[args.family]
+    if args.steps is None:
+        args.steps = args.gen_length if args.family == "llada" else blocks
+    if args.steps <= 0:
+        raise ValueError(f"--steps must be a positive integer, got {args.steps}")
+    stepped = [c for c in args.configs if not configs[c].uses_threshold
+               or (args.family == "dream" and configs[c].cache != "none")]
+    if stepped and args.steps % blocks:
+        raise ValueError(f"--steps {args.steps} is not a multiple of the {blocks} blocks ({', '.join(stepped)}: "
+                         f"the peers assert it)")
+    budgeted = [c for c in args.configs if configs[c].sampler == "budget_threshold"]
+    if budgeted and args.gen_length % args.steps:
+        raise ValueError(f"--steps {args.steps} does not divide --gen-length {args.gen_length} ({', '.join(budgeted)}: "
+                         f"Fast-dLLM's Dream loop asserts it)")
 
 
 def run_prompts(args, cfg: ModelConfig) -> list[list[int]]:
@@ -503,7 +515,7 @@ def shared_fields(args, cfg, label: str, prompts, peer: dict, load_avg: list[flo
             "load_avg_1m": load_avg, "checkpoint": label, "n_params": cfg.n_params,
             "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "seed": args.seed,
             "batch": 1, "prompts": args.prompts, "prompt_length": len(prompts[0]),
-            "prompt_lengths": [len(p) for p in prompts], "family": args.family, "steps": args.steps,
+            "prompt_lengths": [len(p) for p in prompts], "family": args.family,
             "prompt_source": args.prompt_ids or f"random (seed {args.seed})", "gen_length": args.gen_length,
             "block_length": args.block_length, "threshold": args.threshold, "dtype": args.dtype,
             "device": args.device, "threads": torch.get_num_threads(), "peer_threads": peer["threads"],

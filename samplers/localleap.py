@@ -18,7 +18,8 @@ Published defaults (paper/demo): kappa 0.9, tau 0.75, radius 4, block_length 32,
 (function defaults: kappa and tau off). dlmserve uses kappa 0.5, tau 0.75 for LLaDA-1.5: a tau above
 kappa tightens instead, every anchor lying within its own radius. The reference's
 optional EOS early stop is not part of this sampler. Confidences are in the request's
-`score_dtype` (the reference: float64).
+`score_dtype` (the reference: float64) and compared with kappa and tau in that dtype, as
+`threshold` compares.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Sampler, check_number
-from .threshold import masked_confidence, top1
+from .threshold import masked_confidence, rounded_to, top1
 from dllm.state import Decision
 
 
@@ -64,9 +65,10 @@ class LocalLeap(Sampler):
 
     def step(self, state, rows, positions, valid, scores):
         conf = masked_confidence(scores, valid)                                  # (B', Q)
-        anchor = valid & (conf >= self.kappa)
-        threshold = torch.full_like(conf, self.kappa)
+        kappa = rounded_to(self.kappa, scores.prob.dtype)
+        anchor = valid & (conf >= kappa)
+        threshold = torch.full_like(conf, kappa)
         if self.tau is not None:
             near = near_anchor(anchor, positions, valid, state.length, self.radius)
-            threshold = threshold.masked_fill(near, self.tau)
+            threshold = threshold.masked_fill(near, rounded_to(self.tau, scores.prob.dtype))
         return Decision(commit=top1(conf, valid) | (valid & (conf >= threshold)))

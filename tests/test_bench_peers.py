@@ -226,6 +226,11 @@ def test_a_dream_run_takes_dreams_configurations_and_steps(bench, tmp_path):
         assert out.generated.shape == (1, 64) and out.forwards > 0
     folder = bench.write_checkpoint(dllm.ModelConfig.from_name("dream-tiny"), tmp_path / "dream")
     assert bench.parse_args(["--checkpoint", str(folder), "--quick"]).family == "dream"
+    # each peer function's own assertion only: the loop without blocks needs steps dividing gen_length,
+    # the block loops steps a multiple of the blocks
+    small = ["--preset", "dream-tiny", "--gen-length", "64", "--block-length", "16"]
+    assert bench.parse_args([*small, "--configs", "threshold", "--steps", "2"]).steps == 2
+    assert bench.parse_args([*small, "--configs", "prefix,dual", "--steps", "12"]).steps == 12
 
 
 @pytest.mark.parametrize("argv, error, message", [
@@ -237,6 +242,8 @@ def test_a_dream_run_takes_dreams_configurations_and_steps(bench, tmp_path):
     (["--preset", "llada-moe-tiny"], ValueError, "llada-moe-tiny is a llada-moe model; the peers' code runs llada and "
                                                  "dream models"),
     (["--checkpoint", "/nowhere/ckpt"], FileNotFoundError, "no config.json in --checkpoint /nowhere/ckpt"),
+    (["--preset", "dream-tiny", "--gen-length", "16", "--block-length", "32"], ValueError,
+     "--block-length 32 does not divide --gen-length 16"),
 ])
 def test_bad_family_arguments(bench, argv, error, message):
     with pytest.raises(error, match=message):
@@ -280,3 +287,10 @@ def test_the_peer_forward_is_counted_and_never_proposes_the_mask_token(driver):
     model(torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(RuntimeError, match="more than 2 forwards for one prompt"):
         model(torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_a_dream_request_without_a_threshold_is_named(driver, capsys):
+    with pytest.raises(SystemExit):
+        driver.dream_call({"name": "dual", "use_cache": True}, {"threshold": None, "gen_length": 8, "steps": 1}, {})
+    assert "dual: Fast-dLLM's Dream loops run alg confidence_threshold and need a threshold, got None" in \
+        capsys.readouterr().err

@@ -418,6 +418,10 @@ def test_save_pretrained_writes_llada_and_dream_and_names_other_families(tmp_pat
     with pytest.raises(ValueError, match=r"save_pretrained writes LLaDA and Dream models; got a llada-moe model"):
         T.save_pretrained(model, None, tmp_path / "moe")
     assert not (tmp_path / "moe").exists()
+    for preset in ("llada-tiny", "dream-tiny"):      # fields their config.json cannot hold: refused, not dropped
+        cfg = dataclasses.replace(dllm.ModelConfig.from_name(preset), qk_norm=True, rotary_dim=8)
+        with pytest.raises(ValueError, match=r"config.json cannot describe qk_norm True, rotary_dim 8 \(it holds"):
+            T.save_pretrained(dllm.build_model(cfg, seed=0), None, tmp_path / preset)
 
 
 def test_a_later_phase_made_with_other_settings_is_refused_before_any_phase_trains(tmp_path):

@@ -36,8 +36,9 @@ The request (JSON) holds:
                   generate_with_dual_cache; an entry may also be an object {"name": ...,
                   "function": ..., "peer": "fastdllm" or "llada", "threshold": ..., "steps": ...}
                   overriding the shared settings ("peer" "llada": LLaDA's `generate`, which takes
-                  no threshold); for Dream objects with "function": "diffusion_generate" and
-                  "use_cache" / "dual_cache" (Fast-dLLM's Dream options; alg "confidence_threshold")
+                  no threshold); for Dream objects with "function": "diffusion_generate",
+                  "use_cache" / "dual_cache" (Fast-dLLM's Dream options) and "alg" (default
+                  "confidence_threshold", which needs the threshold)
     mask_id       the mask token id (LLaDA: 126336, Dream: 151666)
     temperature   0 (greedy) unless given; remasking "low_confidence" unless given
     repeats       timed runs per function (median reported), default 1
@@ -240,18 +241,25 @@ def peer_call(entry, req: dict, modules: dict) -> tuple[str, str, str, object, d
 
 
 def dream_call(entry: dict, req: dict, mixins: dict) -> tuple[object, dict]:
-    """Fast-dLLM's Dream `diffusion_generate` and its keyword arguments for one entry: alg
-    "confidence_threshold", top_k and top_p None (else transformers 4.x takes the checkpoint
-    generation config's top_k), no attention mask (the prompt is attended whole)."""
+    """Fast-dLLM's Dream `diffusion_generate` and its keyword arguments for one entry: the entry's
+    alg ("confidence_threshold" unless given; it then needs a threshold), top_k and top_p None
+    (else transformers 4.x takes the checkpoint generation config's top_k), no attention mask (the
+    prompt is attended whole)."""
     use_cache, dual_cache = bool(entry.get("use_cache")), bool(entry.get("dual_cache"))
     if dual_cache and not use_cache:
         fail(f"{entry['name']}: dual_cache needs use_cache (Fast-dLLM's dream/eval.py)")
+    alg = entry.get("alg", "confidence_threshold")
+    threshold = entry.get("threshold", req.get("threshold"))
+    if alg == "confidence_threshold" and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))):
+        fail(f"{entry['name']}: Fast-dLLM's Dream loops run alg confidence_threshold and need a threshold, "
+             f"got {threshold!r}")
     fn, accepted = dream_function(mixins, use_cache)
     kwargs = dict(attention_mask=None, max_new_tokens=int(req["gen_length"]),
                   steps=int(entry.get("steps", req["steps"])), temperature=float(req.get("temperature", 0.0)),
-                  top_p=None, top_k=None, alg="confidence_threshold",
-                  threshold=float(entry.get("threshold", req.get("threshold"))), mask_token_id=int(req["mask_id"]),
+                  top_p=None, top_k=None, alg=alg, mask_token_id=int(req["mask_id"]),
                   output_history=False, return_dict_in_generate=True)
+    if alg == "confidence_threshold":
+        kwargs["threshold"] = float(threshold)
     if use_cache:
         kwargs.update(block_length=int(entry.get("block_length", req["block_length"])), dual_cache=dual_cache)
     check_signature(fn, kwargs, accepted)

@@ -112,3 +112,16 @@ def naming_keys(message: str, keys: dict[str, str]) -> str:
     words = set(re.findall(r"\w+", message))
     named = [f"{field} is config.json's {key!r}" for field, key in keys.items() if field in words and field != key]
     return f"{message} ({'; '.join(named)})" if named else message
+
+
+# ModelConfig fields that no LLaDA or Dream config.json can express, at the value it implies
+DENSE_LAYOUT = {"qk_norm": False, "rotary_dim": None, "clip_qkv": None, "moe": None, "attention_block": None}
+
+
+def check_dense_layout(cfg, family: str) -> None:
+    """A ValueError naming every field of `cfg` that a `family` config.json (LLaDA's, Dream's)
+    cannot express, so that no written checkpoint reloads as another model."""
+    bad = [f"{k} {getattr(cfg, k)!r}" for k, v in DENSE_LAYOUT.items() if getattr(cfg, k) != v]
+    if bad:
+        raise ValueError(f"a {family} config.json cannot describe {', '.join(bad)} (it holds "
+                         f"{', '.join(f'{k} {v!r}' for k, v in DENSE_LAYOUT.items())})")

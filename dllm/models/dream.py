@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .config_json import QWEN2_KEYS, check_sizes, first_of, flag, id_of, integer, number
+from .config_json import QWEN2_KEYS, check_dense_layout, check_sizes, first_of, flag, id_of, integer, number
 from .transformer import DiffusionTransformer
 
 
@@ -56,11 +56,13 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
 
 
 def config_to_hf(cfg: ModelConfig, **extra: Any) -> dict[str, Any]:
-    """A Dream `config.json` for `cfg`, with the key set of the published Dream-v0 checkpoints."""
+    """A Dream `config.json` for `cfg`, with the key set of the published Dream-v0 checkpoints
+    (less `transformers_version`, which names the library that wrote it)."""
     if cfg.family != "dream" or not cfg.logit_shift or not cfg.qkv_bias or cfg.rope_fp32:
         raise ValueError(f"a Dream config.json describes a Qwen2 model with q/k/v biases and shifted logits; got "
                          f"family {cfg.family!r}, qkv_bias {cfg.qkv_bias}, logit_shift {cfg.logit_shift}, "
                          f"rope_fp32 {cfg.rope_fp32}")
+    check_dense_layout(cfg, "Dream")
     return {
         "architectures": ["DreamModel"], "attention_dropout": 0.0,
         "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},

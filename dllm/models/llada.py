@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .config_json import check_sizes, check_stated, first_of, flag, id_of, integer, number
+from .config_json import check_dense_layout, check_sizes, check_stated, first_of, flag, id_of, integer, number
 from .transformer import DiffusionTransformer
 
 # Keys of an OLMo-style config whose values this implementation does not cover, with the value
@@ -85,6 +85,7 @@ def config_to_hf(cfg: ModelConfig, **extra: Any) -> dict[str, Any]:
     if cfg.family != "llada" or cfg.logit_shift or cfg.n_kv_heads != cfg.n_heads:
         raise ValueError(f"a LLaDA config.json describes an MHA model without logit shift; got family "
                          f"{cfg.family!r}, n_kv_heads {cfg.n_kv_heads} of {cfg.n_heads}, logit_shift {cfg.logit_shift}")
+    check_dense_layout(cfg, "LLaDA")
     return {
         "architectures": ["LLaDAModelLM"], "model_type": "llada",
         "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
