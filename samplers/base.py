@@ -192,3 +192,30 @@ def check_number(name: str, value, *, low=None, high=None, integer=False, allow_
     if high is not None and value > high:
         raise ValueError(f"{where}{name} must be <= {high}, got {value!r}")
     return value
+
+
+def block_region(state: DecodeState) -> tuple[str, str]:
+    """How error messages name the region a block schedule covers, and a note when it runs past
+    gen_length (to the end of a block-causal model's attention blocks)."""
+    G = state.gen_length
+    if state.answer_length == G:
+        return f"gen_length {G}", ""
+    return f"{G} columns", f"; gen_length {state.answer_length} runs on to the end of the model's attention blocks"
+
+
+def steps_per_block(name: str, state: DecodeState, *, at_least: int = 1) -> int:
+    """The steps each block gets when the request's steps are split evenly over gen_length /
+    block_length whole blocks (LLaDA's rule), checked: gen_length a multiple of block_length, steps
+    a multiple of the number of blocks, and at least `at_least` of them per block."""
+    G, K, steps = state.gen_length, state.block_length, state.steps
+    if G % K:
+        raise ValueError(f"sampler {name!r}: gen_length {G} must be a multiple of block_length {K}")
+    n_blocks = G // K
+    region, note = block_region(state)
+    if steps % n_blocks:
+        raise ValueError(f"sampler {name!r}: steps {steps} must be a multiple of the number of blocks "
+                         f"{n_blocks} ({region} / block_length {K}{note})")
+    if steps < at_least * n_blocks:
+        raise ValueError(f"sampler {name!r}: steps {steps} give {steps // n_blocks} per block over the {n_blocks} "
+                         f"blocks ({region} / block_length {K}{note}); it needs at least {at_least} per block")
+    return steps // n_blocks

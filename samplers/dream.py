@@ -24,7 +24,7 @@ import struct
 
 import torch
 
-from .base import Sampler, check_number, top_k_mask
+from .base import Sampler, check_number, steps_per_block, top_k_mask
 from .sampling import check_temperature, sample_at, sample_filtered
 from dllm.state import Decision
 
@@ -193,3 +193,42 @@ class Entropy(_DreamBase):
 
     def confidence(self, probs, conf):
         return (probs * torch.log(probs + 1e-10)).sum(-1)
+
+
+class BlockEntropy(Entropy):
+    """Fast-dLLM's block-wise Dream loop (`generation_utils_block.py`, its cached runs with an
+    algorithm other than confidence_threshold, which it scores by negative entropy): per block, a
+    step that writes the block's first position, then Dream's entropy schedule over the block."""
+
+    name = "block_entropy"
+    uses_blocks = True
+    whole_blocks = True
+
+    score_mask = Sampler.score_mask      # the masked positions of the active block
+
+    def __init__(self, *, eps: float = 1e-3, top_p: float | None = None, top_k: int | None = None):
+        super().__init__(eps=eps, top_p=top_p, top_k=top_k)
+        self._args.pop("alg_temp")
+
+    def setup(self, state):
+        check_temperature(self.name, state.temperature)
+        per_block = steps_per_block(self.name, state, at_least=2)
+        state.extra["steps_per_block"] = per_block
+        state.extra["timesteps"] = torch.linspace(1, self.eps, per_block + 1, device=state.x.device)
+
+    def _times(self, state, rows):
+        """(t, s, last) of the rows' steps j >= 1 of their blocks: (t_j, t_{j+1}) of the block's
+        timesteps, the last one at j = steps_per_block - 1."""
+        per_block = state.extra["steps_per_block"]
+        j = state.step_in_block[rows].clamp(min=1, max=per_block - 1)
+        ts = state.extra["timesteps"]
+        return ts[j], ts[j + 1], j >= per_block - 1
+
+    def step(self, state, rows, positions, valid, scores):
+        conf, tokens = self._sample_at(state, scores.logits, valid)
+        t, s, last = self._times(state, rows)
+        n = valid.sum(1)                                                       # (B',) masks left in the block
+        k = torch.where(last, n, (n.float() * (1 - s / t)).long())            # float32 as the reference
+        opening = (state.step_in_block[rows] == 0)[:, None]                    # (B', 1)
+        commit = torch.where(opening, positions == state.block_start[rows, None], top_k_mask(conf, k))
+        return Decision(commit=commit & valid, tokens=tokens)

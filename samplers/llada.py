@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Sampler, top_k_mask
+from .base import Sampler, block_region, steps_per_block, top_k_mask
 from dllm.state import Decision
 
 
@@ -57,21 +57,11 @@ class LowConfidence(Sampler):
         if self.confidence_eos_eot_inf and state.ids.eot is None:
             raise ValueError(f"sampler {self.name!r}: confidence_eos_eot_inf needs an end-of-turn token id, and this "
                              f"model's tokenizer has none (<|eot_id|>)")
-        G, K, steps = state.gen_length, state.block_length, state.steps
-        if G % K:
-            raise ValueError(f"sampler {self.name!r}: gen_length {G} must be a multiple of block_length {K}")
-        n_blocks = G // K
-        region, note = f"gen_length {G}", ""
-        if state.answer_length != G:
-            region = f"{G} columns"
-            note = f"; gen_length {state.answer_length} runs on to the end of the model's attention blocks"
-        if steps % n_blocks:
-            raise ValueError(f"sampler {self.name!r}: steps {steps} must be a multiple of the number of blocks "
-                             f"{n_blocks} ({region} / block_length {K}{note})")
-        if steps > G:
-            raise ValueError(f"sampler {self.name!r}: steps {steps} must be <= {region} (at least one token per "
+        per_block = steps_per_block(self.name, state)
+        if state.steps > state.gen_length:
+            region, note = block_region(state)
+            raise ValueError(f"sampler {self.name!r}: steps {state.steps} must be <= {region} (at least one token per "
                              f"step{note})")
-        per_block = steps // n_blocks
         state.extra["steps_per_block"] = per_block
         state.extra["counts"] = torch.zeros(state.batch_size, per_block, dtype=torch.long, device=state.x.device)
 

@@ -15,6 +15,7 @@ _SAMPLERS: dict[str, str] = {
     "maskgit_plus": "dllm.samplers.dream:MaskGitPlus",
     "topk_margin": "dllm.samplers.dream:TopKMargin",
     "entropy": "dllm.samplers.dream:Entropy",
+    "block_entropy": "dllm.samplers.dream:BlockEntropy",
     "threshold": "dllm.samplers.threshold:Threshold",
     "budget_threshold": "dllm.samplers.budget_threshold:BudgetThreshold",
     "factor": "dllm.samplers.factor:Factor",

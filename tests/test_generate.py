@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import dllm
-from tests.reference.samplers_ref import (block_threshold_ref, budget_threshold_ref, dream_generate_ref,
+from tests.reference.samplers_ref import (block_entropy_ref, block_threshold_ref, budget_threshold_ref, dream_generate_ref,
                                           llada_generate_ref)
 
 
@@ -432,19 +432,17 @@ def test_budget_threshold_equals_fastdllms_loop_without_blocks(request, family, 
     assert dllm.generate(model, None, PROMPTS4, **kw).generated.tolist() == alone
 
 
-@pytest.mark.parametrize("family,gen,block,tau", [("dream", 16, 8, 0.9), ("dream", 16, 4, 0.02), ("dream", 12, 1, 0.9),
-                                                  ("shipped", 16, 8, 0.5), ("shipped", 24, 8, 0.9)])
-def test_threshold_committing_block_starts_equals_fastdllms_block_loop(request, family, gen, block, tau):
-    """`commit_block_start` against Fast-dLLM's block-wise Dream loop re-stated with full forwards:
-    the tokens, and its forwards less the one it runs after a block its first forward filled."""
-    model, _ = request.getfixturevalue(family)
+def _equals_block_loop(model, kw: dict, reference, **reference_kw):
+    """Each prompt alone against a Fast-dLLM block-wise Dream loop re-stated with full forwards (the
+    tokens; its forwards less the idle one it runs in a block of length 1), then the ragged batch
+    row for row. Checks that a block's first step commits exactly its first column; returns the
+    batch's result."""
     logits_fn = lambda x, _: _never_mask(model(x), model)                      # noqa: E731
-    kw = dict(gen_length=gen, block_length=block, sampler="threshold", score_dtype="logits",
-              sampler_kwargs={"tau": tau, "commit_block_start": True})
+    gen, block = kw["gen_length"], kw["block_length"]
     alone = []
     for row in PROMPTS4:
-        want, forwards = block_threshold_ref(logits_fn, torch.tensor([row]), max_new_tokens=gen, block_length=block,
-                                             threshold=tau, mask_id=model.config.mask_token_id)
+        want, forwards = reference(logits_fn, torch.tensor([row]), max_new_tokens=gen, block_length=block,
+                                   mask_id=model.config.mask_token_id, **reference_kw)
         out = dllm.generate(model, None, [row], **kw)
         assert out.sequences.tolist() == want.tolist()
         assert out.forwards == forwards - (gen // block if block == 1 else 0)
@@ -453,3 +451,33 @@ def test_threshold_committing_block_starts_equals_fastdllms_block_loop(request, 
     assert batch.generated.tolist() == alone
     for steps in batch.trace.view(len(PROMPTS4), gen // block, block):       # a block's first step: its first column
         assert all(int(b[0]) == int(b.min()) and int((b == b[0]).sum()) == 1 for b in steps)
+    return batch
+
+
+@pytest.mark.parametrize("family,gen,block,steps", [("dream", 16, 8, 4), ("dream", 16, 4, 16), ("dream", 12, 4, 9),
+                                                    ("dream", 6, 1, 12), ("shipped", 16, 8, 8)])
+def test_block_entropy_equals_fastdllms_block_loop(request, family, gen, block, steps):
+    """`block_entropy` against Fast-dLLM's block-wise Dream loop for algorithms other than
+    confidence_threshold."""
+    model, _ = request.getfixturevalue(family)
+    _equals_block_loop(model, dict(gen_length=gen, block_length=block, steps=steps, sampler="block_entropy"),
+                       block_entropy_ref, steps=steps)
+
+
+def test_block_entropy_needs_two_steps_per_whole_block(dream):
+    model, _ = dream
+    with pytest.raises(ValueError, match=r"sampler 'block_entropy': steps 2 give 1 per block over the 2 blocks "
+                                         r"\(gen_length 16 / block_length 8\); it needs at least 2 per block"):
+        dllm.generate(model, None, [[5, 6]], gen_length=16, block_length=8, steps=2, sampler="block_entropy")
+    with pytest.raises(ValueError, match="steps 5 must be a multiple of the number of blocks 2"):
+        dllm.generate(model, None, [[5, 6]], gen_length=16, block_length=8, steps=5, sampler="block_entropy")
+
+
+@pytest.mark.parametrize("family,gen,block,tau", [("dream", 16, 8, 0.9), ("dream", 16, 4, 0.02), ("dream", 12, 1, 0.9),
+                                                  ("shipped", 16, 8, 0.5), ("shipped", 24, 8, 0.9)])
+def test_threshold_committing_block_starts_equals_fastdllms_block_loop(request, family, gen, block, tau):
+    """`commit_block_start` against Fast-dLLM's block-wise Dream loop for confidence_threshold."""
+    model, _ = request.getfixturevalue(family)
+    _equals_block_loop(model, dict(gen_length=gen, block_length=block, sampler="threshold", score_dtype="logits",
+                                   sampler_kwargs={"tau": tau, "commit_block_start": True}),
+                       block_threshold_ref, threshold=tau)

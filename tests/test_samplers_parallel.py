@@ -173,7 +173,8 @@ def test_threshold_nothing_above_tau_commits_exactly_the_first_of_tied_best():
     assert positions[dec.commit].tolist() == [state.gen_start + 0, state.gen_start + 2]
 
 
-@pytest.mark.parametrize("dtype, commits", [(torch.bfloat16, [True, True, False]), (torch.float32, [True, False, False]),
+@pytest.mark.parametrize("dtype, commits", [(torch.bfloat16, [True, True, False]),
+                                           (torch.float32, [True, False, False]),
                                            (torch.float64, [True, False, False])])
 def test_threshold_compares_tau_in_the_confidences_dtype(dtype, commits):
     """As `conf >= 0.9` on a tensor compares (Fast-dLLM's Dream loops, SlowFast's reference, bf16):
@@ -184,7 +185,7 @@ def test_threshold_compares_tau_in_the_confidences_dtype(dtype, commits):
     prob = torch.zeros(state.x.shape, dtype=dtype)
     prob[0, g:g + 3] = torch.tensor([0.99, 0.8984375, 0.5], dtype=dtype)
     for sampler in (samplers.get("threshold", tau=0.9), samplers.get("adablock", tau=0.9, delimiter_ids=[299]),
-                    samplers.get("slowfast", high_threshold=0.9)):
+                    samplers.get("slowfast", high_threshold=0.9), samplers.get("localleap", kappa=0.9, tau=None)):
         _, _, dec = run_step(sampler, state, prob=prob)
         assert dec.commit[0].tolist() == commits, sampler.name
 
@@ -652,6 +653,8 @@ def test_loop_invariants_under_adversarial_scores(name, family, pattern, seed, G
     assume(not (sampler.shadow_block and family == "dream"))      # refused with a clear error
     blocks = blocks if G % blocks == 0 else 1
     kw = dict(gen_length=G, steps=blocks if few_steps else G)
+    if name == "block_entropy":                                    # at least two steps per block
+        kw["steps"] = max(kw["steps"], 2 * blocks)
     if sampler.uses_blocks:
         kw["block_length"] = G // blocks
     prompts = [[(seed + 31 * b + i) % 300 for i in range(n)] for b, n in enumerate(prompt_lens)]

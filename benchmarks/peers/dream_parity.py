@@ -2,7 +2,7 @@
 forwards, case by case (no timing).
 
 Fast-dLLM's `dream/model` (DreamModel and the `diffusion_generate` mixins of `generation_utils.py`
-and `generation_utils_block.py`, `alg="confidence_threshold"`) is imported from the checkout given
+and `generation_utils_block.py`) is imported from the checkout given
 with `--fastdllm DIR` by the peer side, which runs in the peer environment
 (`benchmarks/peers/setup_env.sh`; it imports nothing from dllm). The pairs compared:
 
@@ -10,13 +10,20 @@ with `--fastdllm DIR` by the peer side, which runs in the peer environment
     prefix  Fast-dLLM use_cache                  dllm "threshold" commit_block_start, cache "prefix"
     dual    Fast-dLLM use_cache + dual_cache     dllm "threshold" commit_block_start, cache "dual"
 
+and with `--modes` the same three loops with alg "entropy" (its scripts' baseline runs):
+
+    entropy         without a cache              dllm sampler "entropy"
+    entropy-prefix  use_cache                    dllm "block_entropy", cache "prefix"
+    entropy-dual    use_cache + dual_cache       dllm "block_entropy", cache "dual"
+
 dllm never offers the mask token as a candidate; on random weights that moves confidences, so the
 peer side sets the mask token's logit to -inf too (a trained model gives it no mass). The peer
 side runs through `benchmarks/peers/driver.py` (the peer side of `bench_peers.py`). Both sides
 score in the models' dtype (`--dtype`, float32 or bfloat16).
 
     python benchmarks/peers/dream_parity.py --fastdllm /tmp/fastdllm --work runs/dream-parity \\
-        [--peer-python runs/peers-venv/bin/python] [--cases 8] [--seed 0] [--dtype bfloat16]
+        [--peer-python runs/peers-venv/bin/python] [--cases 8] [--seed 0] [--dtype bfloat16] \\
+        [--modes none,prefix,dual,entropy,entropy-prefix,entropy-dual]
 
 writes the checkpoints and cases under --work, runs both sides, prints one line per case that
 differs and a count per checkpoint and mode.
@@ -32,22 +39,26 @@ from pathlib import Path
 
 CHECKPOINTS = {"l2": {}, "l2-std1": {"init_std": 1.0}, "l4": {"num_hidden_layers": 4, "init_std": 1.0},
                "l1": {"num_hidden_layers": 1}}
-MODES = ("none", "prefix", "dual")
+MODES = ("none", "prefix", "dual", "entropy", "entropy-prefix", "entropy-dual")
+DEFAULT_MODES = "none,prefix,dual"
+CACHE = {"prefix": "prefix", "dual": "dual", "entropy-prefix": "prefix", "entropy-dual": "dual"}   # else "none"
 
 
-def make_cases(work: Path, count: int, seed: int) -> list[dict]:
+def make_cases(work: Path, count: int, seed: int, modes: list[str]) -> list[dict]:
     """Random prompts and settings per checkpoint and mode (lengths that both sides accept)."""
     rng = random.Random(seed)
     cases = []
     for name in CHECKPOINTS:
-        for mode in MODES:
+        for mode in modes:
             for _ in range(count):
                 prompt = [rng.randrange(300) for _ in range(rng.randint(3, 12))]
                 if mode == "none":
                     (gen, steps), block = rng.choice([(16, 4), (16, 8), (32, 8), (24, 6), (32, 32)]), None
+                elif mode == "entropy":
+                    (gen, steps), block = rng.choice([(16, 16), (16, 8), (32, 16), (24, 12), (32, 32)]), None
                 else:
                     gen, block = rng.choice([(16, 4), (16, 8), (32, 8), (32, 16), (24, 8)])
-                    steps = gen // block
+                    steps = gen // block * (rng.choice([2, 3, 4, 8]) if mode.startswith("entropy") else 1)
                 cases.append(dict(checkpoint=str(work / name), mode=mode, prompt=prompt, gen_length=gen,
                                   steps=steps, block_length=block,
                                   threshold=rng.choice([0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.9])))
@@ -62,11 +73,16 @@ def run_dllm(cases: list[dict], dtype: str) -> list[dict]:
         if case["checkpoint"] not in models:
             models[case["checkpoint"]] = dllm.load(case["checkpoint"], dtype=dtype)[0]
         model = models[case["checkpoint"]]
-        kw = dict(gen_length=case["gen_length"], score_dtype="logits")
-        if case["mode"] == "none":
+        mode = case["mode"]
+        kw = dict(gen_length=case["gen_length"], score_dtype="logits", cache=CACHE.get(mode, "none"))
+        if mode == "none":
             kw.update(steps=case["steps"], sampler="budget_threshold", sampler_kwargs={"threshold": case["threshold"]})
+        elif mode == "entropy":
+            kw.update(steps=case["steps"], sampler="entropy")
+        elif mode.startswith("entropy"):
+            kw.update(steps=case["steps"], block_length=case["block_length"], sampler="block_entropy")
         else:
-            kw.update(block_length=case["block_length"], sampler="threshold", cache=case["mode"],
+            kw.update(block_length=case["block_length"], sampler="threshold",
                       sampler_kwargs={"tau": case["threshold"], "commit_block_start": True})
         result = dllm.generate(model, None, [case["prompt"]], **kw)
         out.append(dict(tokens=result.generated[0].tolist(), forwards=result.forwards))
@@ -90,12 +106,12 @@ def run_peer(cases: list[dict], fastdllm: Path, mask_id: int, dtype: str) -> lis
             m = DreamModel.from_pretrained(case["checkpoint"], torch_dtype=getattr(torch, dtype)).eval()
             models[case["checkpoint"]] = (m, driver.ForwardCounter(m, 4 * case["gen_length"] + 64, mask_id))
         m, counter = models[case["checkpoint"]]
-        generate, _ = driver.dream_function(mixins, use_cache=case["mode"] != "none")
-        kw = dict(attention_mask=None, max_new_tokens=case["gen_length"], steps=case["steps"], temperature=0.0,
-                  alg="confidence_threshold", threshold=case["threshold"], top_k=None, top_p=None,
-                  return_dict_in_generate=True, output_history=False)
-        if case["mode"] != "none":
-            kw.update(block_length=case["block_length"], dual_cache=case["mode"] == "dual")
+        request = dict(gen_length=case["gen_length"], steps=case["steps"], block_length=case["block_length"],
+                       threshold=case["threshold"], mask_id=mask_id, temperature=0.0)
+        mode = case["mode"]
+        entry = dict(name=mode, use_cache=mode in CACHE, dual_cache=CACHE.get(mode) == "dual",
+                     alg="entropy" if mode.startswith("entropy") else "confidence_threshold")
+        generate, kw = driver.dream_call(entry, request, mixins)
         counter.calls = 0
         with torch.no_grad():
             sequences = generate(m, torch.tensor([case["prompt"]]), **kw)
@@ -127,6 +143,8 @@ def main(argv=None) -> int:
     p.add_argument("--work", type=Path, default=Path("runs/dream-parity"))
     p.add_argument("--peer-python", default="runs/peers-venv/bin/python")
     p.add_argument("--cases", type=int, default=8, help="cases per checkpoint and mode")
+    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma list of {', '.join(MODES)} (default "
+                                                          f"{DEFAULT_MODES}; the cases drawn depend on it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both models' dtype")
     p.add_argument("--side", choices=("both", "peer"), default="both", help=argparse.SUPPRESS)
@@ -142,7 +160,10 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     for name, overrides in CHECKPOINTS.items():
         write_dream_checkpoint(work / name, seed=1, **overrides)
-    cases = make_cases(work, args.cases, args.seed)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        p.error(f"--modes {args.modes!r}: give a comma list of {', '.join(MODES)}")
+    cases = make_cases(work, args.cases, args.seed, modes)
     mask_id = json.loads((work / "l2" / "config.json").read_text())["mask_token_id"]
     (work / "cases.json").write_text(json.dumps({"cases": cases, "mask_id": mask_id}))
     subprocess.run([args.peer_python, __file__, "--side", "peer", "--fastdllm", str(args.fastdllm),

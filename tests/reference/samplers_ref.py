@@ -580,3 +580,55 @@ def block_threshold_ref(logits_fn: LogitsFn, input_ids: Tensor, *, max_new_token
             if not bool((x[:, start:end] == mask_id).any()):
                 break
     return x, forwards
+
+
+@torch.no_grad()
+def block_entropy_ref(logits_fn: LogitsFn, input_ids: Tensor, *, max_new_tokens: int, block_length: int,
+                      steps: int, mask_id: int, eps: float = 1e-3) -> tuple[Tensor, int]:
+    """Fast-dLLM's block-wise loop of Dream's ``_sample`` for an algorithm other than
+    ``confidence_threshold`` (scored by negative entropy) at temperature 0, batch 1, its cached
+    forwards replaced by full ones. ``logits_fn(x, None)`` gives ALIGNED logits.
+
+    steps_per_block = steps / blocks and timesteps linspace(1, eps, steps_per_block + 1). Per block:
+    a forward whose candidate at the block's first position is written outright; then forwards
+    i = 1, 2, ...: each first runs the model, then stops the block at i = steps_per_block, else
+    commits k = int(n * (1 - t_{i+1} / t_i)) of the block's n masks (all of them at i =
+    steps_per_block - 1) by the highest negative entropy, and stops the block once it holds no
+    mask. Returns the canvas and the forwards.
+    """
+    assert input_ids.shape[0] == 1, "batch size must be 1"
+    Lp = input_ids.shape[1]
+    x = F.pad(input_ids, (0, max_new_tokens), value=mask_id)
+    num_blocks = max_new_tokens // block_length
+    per_block = steps // num_blocks
+    timesteps = torch.linspace(1, eps, per_block + 1)
+    forwards = 0
+    for num_block in range(num_blocks):
+        start, end = Lp + num_block * block_length, Lp + (num_block + 1) * block_length
+        logits = logits_fn(x, None)
+        forwards += 1
+        _, x0 = _sample_tokens(logits[0], temperature=0.0, top_p=None, top_k=None, kind="prob", generator=None)
+        x[0, start] = x0[start]
+        i = 1
+        while True:
+            mask_index = x[:, start:end] == mask_id
+            logits = logits_fn(x, None)[:, start:end]
+            forwards += 1
+            if i == per_block:
+                break
+            t, s = timesteps[i], timesteps[i + 1]
+            confidence, x0 = _sample_tokens(logits[mask_index], temperature=0.0, top_p=None, top_k=None,
+                                            kind="neg_entropy", generator=None)
+            num_mask_token = mask_index.sum() / mask_index.shape[0]
+            k = int(num_mask_token * (1 - s / t)) if i < per_block - 1 else int(num_mask_token)
+            full_confidence = torch.full(mask_index.shape, -torch.inf, dtype=logits.dtype)
+            full_confidence[mask_index] = confidence
+            if k > 0:
+                x_ = torch.full_like(x[:, start:end], mask_id)
+                x_[mask_index] = x0
+                chosen = _topk_lowest_first(full_confidence, k)[0]
+                x[0, start + chosen] = x_[0, chosen]
+            i += 1
+            if not bool((x[:, start:end] == mask_id).any()):
+                break
+    return x, forwards
