@@ -52,10 +52,14 @@ bound as its `dream/eval.py` binds it) <-> dllm, both with the softmax in the lo
     prefix          use_cache, block_length                      sampler="threshold" tau=t commit_block_start,
                                                                  cache="prefix"
     dual            use_cache, dual_cache, block_length          the same with cache="dual"
+    entropy         alg="entropy", without a cache, steps=E      sampler="entropy", steps=E
+    entropy_prefix  alg="entropy", use_cache, block_length       sampler="block_entropy", cache="prefix", steps=E
+    entropy_dual    alg="entropy", use_cache, dual_cache         the same with cache="dual"
 
-S (`--steps`) defaults to gen_length / block_length, the setting of Fast-dLLM's Dream scripts (each
-step's budget is gen_length / S positions; the block loops only need S to be a multiple of the
-blocks). Each side runs every configuration once untimed
+S and E are `--steps` when given; else S is gen_length / block_length and E gen_length, the
+settings of Fast-dLLM's Dream scripts (its threshold runs and its entropy baselines). Each step of
+the loop without blocks has a budget of gen_length / S positions; the block loops need steps that
+are a multiple of the blocks (the entropy one at least two per block). Each side runs every configuration once untimed
 (`--warmup-runs`) and then `--repeats` times; the median is reported. dllm runs first, in this
 process; then the driver runs in a subprocess with `--peer-python` (default
 `runs/peers-venv/bin/python`); never both at once. `--threads` sets torch's thread count on both
@@ -127,6 +131,12 @@ CONFIGS = {   # family -> name -> configuration
                              {"use_cache": True}),
         "dual": PeerConfig("fastdllm", "diffusion_generate", "threshold", "dual", True, "logits", BLOCK_START,
                            {"use_cache": True, "dual_cache": True}),
+        "entropy": PeerConfig("fastdllm", "diffusion_generate", "entropy", "none", False, "logits", {},
+                              {"alg": "entropy"}),
+        "entropy_prefix": PeerConfig("fastdllm", "diffusion_generate", "block_entropy", "prefix", False, "logits", {},
+                                     {"alg": "entropy", "use_cache": True}),
+        "entropy_dual": PeerConfig("fastdllm", "diffusion_generate", "block_entropy", "dual", False, "logits", {},
+                                   {"alg": "entropy", "use_cache": True, "dual_cache": True}),
     },
 }
 DEFAULT_CONFIGS = "threshold,prefix,dual"
@@ -271,17 +281,30 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def config_steps(name: str, args) -> int:
+    """The steps configuration `name` runs: `--steps` when given, else the number of blocks for
+    Dream's threshold loops (as Fast-dLLM's Dream scripts set them) and gen_length otherwise (LLaDA's
+    threshold loops ignore it)."""
+    config = CONFIGS[args.family][name]
+    if args.family == "llada" and config.uses_threshold:
+        return args.gen_length
+    if args.steps is not None:
+        return args.steps
+    return args.gen_length // args.block_length if config.uses_threshold else args.gen_length
+
+
 def dllm_request(name: str, args) -> dict:
     """dllm's `generate` arguments of configuration `name` on the run's family."""
     config = CONFIGS[args.family][name]
     req = dict(gen_length=args.gen_length, sampler=config.sampler, cache=config.cache,
                score_dtype=config.score_dtype, temperature=0.0)
-    if config.sampler == "budget_threshold":        # no blocks: a step budget
-        req.update(steps=args.steps, sampler_kwargs={"threshold": args.threshold})
-    elif config.uses_threshold:
-        req.update(block_length=args.block_length, sampler_kwargs={"tau": args.threshold, **config.sampler_kwargs})
-    else:
-        req.update(block_length=args.block_length, steps=args.steps)
+    if dllm.samplers.sampler_class(config.sampler).uses_blocks:
+        req["block_length"] = args.block_length
+    if config.uses_threshold:
+        key = "threshold" if config.sampler == "budget_threshold" else "tau"
+        req["sampler_kwargs"] = {key: args.threshold, **config.sampler_kwargs}
+    if config.sampler == "budget_threshold" or not config.uses_threshold:
+        req["steps"] = config_steps(name, args)
     return req
 
 
@@ -387,7 +410,7 @@ def parse_args(argv=None):
     if args.gen_length % args.block_length:
         raise ValueError(f"--block-length {args.block_length} does not divide --gen-length {args.gen_length} "
                          f"(the peers assert it)")
-    resolve_steps(args)
+    check_steps(args)
     if not 0 <= args.threshold <= 1:
         raise ValueError(f"--threshold must lie in [0, 1], got {args.threshold}")
     if args.device == "auto":
@@ -415,25 +438,24 @@ def family_of(args) -> str:
     return family
 
 
-def resolve_steps(args) -> None:
-    """`--steps` by default (LLaDA: gen_length; Dream: the number of blocks, as Fast-dLLM's Dream
-    scripts set it), checked against what each chosen configuration's peer function asserts: its
-    block loops a multiple of the blocks, Fast-dLLM's Dream loop without blocks a divisor of
-    gen_length (LLaDA's threshold configurations are given gen_length steps, which they ignore)."""
+def check_steps(args) -> None:
+    """Each chosen configuration's steps (`config_steps`) against what its peer function asserts:
+    block loops a multiple of the blocks (Fast-dLLM's block-wise Dream loop at least two per block,
+    else it leaves masks), Fast-dLLM's Dream threshold loop without blocks a divisor of gen_length."""
     blocks, configs = args.gen_length // args.block_length, CONFIGS[args.family]
-    if args.steps is None:
-        args.steps = args.gen_length if args.family == "llada" else blocks
-    if args.steps <= 0:
+    if args.steps is not None and args.steps <= 0:
         raise ValueError(f"--steps must be a positive integer, got {args.steps}")
-    stepped = [c for c in args.configs if not configs[c].uses_threshold
-               or (args.family == "dream" and configs[c].cache != "none")]
-    if stepped and args.steps % blocks:
-        raise ValueError(f"--steps {args.steps} is not a multiple of the {blocks} blocks ({', '.join(stepped)}: "
-                         f"the peers assert it)")
-    budgeted = [c for c in args.configs if configs[c].sampler == "budget_threshold"]
-    if budgeted and args.gen_length % args.steps:
-        raise ValueError(f"--steps {args.steps} does not divide --gen-length {args.gen_length} ({', '.join(budgeted)}: "
-                         f"Fast-dLLM's Dream loop asserts it)")
+    for name in args.configs:
+        config, steps = configs[name], config_steps(name, args)
+        blockwise = (not config.uses_threshold and args.family == "llada") or config.cache != "none"
+        if blockwise and steps % blocks:
+            raise ValueError(f"--steps {steps} is not a multiple of the {blocks} blocks ({name}: the peers assert it)")
+        if config.sampler == "block_entropy" and steps < 2 * blocks:
+            raise ValueError(f"--steps {steps} gives fewer than 2 per block over the {blocks} blocks ({name}: "
+                             f"Fast-dLLM's loop then leaves masks)")
+        if config.sampler == "budget_threshold" and args.gen_length % steps:
+            raise ValueError(f"--steps {steps} does not divide --gen-length {args.gen_length} ({name}: Fast-dLLM's "
+                             f"Dream loop asserts it)")
 
 
 def run_prompts(args, cfg: ModelConfig) -> list[list[int]]:
@@ -484,14 +506,14 @@ def run_peer(roots: dict[str, Path], python: Path, ckpt: Path, prompts, logit_co
     environment."""
     configs = CONFIGS[args.family]
     request = {"family": args.family, "prompts": prompts, "gen_length": args.gen_length,
-               "block_length": args.block_length, "steps": args.gen_length if args.family == "llada" else args.steps,
+               "block_length": args.block_length, "steps": args.gen_length,
                "threshold": args.threshold, "mask_id": mask_id, "temperature": 0.0,
                "remasking": "low_confidence", "repeats": args.repeats, "warmup_runs": args.warmup_runs,
                "device": args.device, "dtype": args.dtype, "threads": args.threads,
                "logit_positions": logit_columns,
                "functions": [{"name": n, "peer": configs[n].peer, "function": configs[n].function,
-                              **configs[n].peer_options,
-                              **({} if configs[n].uses_threshold else {"threshold": None, "steps": args.steps})}
+                              **configs[n].peer_options, "steps": config_steps(n, args),
+                              **({} if configs[n].uses_threshold else {"threshold": None})}
                              for n in args.configs]}
     req_path, res_path = workdir / "request.json", workdir / "peer_result.json"
     req_path.write_text(json.dumps(request) + "\n")
@@ -545,7 +567,8 @@ def compared_rows(ours: dict, peer: dict, commits: dict, shared: dict, args) -> 
                      "ratio": ratio})
         ident = "yes" if count == 0 else f"no @{pos}" + (f" (p{row_i})" if args.prompts > 1 else "")
         fw = f"{sum(mine['forwards'])} / {sum(entry['forwards'])}"
-        function = " ".join([PEERS[peer_name][1], entry["function"], *(k for k, on in options.items() if on)])
+        function = " ".join([PEERS[peer_name][1], entry["function"],
+                             *(k if on is True else f"{k}={on}" for k, on in options.items() if on)])
         print(f"{name + ' (' + variant + ')':<30} {function:<38} {ident:<12} {fw:>15} {mine['seconds']:>9.2f} "
               f"{entry['seconds']:>9.2f} {ratio:>9.3f}")
     return rows

@@ -214,14 +214,19 @@ def test_prompt_ids_file_is_checked(bench, tmp_path):
 
 def test_a_dream_run_takes_dreams_configurations_and_steps(bench, tmp_path):
     args = bench.parse_args(["--preset", "dream-tiny", "--gen-length", "64", "--block-length", "16"])
-    assert (args.family, args.steps, args.configs) == ("dream", 4, ["threshold", "prefix", "dual"])
+    assert (args.family, args.configs) == ("dream", ["threshold", "prefix", "dual"])
+    # Fast-dLLM's Dream scripts: gen_length / block_length steps for the threshold loops, gen_length for entropy
+    assert [bench.config_steps(c, args) for c in ("threshold", "dual", "entropy", "entropy_prefix")] == [4, 4, 64, 64]
+    assert bench.dllm_request("entropy", args) == dict(gen_length=64, sampler="entropy", cache="none",
+                                                       score_dtype="logits", temperature=0.0, steps=64)
+    assert bench.dllm_request("entropy_dual", args)["sampler"] == "block_entropy"
     assert bench.dllm_request("threshold", args) == dict(
         gen_length=64, sampler="budget_threshold", cache="none", score_dtype="logits", temperature=0.0, steps=4,
         sampler_kwargs={"threshold": 0.9})
     assert bench.dllm_request("dual", args)["sampler_kwargs"] == {"tau": 0.9, "commit_block_start": True}
     assert bench.CONFIGS["dream"]["dual"].peer_options == {"use_cache": True, "dual_cache": True}
     model = dllm.build_model(dllm.ModelConfig.from_name("dream-tiny"), seed=0)
-    for name in args.configs:      # every request is one dllm runs
+    for name in bench.CONFIGS["dream"]:      # every request is one dllm runs
         out = dllm.generate(model, None, [[5, 6, 7]], **bench.dllm_request(name, args))
         assert out.generated.shape == (1, 64) and out.forwards > 0
     folder = bench.write_checkpoint(dllm.ModelConfig.from_name("dream-tiny"), tmp_path / "dream")
@@ -231,12 +236,16 @@ def test_a_dream_run_takes_dreams_configurations_and_steps(bench, tmp_path):
     small = ["--preset", "dream-tiny", "--gen-length", "64", "--block-length", "16"]
     assert bench.parse_args([*small, "--configs", "threshold", "--steps", "2"]).steps == 2
     assert bench.parse_args([*small, "--configs", "prefix,dual", "--steps", "12"]).steps == 12
+    assert bench.parse_args(["--quick", "--configs", "low_confidence", "--steps", "8"]).steps == 8
 
 
 @pytest.mark.parametrize("argv, error, message", [
     (["--preset", "dream-tiny", "--configs", "dual,llada"], ValueError,
      "unknown configuration.*llada for a dream checkpoint; valid: threshold, prefix, dual"),
-    (["--preset", "dream-tiny", "--steps", "12"], ValueError, r"--steps 12 is not a multiple of the 8 blocks"),
+    (["--preset", "dream-tiny", "--configs", "prefix,dual", "--steps", "12"], ValueError,
+     r"--steps 12 is not a multiple of the 8 blocks \(prefix: the peers assert it\)"),
+    (["--preset", "dream-tiny", "--configs", "entropy_prefix", "--steps", "8"], ValueError,
+     "--steps 8 gives fewer than 2 per block over the 8 blocks"),
     (["--preset", "dream-tiny", "--steps", "24", "--gen-length", "256"], ValueError,
      "--steps 24 does not divide --gen-length 256"),
     (["--preset", "llada-moe-tiny"], ValueError, "llada-moe-tiny is a llada-moe model; the peers' code runs llada and "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
-# (default runs/gpu-checks). Run from the repository root; needs no network. Eleven parts, each
+# (default runs/gpu-checks). Run from the repository root; needs no network. Twelve parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
 # for the rest; rows are written as they are made, so a stopped step keeps its finished rows, except
 # bench_peers, which writes its rows once the peer has run every configuration;
@@ -20,6 +20,9 @@
 #                                                   # Fast-dLLM's own Dream loops (no cache, use_cache,
 #                                                   # dual_cache), dllm eager and graphed ($FASTDLLM and
 #                                                   # $PEER_PYTHON as `peers`)
+#   bash benchmarks/gpu/speed_checks.sh dream-entropy  # the same against the entropy loops of
+#                                                   # Fast-dLLM's Dream scripts (no cache, use_cache,
+#                                                   # dual_cache; gen_length steps)
 #   bash benchmarks/gpu/speed_checks.sh step       # one call: the fused head's tests and timings,
 #                                                   # single forwards at the LLaDA-8B shape with op
 #                                                   # counts, a profile and torch.compile, and graphed
@@ -171,6 +174,13 @@ dream)
         --peer-python "$PEER_PYTHON" --preset dream-7b --dtype bfloat16 --device cuda --configs dual,prefix,threshold \
         --variants eager,graphs --warmup-runs 1 --repeats 1 --workdir /tmp/bp --out "$OUT/peers-dream.jsonl"
     ;;
+dream-entropy)
+    need_peer
+    step peers-dream-entropy 540 peers-dream-entropy.log python benchmarks/bench_peers.py --fastdllm "$FASTDLLM" \
+        --peer-python "$PEER_PYTHON" --preset dream-7b --dtype bfloat16 --device cuda \
+        --configs entropy_prefix,entropy_dual,entropy --variants eager,graphs --warmup-runs 1 --repeats 1 \
+        --workdir /tmp/bp --out "$OUT/peers-dream-entropy.jsonl"
+    ;;
 rope)
     step tests 90 pytest-rope.log python -m pytest -q -m "gpu or not slow" tests/test_kernels_rope_write.py
     for impl in torch triton; do
@@ -222,7 +232,8 @@ serve)
         --concurrency 1,8,32 --gen-length 64 --cache dual --block-length 32 --out "$OUT/serve-dual.jsonl"
     ;;
 *)
-    echo "unknown part $PART: give moe, step, short, generate, peers, dream, serve, rope, attention, loop or gaps" >&2
+    echo "unknown part $PART: give moe, step, short, generate, peers, dream, dream-entropy, serve, rope, attention," \
+        "loop or gaps" >&2
     exit 2
     ;;
 esac
