@@ -25,6 +25,7 @@ import struct
 import torch
 
 from .base import Sampler, check_number, steps_per_block, top_k_mask
+from .threshold import FASTDLLM_DREAM_BLOCK_LENGTH
 from .sampling import check_temperature, sample_at, sample_filtered
 from dllm.state import Decision
 
@@ -209,6 +210,10 @@ class BlockEntropy(Entropy):
     def __init__(self, *, eps: float = 1e-3, top_p: float | None = None, top_k: int | None = None):
         super().__init__(eps=eps, top_p=top_p, top_k=top_k)
         self._args.pop("alg_temp")
+
+    def block_length_for(self, source):
+        """Blocks of 32 when the request gives no block length, as Fast-dLLM's loop."""
+        return FASTDLLM_DREAM_BLOCK_LENGTH
 
     def setup(self, state):
         check_temperature(self.name, state.temperature)

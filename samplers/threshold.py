@@ -12,7 +12,8 @@ compare in the logits' dtype (`score_dtype="logits"`).
 
 `commit_block_start=True` is Fast-dLLM's block-wise Dream loop (`generation_utils_block.py`, its
 cached runs): a block's first step commits the block's first position, whatever its confidence,
-and nothing else; the rule runs from the block's second step on.
+and nothing else; the rule runs from the block's second step on. Its blocks are 32 long when the
+request gives no block_length (and 32 divides gen_length), as that loop's default.
 Published defaults: tau 0.9 (paper and scripts; "explored in the range of 0.5 to 1.0"),
 block_length 32 (scripts), temperature 0. tau = 1.0 commits one token per step (unless a
 candidate is certain).
@@ -26,6 +27,10 @@ import torch
 from .base import Sampler, check_number
 from dllm.kernels.scoring import TokenScores
 from dllm.state import Decision
+
+
+# The block length of Fast-dLLM's block-wise Dream loop when its caller gives none.
+FASTDLLM_DREAM_BLOCK_LENGTH = 32
 
 
 def masked_confidence(scores: TokenScores, valid: torch.Tensor) -> torch.Tensor:
@@ -71,6 +76,10 @@ class Threshold(Sampler):
                              f"{commit_block_start!r}")
         self.tau, self.commit_block_start = float(tau), commit_block_start
         self._args = dict(tau=tau, commit_block_start=commit_block_start)
+
+    def block_length_for(self, source):
+        """Fast-dLLM's block-wise Dream loop decodes blocks of 32 when given no block length."""
+        return FASTDLLM_DREAM_BLOCK_LENGTH if self.commit_block_start else None
 
     def step(self, state, rows, positions, valid, scores):
         conf = masked_confidence(scores, valid)                                  # (B', Q)

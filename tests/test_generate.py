@@ -481,3 +481,20 @@ def test_threshold_committing_block_starts_equals_fastdllms_block_loop(request, 
     _equals_block_loop(model, dict(gen_length=gen, block_length=block, sampler="threshold", score_dtype="logits",
                                    sampler_kwargs={"tau": tau, "commit_block_start": True}),
                        block_threshold_ref, threshold=tau)
+
+
+def test_fastdllms_block_loops_default_to_blocks_of_32(dream):
+    """Without a block_length, `block_entropy` and `threshold(commit_block_start=True)` decode blocks
+    of 32 as Fast-dLLM's block-wise Dream loop does (the whole region when 32 does not divide it)."""
+    model, _ = dream
+    for kw in (dict(sampler="block_entropy", steps=64),
+               dict(sampler="threshold", sampler_kwargs={"tau": 0.5, "commit_block_start": True})):
+        default = dllm.generate(model, None, PROMPTS4, gen_length=64, trace=True, **kw)
+        assert (default.trace[:, 32:].amin(1) > default.trace[:, :32].amax(1)).all()     # two blocks, in turn
+        assert default.generated.tolist() == dllm.generate(model, None, PROMPTS4, gen_length=64, block_length=32,
+                                                           **kw).generated.tolist()
+        assert dllm.generate(model, None, PROMPTS4, gen_length=48, **kw).generated.tolist() == dllm.generate(
+            model, None, PROMPTS4, gen_length=48, block_length=48, **kw).generated.tolist()
+    plain = dict(sampler="threshold", sampler_kwargs={"tau": 0.5})           # Fast-dLLM's LLaDA rule: no blocks
+    assert dllm.generate(model, None, PROMPTS4, gen_length=64, **plain).generated.tolist() == dllm.generate(
+        model, None, PROMPTS4, gen_length=64, block_length=64, **plain).generated.tolist()
