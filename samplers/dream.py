@@ -25,8 +25,8 @@ import struct
 import torch
 
 from .base import Sampler, check_number, steps_per_block, top_k_mask
-from .threshold import FASTDLLM_DREAM_BLOCK_LENGTH
 from .sampling import check_temperature, sample_at, sample_filtered
+from .threshold import FASTDLLM_DREAM_BLOCK_LENGTH
 from dllm.state import Decision
 
 

@@ -16,14 +16,46 @@ fewer than the schedule's count), the block goes on at the last step's count unt
 At temperature > 0 the candidate is the loop's Gumbel-max sample and p stays un-tempered.
 Published defaults: conf_threshold 0.9, kl_threshold 0.01, kl_history_length 2 (the code and
 ParallelBench); the scripts use gen_length 256, block_length 64, steps 256, temperature 0.
+
+`dream_klass` (`DreamKLASS`) is KLASS's Dream loop (`src/model/dream_klass.py`, alg "klass"): no
+blocks and no schedule; every ready mask (KL history below kl_threshold, p(x0) >= conf_threshold)
+commits, else the single mask most probable under Dream's `sample_tokens`, with its argmax token.
 """
 from __future__ import annotations
 
 import torch
 
-from .base import check_number, top_k_mask
+from .base import Sampler, check_number, top_k_mask
 from .llada import LowConfidence
+from .sampling import check_temperature, sample_at, sample_filtered
+from .threshold import top1
 from dllm.state import Decision
+
+
+def forget_kl_history(state) -> None:
+    """Drop a request's KL state (`kl_history` builds it at the first step)."""
+    state.extra.pop("klass_prev", None)
+    state.extra.pop("klass_history", None)
+
+
+def kl_history(state, rows, positions, valid, p: torch.Tensor, length: int) -> torch.Tensor:
+    """Append KL(p || p_prev) of the scored columns (B', Q) to their history of `length` values
+    and store p (B', Q, V, float64) as their p_prev (zeros before the first step); returns the
+    (B', Q, H) history at the scored columns."""
+    if "klass_prev" not in state.extra:   # one spare column (G) takes the writes of padding entries
+        B, G = state.batch_size, state.gen_length
+        state.extra["klass_prev"] = p.new_zeros(B, G + 1, p.shape[-1])
+        # a history longer than the canvas never settles (a row has fewer steps): keep at most G
+        state.extra["klass_history"] = p.new_zeros(B, G + 1, min(length, G))
+    cols = torch.where(valid, positions - state.gen_start, state.gen_length)        # (B', Q)
+    prev_all, hist_all = state.extra["klass_prev"], state.extra["klass_history"]
+    at = rows[:, None].expand_as(cols)
+    prev = prev_all[at, cols]                                                       # (B', Q, V)
+    kl = (p * (torch.log(p + 1e-12) - torch.log(prev + 1e-12))).sum(-1)
+    hist = torch.cat([hist_all[at, cols][..., 1:], kl[..., None]], dim=-1)          # (B', Q, H)
+    prev_all[at, cols] = p
+    hist_all[at, cols] = hist
+    return hist
 
 
 class KLASS(LowConfidence):
@@ -46,8 +78,7 @@ class KLASS(LowConfidence):
 
     def setup(self, state) -> None:
         super().setup(state)
-        state.extra.pop("klass_prev", None)
-        state.extra.pop("klass_history", None)
+        forget_kl_history(state)
 
     def planned_widths(self, state):
         return None
@@ -56,27 +87,9 @@ class KLASS(LowConfidence):
         """Every masked column of the generation region: their KL history runs across blocks."""
         return state.masked_in_generation(rows)
 
-    def kl_history(self, state, rows, positions, valid, p) -> torch.Tensor:
-        """Append KL(p || p_prev) of the scored columns to their history and store p; returns the
-        (B', Q, H) history at the scored columns."""
-        if "klass_prev" not in state.extra:   # one spare column (G) takes the writes of padding entries
-            B, G = state.batch_size, state.gen_length
-            state.extra["klass_prev"] = p.new_zeros(B, G + 1, p.shape[-1])
-            # a history longer than the canvas never settles (a block has fewer steps): keep at most G
-            state.extra["klass_history"] = p.new_zeros(B, G + 1, min(self.history, G))
-        cols = torch.where(valid, positions - state.gen_start, state.gen_length)        # (B', Q)
-        prev_all, hist_all = state.extra["klass_prev"], state.extra["klass_history"]
-        at = rows[:, None].expand_as(cols)
-        prev = prev_all[at, cols]                                                       # (B', Q, V)
-        kl = (p * (torch.log(p + 1e-12) - torch.log(prev + 1e-12))).sum(-1)
-        hist = torch.cat([hist_all[at, cols][..., 1:], kl[..., None]], dim=-1)          # (B', Q, H)
-        prev_all[at, cols] = p
-        hist_all[at, cols] = hist
-        return hist
-
     def step(self, state, rows, positions, valid, scores):
         p = torch.softmax(scores.logits.double(), dim=-1)                                 # (B', Q, V)
-        hist = self.kl_history(state, rows, positions, valid, p)
+        hist = kl_history(state, rows, positions, valid, p, self.history)
         conf = p.gather(-1, scores.token[..., None]).squeeze(-1)                          # (B', Q)
         in_block = valid & (positions >= state.block_start[rows, None]) & (positions < state.block_end[rows, None])
         settled = (state.step_in_block[rows] >= self.history - 1)[:, None]
@@ -85,3 +98,49 @@ class KLASS(LowConfidence):
         k = state.extra["counts"][rows].gather(1, step[:, None]).squeeze(1)               # (B',)
         fallback = top_k_mask(conf.masked_fill(~in_block, float("-inf")), k) & in_block
         return Decision(commit=torch.where(ready.any(1, keepdim=True), ready, fallback))
+
+
+class DreamKLASS(Sampler):
+    """KLASS's Dream loop: every confident mask whose distribution has settled, else the single
+    most confident one."""
+
+    name = "dream_klass"
+    uses_blocks = False
+    uses_steps = False
+    needs_logits = True
+    gumbel_candidates = False
+    score_fields = frozenset()     # the tokens and confidences come from the logits, as the reference's
+    row_state = None               # its KL state is sized by the vocabulary at the first forward
+
+    def __init__(self, *, conf_threshold: float = 0.9, kl_threshold: float = 0.01, kl_history_length: int = 2,
+                 top_p: float | None = None, top_k: int | None = None):
+        n = self.name
+        check_number("conf_threshold", conf_threshold, low=0, high=1, sampler=n)
+        check_number("kl_threshold", kl_threshold, low=0, sampler=n)
+        check_number("kl_history_length", kl_history_length, low=1, integer=True, sampler=n)
+        check_number("top_p", top_p, low=0, high=1, low_open=True, allow_none=True, sampler=n)
+        check_number("top_k", top_k, low=1, integer=True, allow_none=True, sampler=n)
+        self.conf_threshold, self.kl_threshold = float(conf_threshold), float(kl_threshold)
+        self.history, self.top_p, self.top_k = kl_history_length, top_p, top_k
+        self._args = dict(conf_threshold=conf_threshold, kl_threshold=kl_threshold,
+                          kl_history_length=kl_history_length, top_p=top_p, top_k=top_k)
+
+    def setup(self, state) -> None:
+        check_temperature(self.name, state.temperature)
+        forget_kl_history(state)
+
+    def score_mask(self, state, rows):
+        return state.masked_in_generation(rows)
+
+    def step(self, state, rows, positions, valid, scores):
+        logits = scores.logits                                                            # (B', Q, V)
+        tokens = torch.softmax(logits, dim=-1).argmax(-1)                                 # in the logits dtype
+        p = torch.softmax(logits.double(), dim=-1)
+        hist = kl_history(state, rows, positions, valid, p, self.history)
+        conf = p.gather(-1, tokens[..., None]).squeeze(-1)                                # (B', Q)
+        ready = valid & (hist < self.kl_threshold).all(-1) & (conf >= self.conf_threshold)
+        draw = lambda flat: sample_filtered(flat, state.temperature, self.top_p, self.top_k,   # noqa: E731
+                                            state.generator)[1:]
+        fallback_conf, _ = sample_at(logits, valid, draw, sampled=state.temperature > 0)
+        fallback = top1(fallback_conf.double(), valid)
+        return Decision(commit=torch.where(ready.any(1, keepdim=True), ready, fallback), tokens=tokens)

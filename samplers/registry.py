@@ -31,6 +31,7 @@ _SAMPLERS: dict[str, str] = {
     "left_to_right": "dllm.samplers.topk:LeftToRight",
     "dus": "dllm.samplers.dus:Dilated",
     "klass": "dllm.samplers.klass:KLASS",
+    "dream_klass": "dllm.samplers.klass:DreamKLASS",
     "slowfast": "dllm.samplers.slowfast:SlowFast",
     "wino": "dllm.samplers.wino:WINO",
     "remdm": "dllm.samplers.remdm:ReMDM",

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import dllm
-from tests.reference.samplers_ref import (block_entropy_ref, block_threshold_ref, budget_threshold_ref, dream_generate_ref,
+from tests.reference.samplers_ref import (block_entropy_ref, block_threshold_ref, dream_klass_ref, budget_threshold_ref, dream_generate_ref,
                                           llada_generate_ref)
 
 
@@ -498,3 +498,22 @@ def test_fastdllms_block_loops_default_to_blocks_of_32(dream):
     plain = dict(sampler="threshold", sampler_kwargs={"tau": 0.5})           # Fast-dLLM's LLaDA rule: no blocks
     assert dllm.generate(model, None, PROMPTS4, gen_length=64, **plain).generated.tolist() == dllm.generate(
         model, None, PROMPTS4, gen_length=64, block_length=64, **plain).generated.tolist()
+
+
+@pytest.mark.parametrize("family,gen,conf,kl", [("dream", 16, 0.9, 0.01), ("dream", 12, 0.2, 0.5), ("dream", 8, 0.0, 1e9),
+                                               ("shipped", 16, 0.9, 0.01), ("shipped", 16, 0.5, 0.1)])
+def test_dream_klass_equals_klass_dream_loop(request, family, gen, conf, kl):
+    """`dream_klass` against KLASS's Dream loop re-stated: tokens and forwards, each prompt alone, and
+    the ragged batch row for row."""
+    model, _ = request.getfixturevalue(family)
+    logits_fn = lambda x, _: _never_mask(model(x), model)                      # noqa: E731
+    kw = dict(gen_length=gen, sampler="dream_klass", sampler_kwargs={"conf_threshold": conf, "kl_threshold": kl})
+    alone = []
+    for row in PROMPTS4:
+        want, forwards = dream_klass_ref(logits_fn, torch.tensor([row]), max_new_tokens=gen, steps=gen,
+                                         conf_threshold=conf, kl_threshold=kl, kl_history_length=2,
+                                         mask_id=model.config.mask_token_id)
+        out = dllm.generate(model, None, [row], **kw)
+        assert out.sequences.tolist() == want.tolist() and out.forwards == forwards
+        alone.append(out.generated[0].tolist())
+    assert dllm.generate(model, None, PROMPTS4, **kw).generated.tolist() == alone

@@ -390,7 +390,8 @@ def test_the_default_grid_covers_every_sampler_and_cache(capsys):
         settings.setdefault(p.generation.sampler, set()).add(p.key())
     # Left out: LLaDA2's samplers (block-causal models only) and Dream's own schedules, whose
     # rules the grid runs on LLaDA's schedule (low_confidence, margin_topk, entropy_topk, random).
-    left_out = {"llada2", "llada21", "origin", "maskgit_plus", "topk_margin", "entropy", "block_entropy"}
+    left_out = {"llada2", "llada21", "origin", "maskgit_plus", "topk_margin", "entropy", "block_entropy",
+                "dream_klass"}
     families = sorted(set(samplers.available()) - left_out)
     assert set(settings) == set(families)
     for name in families:

@@ -632,3 +632,50 @@ def block_entropy_ref(logits_fn: LogitsFn, input_ids: Tensor, *, max_new_tokens:
             if not bool((x[:, start:end] == mask_id).any()):
                 break
     return x, forwards
+
+
+@torch.no_grad()
+def dream_klass_ref(logits_fn: LogitsFn, input_ids: Tensor, *, max_new_tokens: int, steps: int,
+                    conf_threshold: float, kl_threshold: float, kl_history_length: int,
+                    mask_id: int) -> tuple[Tensor, int]:
+    """KLASS's Dream ``_sample`` (shkim0116/KLASS ``src/model/dream_klass.py``) with alg "klass" and
+    unmask strategy "all" at temperature 0 without top-p / top-k, batch 1. ``logits_fn(x, None)``
+    gives ALIGNED logits.
+
+    Each of at most ``steps`` forwards (none once no mask is left): x0 = the argmax of the softmax in
+    the logits dtype; p = the float64 softmax of every canvas column, KL(p || p_prev) (eps 1e-12,
+    p_prev zeros at first) rolled into each column's history; the masks whose history is all below
+    kl_threshold and whose p(x0) >= conf_threshold are ready and all commit; when none is, the most
+    probable mask (first of equal maxima) commits. Returns the canvas and the forwards.
+    """
+    assert input_ids.shape[0] == 1, "batch size must be 1"
+    x = F.pad(input_ids, (0, max_new_tokens), value=mask_id)
+    history = torch.zeros((1, x.shape[1], kl_history_length), dtype=torch.float64)
+    p_prev, forwards = None, 0
+    for _ in range(steps):
+        mask_index = x == mask_id
+        if not bool(mask_index.any()):
+            break
+        logits = logits_fn(x, None)
+        forwards += 1
+        if p_prev is None:
+            p_prev = torch.zeros((1, x.shape[1], logits.shape[-1]), dtype=torch.float64)
+        mask_logits = logits[mask_index]
+        x0 = torch.zeros_like(x)
+        x0[mask_index] = torch.softmax(mask_logits, dim=-1).to(torch.float64).argmax(-1)
+        p_curr = F.softmax(logits.to(torch.float64), dim=-1)
+        curr_conf = p_curr.gather(-1, x0[..., None]).squeeze(-1)
+        kl = (p_curr * (torch.log(p_curr + 1e-12) - torch.log(p_prev + 1e-12))).sum(-1)
+        history = torch.roll(history, shifts=-1, dims=-1)
+        history[..., -1] = kl
+        p_prev = p_curr
+        ready = (history < kl_threshold).all(-1) & (curr_conf >= conf_threshold) & mask_index
+        if bool(ready.any()):
+            transfer = ready
+        else:
+            conf_fb, _ = _sample_tokens(mask_logits, temperature=0.0, top_p=None, top_k=None, kind="prob",
+                                        generator=None)
+            transfer = torch.zeros_like(mask_index)
+            transfer[0, torch.where(mask_index[0])[0][torch.argmax(conf_fb)]] = True
+        x[transfer] = x0[transfer]
+    return x, forwards
