@@ -920,6 +920,7 @@ def test_dllm_serve_answers_and_stops_on_a_signal(stop_signal):
 
     proc = subprocess.Popen([sys.executable, "-m", "dllm.cli", "serve", "--port", "0", "--gen-length", "16"],
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    reader = None
     try:
         url, log = None, []
         deadline = time.monotonic() + 120
@@ -929,11 +930,21 @@ def test_dllm_serve_answers_and_stops_on_a_signal(stop_signal):
             log.append(line)
             found = re.search(r"running on (http://127\.0\.0\.1:\d+)", line)
             url = found and found.group(1)
+        # keep reading the server's stderr, so that a full pipe never blocks it, and show it on failure
+        reader = threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True)
+        reader.start()
         assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
         reply = httpx.post(url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 16}, timeout=60)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] <= 16
         proc.send_signal(getattr(signal, stop_signal))
-        assert proc.wait(timeout=60) == 0
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == 0, f"exit status {code}; the server's stderr:\n" + "".join(log[-60:])
     finally:
         proc.kill()
+        proc.wait()
+        if reader is not None:
+            reader.join(timeout=10)          # the pipe ends with the process
         proc.stderr.close()
