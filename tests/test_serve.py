@@ -918,8 +918,10 @@ def test_dllm_serve_answers_and_stops_on_a_signal(stop_signal):
     import subprocess
     import sys
 
+    # started as a shell's background job is (SIGINT ignored): the server still stops on it
     proc = subprocess.Popen([sys.executable, "-m", "dllm.cli", "serve", "--port", "0", "--gen-length", "16"],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     reader = None
     try:
         url, log = None, []

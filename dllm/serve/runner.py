@@ -8,6 +8,9 @@ import time
 from typing import Callable
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def check_port(port) -> None:
     """Raise ValueError unless `port` is a TCP port number (0 picks a free one)."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -35,14 +38,15 @@ def serve(app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "i
     if on_started is not None:
         threading.Thread(target=_announce, args=(server, http, on_started), name="dllm-started", daemon=True).start()
     in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None
+    # SIGINT too: a process started as a shell's background job inherits it ignored
+    previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS} if in_main else {}
     try:
         engine.run(keep_running=http.is_alive)
     except KeyboardInterrupt:
         pass
     finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         server.should_exit = True
         http.join()
     if not server.started:
@@ -50,7 +54,7 @@ def serve(app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "i
 
 
 def _interrupt(signum, frame) -> None:
-    """SIGTERM stops the server as Ctrl-C does."""
+    """SIGINT and SIGTERM stop the server as Ctrl-C does."""
     raise KeyboardInterrupt
 
 
