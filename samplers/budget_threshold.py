@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .base import Sampler, check_number, top_k_mask
-from .sampling import check_temperature, sample_at, sample_filtered
+from .sampling import check_filters, check_temperature, filtered_draw, sample_at
 from .threshold import top1
 from dllm.state import Decision
 
@@ -45,8 +45,7 @@ class BudgetThreshold(Sampler):
     def __init__(self, *, threshold: float = 0.9, top_p: float | None = None, top_k: int | None = None):
         n = self.name
         check_number("threshold", threshold, low=0, high=1, sampler=n)
-        check_number("top_p", top_p, low=0, high=1, low_open=True, allow_none=True, sampler=n)
-        check_number("top_k", top_k, low=1, integer=True, allow_none=True, sampler=n)
+        check_filters(n, top_p, top_k)
         self.threshold, self.top_p, self.top_k = float(threshold), top_p, top_k
         self._args = dict(threshold=threshold, top_p=top_p, top_k=top_k)
 
@@ -64,8 +63,7 @@ class BudgetThreshold(Sampler):
 
     def step(self, state, rows, positions, valid, scores):
         ex = state.extra
-        draw = lambda logits: sample_filtered(logits, state.temperature, self.top_p, self.top_k,   # noqa: E731
-                                              state.generator)[1:]                    # (confidence, token)
+        draw = filtered_draw(state, self.top_p, self.top_k)
         conf, tokens = sample_at(scores.logits, valid, draw, sampled=state.temperature > 0)
         # From the last step on this is at least the masks left, and every one of them is taken.
         taken = top_k_mask(conf, ex["bt_budget"][rows] + ex["bt_carry"][rows]) & valid

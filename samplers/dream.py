@@ -25,7 +25,7 @@ import struct
 import torch
 
 from .base import Sampler, check_number, steps_per_block, top_k_mask
-from .sampling import check_temperature, sample_at, sample_filtered
+from .sampling import check_filters, check_temperature, sample_at, sample_filtered
 from .threshold import FASTDLLM_DREAM_BLOCK_LENGTH
 from dllm.state import Decision
 
@@ -56,8 +56,7 @@ class _DreamBase(Sampler):
         check_number("eps", eps, low=0, high=1, low_open=True, sampler=n)
         if eps >= 1:
             raise ValueError(f"sampler {n!r}: eps must lie in (0, 1), got {eps!r}")
-        check_number("top_p", top_p, low=0, high=1, low_open=True, allow_none=True, sampler=n)
-        check_number("top_k", top_k, low=1, integer=True, allow_none=True, sampler=n)
+        check_filters(n, top_p, top_k)
         check_number("alg_temp", alg_temp, low=0, high=MAX_ALG_TEMP, allow_none=True, sampler=n)
         if alg_temp and alg_temp < MIN_ALG_TEMP:
             raise ValueError(f"sampler {n!r}: alg_temp must be 0 (no draw) or >= {MIN_ALG_TEMP} (smaller ones "

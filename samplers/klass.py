@@ -27,9 +27,21 @@ import torch
 
 from .base import Sampler, check_number, top_k_mask
 from .llada import LowConfidence
-from .sampling import check_temperature, sample_at, sample_filtered
+from .sampling import check_filters, check_temperature, filtered_draw, sample_at
 from .threshold import top1
 from dllm.state import Decision
+
+
+def set_klass_arguments(sampler, conf_threshold, kl_threshold, kl_history_length) -> None:
+    """Check KLASS's three arguments, naming `sampler`, and set them and its `_args`."""
+    n = sampler.name
+    check_number("conf_threshold", conf_threshold, low=0, high=1, sampler=n)
+    check_number("kl_threshold", kl_threshold, low=0, sampler=n)
+    check_number("kl_history_length", kl_history_length, low=1, integer=True, sampler=n)
+    sampler.conf_threshold, sampler.kl_threshold = float(conf_threshold), float(kl_threshold)
+    sampler.history = kl_history_length
+    sampler._args = dict(conf_threshold=conf_threshold, kl_threshold=kl_threshold,
+                         kl_history_length=kl_history_length)
 
 
 def forget_kl_history(state) -> None:
@@ -67,14 +79,8 @@ class KLASS(LowConfidence):
     row_state = None     # its KL state is sized by the vocabulary at the first forward
 
     def __init__(self, *, conf_threshold: float = 0.9, kl_threshold: float = 0.01, kl_history_length: int = 2):
-        check_number("conf_threshold", conf_threshold, low=0, high=1, sampler=self.name)
-        check_number("kl_threshold", kl_threshold, low=0, sampler=self.name)
-        check_number("kl_history_length", kl_history_length, low=1, integer=True, sampler=self.name)
         super().__init__()
-        self.conf_threshold, self.kl_threshold = float(conf_threshold), float(kl_threshold)
-        self.history = kl_history_length
-        self._args = dict(conf_threshold=conf_threshold, kl_threshold=kl_threshold,
-                          kl_history_length=kl_history_length)
+        set_klass_arguments(self, conf_threshold, kl_threshold, kl_history_length)
 
     def setup(self, state) -> None:
         super().setup(state)
@@ -114,16 +120,10 @@ class DreamKLASS(Sampler):
 
     def __init__(self, *, conf_threshold: float = 0.9, kl_threshold: float = 0.01, kl_history_length: int = 2,
                  top_p: float | None = None, top_k: int | None = None):
-        n = self.name
-        check_number("conf_threshold", conf_threshold, low=0, high=1, sampler=n)
-        check_number("kl_threshold", kl_threshold, low=0, sampler=n)
-        check_number("kl_history_length", kl_history_length, low=1, integer=True, sampler=n)
-        check_number("top_p", top_p, low=0, high=1, low_open=True, allow_none=True, sampler=n)
-        check_number("top_k", top_k, low=1, integer=True, allow_none=True, sampler=n)
-        self.conf_threshold, self.kl_threshold = float(conf_threshold), float(kl_threshold)
-        self.history, self.top_p, self.top_k = kl_history_length, top_p, top_k
-        self._args = dict(conf_threshold=conf_threshold, kl_threshold=kl_threshold,
-                          kl_history_length=kl_history_length, top_p=top_p, top_k=top_k)
+        check_filters(self.name, top_p, top_k)
+        set_klass_arguments(self, conf_threshold, kl_threshold, kl_history_length)
+        self.top_p, self.top_k = top_p, top_k
+        self._args.update(top_p=top_p, top_k=top_k)
 
     def setup(self, state) -> None:
         check_temperature(self.name, state.temperature)
@@ -139,8 +139,7 @@ class DreamKLASS(Sampler):
         hist = kl_history(state, rows, positions, valid, p, self.history)
         conf = p.gather(-1, tokens[..., None]).squeeze(-1)                                # (B', Q)
         ready = valid & (hist < self.kl_threshold).all(-1) & (conf >= self.conf_threshold)
-        draw = lambda flat: sample_filtered(flat, state.temperature, self.top_p, self.top_k,   # noqa: E731
-                                            state.generator)[1:]
+        draw = filtered_draw(state, self.top_p, self.top_k)
         fallback_conf, _ = sample_at(logits, valid, draw, sampled=state.temperature > 0)
         fallback = top1(fallback_conf.double(), valid)
         return Decision(commit=torch.where(ready.any(1, keepdim=True), ready, fallback), tokens=tokens)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .base import Sampler, check_number, top_k_mask
-from .sampling import check_temperature, sample_at, sample_filtered
+from .sampling import check_filters, check_temperature, sample_at, sample_filtered
 from dllm.state import Decision
 
 
@@ -41,8 +41,7 @@ class _LLaDA2Sampling(Sampler):
     score_fields = frozenset({"prob"})
 
     def _check_filters(self, top_p, top_k) -> None:
-        check_number("top_p", top_p, low=0, high=1, low_open=True, allow_none=True, sampler=self.name)
-        check_number("top_k", top_k, low=1, integer=True, allow_none=True, sampler=self.name)
+        check_filters(self.name, top_p, top_k)
         self.top_p, self.top_k = top_p, top_k
 
     def logits_needed(self, state) -> bool:

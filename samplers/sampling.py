@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+from .base import check_number
+
 # The smallest positive temperature whose division keeps logits finite in every float dtype
 # (float16's largest value is 65504).
 MIN_TEMPERATURE = 1e-2
@@ -78,3 +80,15 @@ def sample_at(logits: torch.Tensor, valid: torch.Tensor, draw: Callable, *, samp
         return conf, tokens
     conf, tokens = draw(logits.reshape(-1, logits.shape[-1]))
     return conf.view(valid.shape).masked_fill(~valid, float("-inf")), tokens.view(valid.shape)
+
+
+def check_filters(sampler: str, top_p, top_k) -> None:
+    """Refuse a `top_p` outside (0, 1] and a `top_k` below 1 (None: no filter), naming `sampler`."""
+    check_number("top_p", top_p, low=0, high=1, low_open=True, allow_none=True, sampler=sampler)
+    check_number("top_k", top_k, low=1, integer=True, allow_none=True, sampler=sampler)
+
+
+def filtered_draw(state, top_p: float | None, top_k: int | None) -> Callable:
+    """(N, V) logits -> (confidence, token) of `sample_filtered` at the request's temperature, with
+    its generator."""
+    return lambda logits: sample_filtered(logits, state.temperature, top_p, top_k, state.generator)[1:]
