@@ -36,6 +36,8 @@ _SAMPLERS: dict[str, str] = {
     "wino": "dllm.samplers.wino:WINO",
     "remdm": "dllm.samplers.remdm:ReMDM",
     "rcr": "dllm.samplers.rcr:RCR",
+    "hierarchy": "dllm.samplers.dinfer:Hierarchy",
+    "credit": "dllm.samplers.dinfer:Credit",
 }
 
 

@@ -64,6 +64,9 @@ def run_with_joins(model, cfg, joins=JOINS):
                                 cache_kwargs={"refresh": 3, "guard": 0.5, "twins": True})),
     ("threshold", {"tau": 0.7}, dict(gen_length=16, block_length=8, cache="dkv-greedy")),
     ("block_entropy", {}, dict(gen_length=16, block_length=8, steps=8, cache="prefix")),
+    ("hierarchy", {"low_tau": 0.0}, dict(gen_length=16, block_length=8, cache="dual")),
+    ("credit", {"tau": 0.5}, dict(gen_length=16, block_length=8)),
+    ("credit", {}, dict(gen_length=12, block_length=4, cache="prefix")),
 ])
 def test_rows_that_join_and_leave_decode_as_alone(model, sampler, kwargs, lengths):
     cfg = dllm.GenerationConfig(sampler=sampler, sampler_kwargs=kwargs, **lengths)
