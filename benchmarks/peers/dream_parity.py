@@ -40,6 +40,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from parity import compare
+
 CHECKPOINTS = {"l2": {}, "l2-std1": {"init_std": 1.0}, "l4": {"num_hidden_layers": 4, "init_std": 1.0},
                "l1": {"num_hidden_layers": 1}}
 MODES = ("none", "prefix", "dual", "entropy", "entropy-prefix", "entropy-dual", "klass")
@@ -151,24 +153,6 @@ def run_peer(cases: list[dict], fastdllm: Path, mask_id: int, dtype: str, klass:
     return out
 
 
-def compare(cases: list[dict], ours: list[dict], theirs: list[dict]) -> dict:
-    """Per (checkpoint, mode): cases, identical tokens, equal forwards; prints each difference."""
-    counts: dict[str, list[int]] = {}
-    for case, a, b in zip(cases, ours, theirs):
-        key = f"{Path(case['checkpoint']).name} {case['mode']}"
-        tally = counts.setdefault(key, [0, 0, 0])
-        tally[0] += 1
-        tally[1] += a["tokens"] == b["tokens"]
-        tally[2] += a["forwards"] == b["forwards"]
-        if a != b:
-            first = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), None)
-            print(f"differs: {json.dumps(case)} first differing position {first}, forwards dllm {a['forwards']} "
-                  f"peer {b['forwards']}")
-    for key, (n, same, forwards) in counts.items():
-        print(f"{key}: {n} cases, {same} identical tokens, {forwards} equal forwards")
-    return counts
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fastdllm", type=Path, required=True, help="Fast-dLLM checkout (holds dream/model/)")
@@ -206,7 +190,8 @@ def main(argv=None) -> int:
     subprocess.run([args.peer_python, __file__, "--side", "peer", "--fastdllm", str(args.fastdllm),
                     "--work", str(work), "--dtype", args.dtype, *(["--klass", str(args.klass)] if args.klass else [])],
                    check=True)
-    counts = compare(cases, run_dllm(cases, args.dtype), json.loads((work / "peer.json").read_text()))
+    counts = compare(cases, run_dllm(cases, args.dtype), json.loads((work / "peer.json").read_text()),
+                     lambda case: f"{Path(case['checkpoint']).name} {case['mode']}")
     return 0 if all(n == same == forwards for n, same, forwards in counts.values()) else 1
 
 

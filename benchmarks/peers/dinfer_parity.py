@@ -1,0 +1,151 @@
+"""dInfer's own parallel decoders against dllm's `hierarchy` and `credit` samplers on tiny random LLaDA
+models: tokens and forwards, case by case (no timing).
+
+dInfer's `BlockWiseDiffusionLLM` loop (`dinfer/decoding/generate_uniform.py`) drives its decoders
+(`parallel_strategy.py`), imported from the checkout given with `--dinfer DIR` (the folder holding
+`python/dinfer/decoding/`); they need torch only, so both sides run in this environment. The peer's
+model is the same dllm model, each forward over the whole canvas, with the mask token's logit at
+-inf (dllm never offers it as a candidate). The pairs compared, batch 1, temperature 0, no KV cache:
+
+    hierarchy   HierarchyDecoder(threshold, low_threshold)     dllm "hierarchy"(tau, low_tau)
+    credit      CreditThresholdParallelDecoder(threshold, ...)  dllm "credit"(tau, credit_alpha, ...)
+    threshold   ThresholdParallelDecoder(threshold)            dllm "credit"(tau, credit_alpha=0)
+
+dInfer's loop runs with `maximum_unroll=1` (one forward between its checks for a finished block; by
+default it may run up to 4, the extra ones committing nothing) and an end-of-text id no token has
+(no early stop). dllm scores `hierarchy` in the logits' dtype (`score_dtype="logits"`), as dInfer.
+
+    python benchmarks/peers/dinfer_parity.py --dinfer DINFER [--cases 8] [--seed 0] [--dtype bfloat16]
+
+prints one line per case that differs and a count per model and mode.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import sys
+import types
+from pathlib import Path
+
+from parity import compare
+
+MODELS = {"std0.3": dict(init_std=0.3), "std1": dict(init_std=1.0), "std1-seed3": dict(init_std=1.0, seed=3)}
+MODES = ("hierarchy", "credit", "threshold")
+
+
+def import_dinfer(root: Path):
+    """dInfer's `decoding` modules (utils, parallel_strategy, generate_uniform) as a package of their
+    own, without its `__init__` (which imports the rest of dInfer)."""
+    folder = root / "python" / "dinfer" / "decoding"
+    if not (folder / "parallel_strategy.py").is_file():
+        raise SystemExit(f"--dinfer {root}: no python/dinfer/decoding/parallel_strategy.py there; give a checkout of "
+                         f"https://github.com/inclusionAI/dInfer")
+    package = types.ModuleType("dinfer_decoding")
+    package.__path__ = [str(folder)]
+    sys.modules["dinfer_decoding"] = package
+    for name in ("utils", "parallel_strategy", "generate_uniform"):
+        spec = importlib.util.spec_from_file_location(f"dinfer_decoding.{name}", folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        setattr(package, name, module)
+    return package
+
+
+def make_cases(count: int, seed: int, modes: list[str]) -> list[dict]:
+    rng = random.Random(seed)
+    cases = []
+    for model in MODELS:
+        for mode in modes:
+            for _ in range(count):
+                gen, block = rng.choice([(16, 4), (16, 8), (24, 8), (32, 16), (20, 8), (16, 16)])
+                case = dict(model=model, mode=mode, prompt=[rng.randrange(300) for _ in range(rng.randint(3, 12))],
+                            gen_length=gen, block_length=block, tau=rng.choice([0.3, 0.5, 0.7, 0.9, 1.0]))
+                if mode == "hierarchy":
+                    case.update(tau=rng.choice([None, 0.5, 0.9]), low_tau=rng.choice([None, 0.0, 0.1, 0.3, 0.6]))
+                if mode == "credit":
+                    case.update(alpha=rng.choice([0.7, 2.0, 5.0]), gamma=rng.choice([0.2, 1.0]),
+                                beta=rng.choice([0.8, 0.5, 1.0]))
+                cases.append(case)
+    return cases
+
+
+def dllm_side(model, case: dict) -> dict:
+    import dllm
+    if case["mode"] == "hierarchy":
+        name, args = "hierarchy", dict(tau=case["tau"], low_tau=case["low_tau"])
+    elif case["mode"] == "credit":
+        name, args = "credit", dict(tau=case["tau"], credit_alpha=case["alpha"], boost_gamma=case["gamma"],
+                                    decay_beta=case["beta"])
+    else:
+        name, args = "credit", dict(tau=case["tau"], credit_alpha=0.0)
+    out = dllm.generate(model, None, [case["prompt"]], gen_length=case["gen_length"], block_length=case["block_length"],
+                        sampler=name, sampler_kwargs=args, score_dtype="logits")
+    return dict(tokens=out.generated[0].tolist(), forwards=out.forwards)
+
+
+class CountingModel:
+    """What dInfer's loop calls: model(x).logits over the whole canvas, the mask token's logit at -inf."""
+
+    def __init__(self, model, mask_id: int):
+        self.model, self.mask_id, self.calls = model, mask_id, 0
+        self.device = next(model.parameters()).device
+
+    def __call__(self, x, **kwargs):
+        import torch
+        self.calls += 1
+        with torch.no_grad():
+            logits = self.model(x)
+        logits[..., self.mask_id] = float("-inf")
+        return types.SimpleNamespace(logits=logits)
+
+
+def dinfer_side(dinfer, model, case: dict, mask_id: int) -> dict:
+    import torch
+    strategy, uniform = dinfer.parallel_strategy, dinfer.generate_uniform
+    common = dict(temperature=0, mask_id=mask_id, eos_id=-1)
+    if case["mode"] == "hierarchy":
+        decoder = strategy.HierarchyDecoder(threshold=case["tau"], low_threshold=case["low_tau"], **common)
+    elif case["mode"] == "credit":
+        decoder = strategy.CreditThresholdParallelDecoder(threshold=case["tau"], credit_alpha=case["alpha"],
+                                                          boost_gamma=case["gamma"], decay_beta=case["beta"], **common)
+    else:
+        decoder = strategy.ThresholdParallelDecoder(threshold=case["tau"], **common)
+    counted = CountingModel(model, mask_id)
+    loop = uniform.BlockWiseDiffusionLLM(counted, decoder, dinfer.utils.BlockIteratorFactory(), early_stop=False,
+                                         maximum_unroll=1)
+    canvas = loop.generate(torch.tensor([case["prompt"]]), gen_length=case["gen_length"],
+                           block_length=case["block_length"])
+    return dict(tokens=canvas[0, len(case["prompt"]):].tolist(), forwards=counted.calls)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dinfer", type=Path, required=True, help="dInfer checkout (holds python/dinfer/decoding/)")
+    p.add_argument("--cases", type=int, default=8, help="cases per model and mode")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the model's dtype")
+    args = p.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        p.error(f"--modes {args.modes!r}: give a comma list of {', '.join(MODES)}")
+    dinfer = import_dinfer(args.dinfer.resolve())
+    import torch
+    torch._dynamo.config.disable = True      # dInfer compiles two of its rules; both sides run eagerly
+    import dllm
+    cases = make_cases(args.cases, args.seed, modes)
+    models = {name: dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), dtype=getattr(torch, args.dtype),
+                                     seed=kw.get("seed", 0), init_std=kw["init_std"]) for name, kw in MODELS.items()}
+    ours, theirs = [], []
+    for case in cases:
+        model = models[case["model"]]
+        ours.append(dllm_side(model, case))
+        theirs.append(dinfer_side(dinfer, model, case, model.config.mask_token_id))
+    counts = compare(cases, ours, theirs, lambda case: f"{case['model']} {case['mode']}", peer="dInfer")
+    return 0 if all(n == same == forwards for n, same, forwards in counts.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
