@@ -46,6 +46,8 @@ SAMPLERS = [
     ("wino", "wino", {}),
     ("remdm, 1 token/step", "remdm", {"tokens_per_step": 1}),
     ("rcr, 64 steps", "rcr", {"steps": 64}),
+    ("hierarchy", "hierarchy", {}),
+    ("credit", "credit", {}),
 ]
 # (sampler label, sampler, run settings, cache label, cache, cache args)
 CACHES = [
