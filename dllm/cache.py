@@ -14,6 +14,7 @@ and move the stored K/V with their columns. Every cache of the literature is a p
 | dual       | current block                                        | at each block start                    |
 | dkv-decode | masked positions + tokens committed at the last step | first `warmup` steps, every `refresh`  |
 | dkv-greedy | scored positions + last step's commits + a window    | every `refresh` steps of a block       |
+| vicinity   | current block + `prefix_look` / `after_look` around it | first `warmup_steps` forwards, block start |
 
 Every storing policy also takes `twins` (False by default): recompute as well the columns holding
 the same token as a column that changed since the row's last forward, and `guard` (None by
@@ -531,6 +532,38 @@ class DualCache(PrefixCache):
         return block | _changed_before_block(state, rows, changed)
 
 
+class VicinityCache(DualCache):
+    """dInfer's vicinity cache: `dual` whose partial steps recompute a window around the block, the
+    block with `prefix_look` columns before it and `after_look` after it (clipped to the canvas).
+    A row's first `warmup_steps` forwards and the one after them run over the whole canvas, then a
+    full refresh at each block start (dInfer's `VicinityCacheDiffusionLLM`).
+
+    prefix_look, after_look, warmup_steps: 16, 16 and 4 as dInfer's evaluation guide runs them
+    (0, 0, 0 is `dual`). refresh, twins, guard: as for `dual`.
+    """
+
+    name = "vicinity"
+
+    def __init__(self, *, prefix_look: int = 16, after_look: int = 16, warmup_steps: int = 4,
+                 refresh: int | None = None, twins: bool = False, guard: float | None = None):
+        super().__init__(refresh=refresh, twins=twins, guard=guard)
+        self.prefix_look = _check_int(self.name, "prefix_look", prefix_look, 0)
+        self.after_look = _check_int(self.name, "after_look", after_look, 0)
+        self.warmup_steps = _check_int(self.name, "warmup_steps", warmup_steps, 0)
+        self._args = dict(prefix_look=self.prefix_look, after_look=self.after_look, warmup_steps=self.warmup_steps,
+                          refresh=self.refresh, twins=twins, guard=guard)
+
+    def _full(self, state, rows):
+        return super()._full(state, rows) | (state.nfe[rows] <= self.warmup_steps)
+
+    def _columns(self, state, rows, changed, scored):
+        cols = state.columns()[None, :]
+        start = state.block_first_column(rows) - self.prefix_look
+        end = state.block_end_column(rows) + self.after_look
+        window = (cols >= start[:, None]) & (cols < end[:, None])
+        return window | _changed_before_block(state, rows, changed)
+
+
 def _changed_before_block(state: DecodeState, rows, changed: torch.Tensor) -> torch.Tensor:
     """(B', L) bool: the columns before each row's block whose token changed since its last forward;
     only a sampler that reaches back (RCR) changes any, and `prefix`/`dual` recompute them."""
@@ -728,6 +761,9 @@ _POLICIES: dict[str, PolicyInfo] = {
                              "dKV-Cache-Decode: recompute masks and last step's commits, periodic refresh"),
     "dkv-greedy": PolicyInfo("dkv-greedy", "dllm.cache:DKVGreedy",
                              "dKV-Cache-Greedy: recompute scored positions, last commits and a window"),
+    "vicinity": PolicyInfo("vicinity", "dllm.cache:VicinityCache",
+                           "dInfer vicinity cache: refresh at block start, recompute the block and the "
+                           "columns near it"),
 }
 
 

@@ -305,7 +305,7 @@ class GenerationConfig:
         `low_confidence`, Dream `entropy`, LLaDA2 `llada2`).
     sampler_kwargs: keyword arguments for the sampler when it is given by name.
     cache: cache policy name (`dllm.cache.available_policies()`: none, prefix, dual, dkv-decode,
-        dkv-greedy, and block for block-causal models) or a `dllm.cache.CachePolicy` instance.
+        dkv-greedy, vicinity, and block for block-causal models) or a `dllm.cache.CachePolicy` instance.
     cache_kwargs: keyword arguments for the policy when it is given by name, e.g.
         cache="dkv-decode", cache_kwargs={"refresh": 4}.
     seed: seeds the one `torch.Generator` every random draw of the request uses.

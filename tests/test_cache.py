@@ -12,10 +12,17 @@ from dllm.cache import (CachePolicy, KVCache, available_policies, get_policy, pl
 from dllm.cli import main
 from dllm.config import ModelConfig
 from dllm.state import Decision
-from tests.reference.cache_ref import fastdllm_generate_ref
+from tests.reference.cache_ref import fastdllm_generate_ref, vicinity_generate_ref
 
 PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [64, 3, 12], [250, 11, 11, 19, 100]]   # ragged: left padding 0, 4, 2
 STORING = [p for p in policies_for(ModelConfig.from_name("llada-tiny")) if p != "none"]   # `block`: test_llada2.py
+# vicinity's default window (16 columns each side) spans these short canvases: every step would be full
+SHORT_WINDOW = {"vicinity": {"prefix_look": 2, "after_look": 3}}
+
+
+def storing_policy(name: str, **kwargs) -> CachePolicy:
+    """A storing policy by name; `vicinity` with a window narrower than the test canvases."""
+    return get_policy(name, **SHORT_WINDOW.get(name, {}), **kwargs)
 
 
 @pytest.fixture(params=["llada", "dream"])
@@ -247,6 +254,25 @@ def test_prefix_and_dual_equal_the_fastdllm_loops(family_model, mode, rule):
         assert differs > 0  # the cache is approximate here: the check is not vacuous
 
 
+@pytest.mark.parametrize("looks", [(16, 16, 4), (2, 3, 0), (0, 5, 1), (4, 0, 9), (0, 0, 0)], ids=str)
+@pytest.mark.parametrize("tau", [0.2, 0.9])
+def test_vicinity_equals_dinfers_loop(llada, looks, tau):
+    """`vicinity` + `threshold` on a ragged batch equals, row by row, dInfer's vicinity-cache loop
+    re-stated (warmup forwards over the whole canvas, then a window around the block)."""
+    model, _ = llada
+    before, after, warmup = looks
+    args = dict(prefix_look=before, after_look=after, warmup_steps=warmup)
+    kw = dict(gen_length=24, block_length=8, sampler="threshold", sampler_kwargs={"tau": tau}, score_dtype="float64")
+    out = dllm.generate(model, None, PROMPTS, cache="vicinity", cache_kwargs=args, **kw)
+    dual = dllm.generate(model, None, PROMPTS, cache="dual", **kw)
+    for r, p in enumerate(PROMPTS):
+        want, nfe = vicinity_generate_ref(model, p, gen_length=24, block_length=8, threshold=tau, **args)
+        assert out.generated[r].tolist() == want[0, len(p):].tolist(), (r, looks)
+        assert out.nfe[r] == nfe, (r, looks)
+    if looks == (0, 0, 0):
+        assert out.generated.tolist() == dual.generated.tolist() and out.nfe == dual.nfe
+
+
 # -- plans --------------------------------------------------------------------------------------
 def on_plans(policy: CachePolicy, check) -> None:
     """Call `check(state, rows, scored, plan)` at every step the loop takes, before the policy's
@@ -414,7 +440,7 @@ def _guard_run(model, policy_name, guard, sampler):
     checking at every step that the plan is a full refresh exactly for the rows the policy's own
     schedule refreshes or whose best candidate was unsure. The confidences are recorded here,
     column by column, from what the loop passes to `observe`; a column never scored counts as 0."""
-    policy = get_policy(policy_name, refresh=4, guard=guard)
+    policy = storing_policy(policy_name, refresh=4, guard=guard)
     seen: dict[tuple[int, int], float] = {}
     inner_observe = policy.observe
     checked = {"guarded": 0, "partial": 0, "best": []}
@@ -607,7 +633,7 @@ def test_cache_contents_after_every_step(family_model, policy_name, sampler):
     nothing else)."""
     model, _ = family_model
     shift = model.config.logit_shift
-    policy = get_policy(policy_name)
+    policy = storing_policy(policy_name)
     log = recording(policy)
     snaps = []
     if sampler == "threshold" and sampler not in samplers.available():

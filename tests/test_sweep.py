@@ -399,7 +399,7 @@ def test_the_default_grid_covers_every_sampler_and_cache(capsys):
     assert {r.tokens_per_step for r in (p.generation for p in g.points)
             if r.sampler == "low_confidence" and r.cache == "none"} == {1, 2, 4, 8}
     assert {p.generation.block_length for p in g.points if p.generation.sampler == "learn2pd"} == {32}
-    assert {p.generation.cache for p in g.points} == {"none", "prefix", "dual", "dkv-decode", "dkv-greedy"}
+    assert {p.generation.cache for p in g.points} == {"none", "prefix", "dual", "dkv-decode", "dkv-greedy", "vicinity"}
     # The thin entry point lists the same configurations.
     argv = sys.argv
     sys.argv = ["benchmarks/sweep.py", "--grid", str(path), "--out-dir", "unused", "--dry-run"]

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["fastdllm_generate_ref"]
+__all__ = ["fastdllm_generate_ref", "vicinity_generate_ref"]
 
 
 def _rope(x: Tensor, positions: Tensor, theta: float, fp32: bool) -> Tensor:
@@ -180,3 +180,40 @@ def fastdllm_generate_ref(model, prompt: list[int], *, gen_length: int, block_le
             _commit(x, logits, torch.arange(s, end), (s, e), mask_id, threshold, count)
             i += 1
     return x, nfe
+
+
+@torch.no_grad()
+def vicinity_generate_ref(model, prompt: list[int], *, gen_length: int, block_length: int, prefix_look: int,
+                          after_look: int, warmup_steps: int, threshold: float) -> tuple[Tensor, int]:
+    """dInfer's vicinity-cache loop (`VicinityCacheIteration`) of one prompt on LLaDA, with the
+    threshold rule above. The first `warmup_steps` forwards of the request run over the whole canvas
+    without a cache; the next forward, and afterwards the first forward of each block, is a full
+    forward that stores every column's K/V; the others recompute the window
+    [s - prefix_look, e + after_look) (clipped to the canvas) with the cached K/V of the rest.
+    Returns (the canvas, forwards)."""
+    cfg = model.config
+    assert not cfg.logit_shift
+    mask_id, Lp = cfg.mask_token_id, len(prompt)
+    x = torch.full((1, Lp + gen_length), mask_id, dtype=torch.long, device=model.device)
+    x[0, :Lp] = torch.tensor(prompt)
+    L = x.shape[1]
+    kv, nfe = None, 0
+    for s in range(Lp, L, block_length):
+        e = min(s + block_length, L)
+        opening = True
+        while bool((x[0, s:e] == mask_id).any()):
+            if nfe < warmup_steps:
+                raw, _ = _forward(model, x, 0, None, "full")
+                cols = torch.arange(L)
+            elif kv is None or opening:
+                raw, kv = _forward(model, x, 0, None, "full")
+                cols = torch.arange(L)
+            else:
+                a, z = max(0, s - prefix_look), min(L, e + after_look)
+                raw, _ = _forward(model, x[:, a:z], a, kv, "dual")
+                cols = torch.arange(a, z)
+            nfe += 1
+            _commit(x, raw[0], cols, (s, e), mask_id, threshold, None)
+            opening = False
+    return x, nfe
+
