@@ -120,7 +120,7 @@ class Credit(Sampler):
         fused = logits + self.alpha * torch.log1p(credit)                               # float32
         fused_scores = token_scores(fused, temperature=state.temperature, generator=state.generator,
                                     score_dtype=torch.promote_types(torch.float32, state.score_dtype),
-                                    fields={"prob"})
+                                    fields={"prob"}, check_finite=False)     # the loop checks the logits
         conf = fused_scores.prob.masked_fill(~valid, float("-inf"))
         floor = (conf.max(1, keepdim=True).values - NEAR_MAX).clamp(-1000, rounded_to(self.tau, conf.dtype))
         return Decision(commit=valid & (conf >= floor), tokens=fused_scores.token)

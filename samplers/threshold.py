@@ -21,6 +21,8 @@ candidate is certain).
 from __future__ import annotations
 
 import functools
+import math
+import struct
 
 import torch
 
@@ -48,8 +50,25 @@ def top1(conf: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=64)
 def rounded_to(value: float, dtype: torch.dtype) -> float:
-    """`value` as a tensor of `dtype` holds it: what `tensor >= value` compares with."""
-    return float(torch.tensor(value, dtype=dtype))
+    """`value` as a tensor of `dtype` holds it: what `tensor >= value` compares with. Worked out on
+    the host (a tensor would be an operation the step dispatches and reads back): round to nearest
+    even, as torch converts a Python float (float16 and bfloat16 through float32)."""
+    value = float(value)
+    if dtype == torch.float64:
+        return value
+    try:
+        single = struct.unpack("<f", struct.pack("<f", value))[0]
+        if dtype == torch.float16:
+            return struct.unpack("<e", struct.pack("<e", single))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+    if dtype == torch.float32:
+        return single
+    if dtype == torch.bfloat16:
+        bits = struct.unpack("<I", struct.pack("<f", single))[0]
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
+    raise ValueError(f"confidences in {dtype} are not supported; score in float16, bfloat16, float32 or float64")
 
 
 def threshold_commit(conf: torch.Tensor, valid: torch.Tensor, tau: float,

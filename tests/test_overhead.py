@@ -130,11 +130,14 @@ def test_a_cached_step_dispatches_what_a_full_forward_does(preset):
 
 @pytest.mark.parametrize("sampler,cache", [("threshold", "none"), ("threshold", "dual"), ("threshold", "prefix"),
                                            ("low_confidence", "dkv-decode"), ("entropy", "dual"),
-                                           ("low_confidence", "dkv-decode-guard")])
+                                           ("low_confidence", "dkv-decode-guard"), ("hierarchy", "none"),
+                                           ("credit", "dual"), ("threshold", "vicinity")])
 @pytest.mark.parametrize("prompts", [PROMPTS, [PROMPTS[0]] * 3, [[]]], ids=["batch1", "batch3", "empty"])
 def test_the_loop_reads_the_device_once_per_step(tiny, sampler, cache, prompts):
     """One host read per step, plus the read that finds every row finished; nothing else (a
     batch reads once more only when some of its rows finish before the others)."""
+    from dllm.samplers.threshold import rounded_to
+    rounded_to.cache_clear()                   # thresholds rounded the first time count here too
     block = None if sampler == "entropy" else 16           # Dream's samplers decode the whole region at once
     kwargs = {"refresh": 4, "guard": 0.5} if cache == "dkv-decode-guard" else {}
     counts = count_decode(tiny, prompts, GenerationConfig(gen_length=32, block_length=block, sampler=sampler,

@@ -190,6 +190,22 @@ def test_threshold_compares_tau_in_the_confidences_dtype(dtype, commits):
         assert dec.commit[0].tolist() == commits, sampler.name
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_thresholds_round_as_a_tensor_of_the_dtype_holds_them(dtype):
+    """`rounded_to`, worked out on the host, against torch's own conversion: random values, ties of
+    bfloat16 and float16, values beyond each dtype's range."""
+    from dllm.samplers.threshold import rounded_to
+    gen = torch.Generator().manual_seed(0)
+    values = torch.rand(3000, generator=gen, dtype=torch.float64).tolist() + [0.0, 1.0, 0.9, 65504.0, 65520.0, 1e39]
+    values += (torch.randint(0x3800, 0x3F80, (500,), generator=gen, dtype=torch.int32) << 16 | 0x8000
+               ).view(torch.float32).tolist()                                       # bfloat16 ties
+    values += (torch.randint(0x3000, 0x3C00, (500,), generator=gen, dtype=torch.int16) << 0
+               ).view(torch.float16).float().add(2 ** -25).tolist()                # float16 near-ties
+    values += [-v for v in values]
+    for value in values:
+        assert rounded_to(value, dtype) == float(torch.tensor(value, dtype=dtype)), value
+
+
 def test_threshold_commits_only_inside_each_rows_block():
     state = make_state([2, 4, 1], 12, [(0, 4), (4, 8), (8, 12)])
     prob = torch.full(state.x.shape, 0.95, dtype=torch.float64)
