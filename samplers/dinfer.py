@@ -117,7 +117,7 @@ class Credit(Sampler):
     def step(self, state, rows, positions, valid, scores):
         logits = scores.logits                                                          # (B', Q, V)
         credit = self.updated_credit(state, rows, positions, valid, logits)
-        fused = logits + self.alpha * torch.log1p(credit)                               # float32
+        fused = logits + self.alpha * torch.log(credit + 1)        # float32; log1p rounds otherwise
         fused_scores = token_scores(fused, temperature=state.temperature, generator=state.generator,
                                     score_dtype=torch.promote_types(torch.float32, state.score_dtype),
                                     fields={"prob"}, check_finite=False)     # the loop checks the logits
