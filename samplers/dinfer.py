@@ -116,18 +116,22 @@ class Credit(Sampler):
 
     def step(self, state, rows, positions, valid, scores):
         logits = scores.logits                                                          # (B', Q, V)
-        credit = self.updated_credit(state, rows, positions, valid, logits)
-        fused = logits + self.alpha * torch.log(credit + 1)        # float32; log1p rounds otherwise
+        if self.alpha:
+            fused = self.updated_credit(state, rows, positions, valid, logits)          # float32, in place:
+            fused = fused.add_(1).log_().mul_(self.alpha).add_(logits)                  # log1p rounds otherwise
+        else:
+            fused = logits.float()
+        score_dtype = torch.promote_types(torch.float32, state.score_dtype)
         fused_scores = token_scores(fused, temperature=state.temperature, generator=state.generator,
-                                    score_dtype=torch.promote_types(torch.float32, state.score_dtype),
-                                    fields={"prob"}, check_finite=False)     # the loop checks the logits
+                                    score_dtype=score_dtype, fields={"prob"}, check_finite=False,  # the loop checks
+                                    impl="torch" if score_dtype == torch.float64 else None)        # (kernel: fp32)
         conf = fused_scores.prob.masked_fill(~valid, float("-inf"))
         floor = (conf.max(1, keepdim=True).values - NEAR_MAX).clamp(-1000, rounded_to(self.tau, conf.dtype))
         return Decision(commit=valid & (conf >= floor), tokens=fused_scores.token)
 
     def updated_credit(self, state, rows, positions, valid, logits: torch.Tensor) -> torch.Tensor:
         """The (B', Q, V) float32 credit of the scored columns after this step's decay and boost,
-        stored by column of the block (zero at a block's first step)."""
+        stored by column of the block (zero at a block's first step); a copy the caller may reuse."""
         if "credit" not in state.extra:     # one spare column (K) takes the writes of padding entries
             K = state.block_length
             state.extra["credit"] = logits.new_zeros(state.batch_size, K + 1, logits.shape[-1], dtype=torch.float32)
@@ -135,8 +139,8 @@ class Credit(Sampler):
         cols = torch.where(valid, positions - state.block_start[rows, None], store.shape[1] - 1)   # (B', Q)
         at = rows[:, None].expand_as(cols)
         opening = (state.step_in_block[rows] == 0)[:, None, None]
-        credit = torch.where(opening, 0.0, store[at, cols]) * self.beta                 # (B', Q, V)
+        credit = store[at, cols].masked_fill_(opening, 0.0).mul_(self.beta)             # (B', Q, V)
         top_prob, top_token = torch.softmax(logits.float(), dim=-1).max(-1)             # (B', Q)
-        credit = credit.scatter_add(-1, top_token[..., None], top_prob.pow(self.gamma)[..., None])
+        credit.scatter_add_(-1, top_token[..., None], top_prob.pow(self.gamma)[..., None])
         store[at, cols] = credit
         return credit
