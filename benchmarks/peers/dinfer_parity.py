@@ -10,8 +10,13 @@ model is the same dllm model, each forward over the whole canvas, with the mask 
     hierarchy   HierarchyDecoder(threshold, low_threshold)     dllm "hierarchy"(tau, low_tau)
     credit      CreditThresholdParallelDecoder(threshold, ...)  dllm "credit"(tau, credit_alpha, ...)
     threshold   ThresholdParallelDecoder(threshold)            dllm "credit"(tau, credit_alpha=0)
+    vicinity    the same in VicinityCacheDiffusionLLM          the same with cache "vicinity"
+                (prefix_look, after_look, warmup_steps, dual)
 
-dInfer's loop runs with `maximum_unroll=1` (one forward between its checks for a finished block; by
+For `vicinity` the peer's model is the transformer written out from the same weights in
+`tests/reference/cache_ref.py` (`forward_ref`), which takes dInfer's cached K/V and its
+`replace_position` window; its forwards differ from dllm's where docs/caches.md §vicinity says
+dInfer runs more. dInfer's loop runs with `maximum_unroll=1` (one forward between its checks for a finished block; by
 default it may run up to 4, the extra ones committing nothing) and an end-of-text id no token has
 (no early stop). dllm scores `hierarchy` in the logits' dtype (`score_dtype="logits"`), as dInfer.
 
@@ -31,7 +36,8 @@ from pathlib import Path
 from parity import compare
 
 MODELS = {"std0.3": dict(init_std=0.3), "std1": dict(init_std=1.0), "std1-seed3": dict(init_std=1.0, seed=3)}
-MODES = ("hierarchy", "credit", "threshold")
+MODES = ("hierarchy", "credit", "threshold", "vicinity")
+LOOKS = [(16, 16, 4), (2, 3, 0), (0, 5, 1), (4, 0, 9), (2, 2, 3), (8, 8, 2)]   # prefix_look, after_look, warmup_steps
 
 
 def import_dinfer(root: Path):
@@ -67,6 +73,8 @@ def make_cases(count: int, seed: int, modes: list[str]) -> list[dict]:
                 if mode == "credit":
                     case.update(alpha=rng.choice([0.7, 2.0, 5.0]), gamma=rng.choice([0.2, 1.0]),
                                 beta=rng.choice([0.8, 0.5, 1.0]))
+                if mode == "vicinity":
+                    case.update(looks=rng.choice(LOOKS))
                 cases.append(case)
     return cases
 
@@ -80,8 +88,10 @@ def dllm_side(model, case: dict) -> dict:
                                     decay_beta=case["beta"])
     else:
         name, args = "credit", dict(tau=case["tau"], credit_alpha=0.0)
+    cache = dict(cache="vicinity", cache_kwargs=dict(zip(("prefix_look", "after_look", "warmup_steps"), case["looks"]))
+                 ) if case["mode"] == "vicinity" else {}
     out = dllm.generate(model, None, [case["prompt"]], gen_length=case["gen_length"], block_length=case["block_length"],
-                        sampler=name, sampler_kwargs=args, score_dtype="logits")
+                        sampler=name, sampler_kwargs=args, score_dtype="logits", **cache)
     return dict(tokens=out.generated[0].tolist(), forwards=out.forwards)
 
 
@@ -101,6 +111,27 @@ class CountingModel:
         return types.SimpleNamespace(logits=logits)
 
 
+class CachedModel(CountingModel):
+    """What dInfer's cached loops call: model(x, past_key_values=..., use_cache=..., replace_position=...),
+    run by the written-out transformer `forward_ref`; a full forward returns every layer's K/V (as
+    dInfer's `KVCache` takes them), a windowed one replaces the window's K/V in a copy of the cache."""
+
+    def __call__(self, x, past_key_values=None, use_cache=False, replace_position=None, **kwargs):
+        import torch
+        from tests.reference.cache_ref import forward_ref
+        self.calls += 1
+        with torch.no_grad():
+            if past_key_values is None:
+                logits, kv = forward_ref(self.model, x, 0, None, "full")
+                kv = [t for layer in kv for t in layer]
+            else:
+                stored = past_key_values._data                     # (layers, 2, B, H, L, D)
+                past = [[stored[i][0].clone(), stored[i][1].clone()] for i in range(stored.shape[0])]
+                logits, kv = forward_ref(self.model, x, replace_position[0], past, "dual")
+        logits[..., self.mask_id] = float("-inf")
+        return types.SimpleNamespace(logits=logits, past_key_values=kv)
+
+
 def dinfer_side(dinfer, model, case: dict, mask_id: int) -> dict:
     import torch
     strategy, uniform = dinfer.parallel_strategy, dinfer.generate_uniform
@@ -112,9 +143,16 @@ def dinfer_side(dinfer, model, case: dict, mask_id: int) -> dict:
                                                           boost_gamma=case["gamma"], decay_beta=case["beta"], **common)
     else:
         decoder = strategy.ThresholdParallelDecoder(threshold=case["tau"], **common)
-    counted = CountingModel(model, mask_id)
-    loop = uniform.BlockWiseDiffusionLLM(counted, decoder, dinfer.utils.BlockIteratorFactory(), early_stop=False,
-                                         maximum_unroll=1)
+    if case["mode"] == "vicinity":
+        counted = CachedModel(model, mask_id)
+        looks = dict(zip(("prefix_look", "after_look", "warmup_steps"), case["looks"]))
+        loop = uniform.VicinityCacheDiffusionLLM(counted, decoder, dinfer.utils.BlockIteratorFactory(),
+                                                 dinfer.utils.KVCacheFactory("dual"), maximum_unroll=1,
+                                                 early_stop=False, **looks)
+    else:
+        counted = CountingModel(model, mask_id)
+        loop = uniform.BlockWiseDiffusionLLM(counted, decoder, dinfer.utils.BlockIteratorFactory(), early_stop=False,
+                                             maximum_unroll=1)
     canvas = loop.generate(torch.tensor([case["prompt"]]), gen_length=case["gen_length"],
                            block_length=case["block_length"])
     return dict(tokens=canvas[0, len(case["prompt"]):].tolist(), forwards=counted.calls)
@@ -131,6 +169,9 @@ def main(argv=None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         p.error(f"--modes {args.modes!r}: give a comma list of {', '.join(MODES)}")
+    if "vicinity" in modes and args.dtype != "float32":
+        p.error("--modes vicinity runs the written-out reference transformer on the peer side: float32 only")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))       # tests.reference
     dinfer = import_dinfer(args.dinfer.resolve())
     import torch
     torch._dynamo.config.disable = True      # dInfer compiles two of its rules; both sides run eagerly

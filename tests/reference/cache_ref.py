@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["fastdllm_generate_ref", "vicinity_generate_ref"]
+__all__ = ["fastdllm_generate_ref", "forward_ref", "vicinity_generate_ref"]
 
 
 def _rope(x: Tensor, positions: Tensor, theta: float, fp32: bool) -> Tensor:
@@ -67,7 +67,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return (scores.softmax(-1) @ v.float()).to(q.dtype)
 
 
-def _forward(model, tokens: Tensor, start: int, past: list | None, mode: str):
+def forward_ref(model, tokens: Tensor, start: int, past: list | None, mode: str):
     """Run `tokens` (1, P), the canvas columns start..start+P-1.
 
     mode "full":   no past.
@@ -153,7 +153,7 @@ def fastdllm_generate_ref(model, prompt: list[int], *, gen_length: int, block_le
         s, e = Lp + b * block_length, Lp + (b + 1) * block_length
         counts = None if per_block is None else _counts(int((x[0, s:e] == mask_id).sum()), per_block)
         # 1. the block-start forward stores every column's K/V and is the first decoding step
-        raw, kv = _forward(model, x, 0, None, "full")
+        raw, kv = forward_ref(model, x, 0, None, "full")
         nfe += 1
         logits = torch.cat([raw[:, :1], raw[:, :-1]], dim=1) if shift else raw  # aligned
         _commit(x, logits[0], torch.arange(L), (s, e), mask_id, threshold, None if counts is None else counts[0])
@@ -164,7 +164,7 @@ def fastdllm_generate_ref(model, prompt: list[int], *, gen_length: int, block_le
             w = s - int(shift and bool(x[0, s] == mask_id))                     # first recomputed column
             end = L if mode == "prefix" else e
             past = [[k[:, :, :w], v[:, :, :w]] for k, v in kv] if mode == "prefix" else kv
-            raw, fresh = _forward(model, x[:, w:end], w, past, mode)
+            raw, fresh = forward_ref(model, x[:, w:end], w, past, mode)
             nfe += 1
             if mode == "prefix" and w < s:
                 for (k, v), (fk, fv) in zip(kv, fresh):
@@ -203,14 +203,14 @@ def vicinity_generate_ref(model, prompt: list[int], *, gen_length: int, block_le
         opening = True
         while bool((x[0, s:e] == mask_id).any()):
             if nfe < warmup_steps:
-                raw, _ = _forward(model, x, 0, None, "full")
+                raw, _ = forward_ref(model, x, 0, None, "full")
                 cols = torch.arange(L)
             elif kv is None or opening:
-                raw, kv = _forward(model, x, 0, None, "full")
+                raw, kv = forward_ref(model, x, 0, None, "full")
                 cols = torch.arange(L)
             else:
                 a, z = max(0, s - prefix_look), min(L, e + after_look)
-                raw, _ = _forward(model, x[:, a:z], a, kv, "dual")
+                raw, _ = forward_ref(model, x[:, a:z], a, kv, "dual")
                 cols = torch.arange(a, z)
             nfe += 1
             _commit(x, raw[0], cols, (s, e), mask_id, threshold, None)
