@@ -172,6 +172,14 @@ def top_k_mask(score: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return rank < k[:, None]
 
 
+def column_index(rows: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, first, spare: int):
+    """(at, cols), each (B', Q) long, indexing a sampler's per-row store of columns (B, spare + 1, ...)
+    at the scored columns: column `positions - first` of row `rows`, and the spare column `spare`
+    for padding entries, whose writes land there and are never read."""
+    cols = torch.where(valid, positions - first, spare)
+    return rows[:, None].expand_as(cols), cols
+
+
 def check_number(name: str, value, *, low=None, high=None, integer=False, allow_none=False,
                  low_open=False, sampler: str = ""):
     """Validate one sampler argument; the error names the sampler, the argument and the range."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Sampler, check_number
+from .base import Sampler, check_number, column_index
 from .threshold import rounded_to, top1
 from dllm.kernels.scoring import token_scores
 from dllm.state import Decision
@@ -136,8 +136,7 @@ class Credit(Sampler):
             K = state.block_length
             state.extra["credit"] = logits.new_zeros(state.batch_size, K + 1, logits.shape[-1], dtype=torch.float32)
         store = state.extra["credit"]
-        cols = torch.where(valid, positions - state.block_start[rows, None], store.shape[1] - 1)   # (B', Q)
-        at = rows[:, None].expand_as(cols)
+        at, cols = column_index(rows, positions, valid, state.block_start[rows, None], store.shape[1] - 1)
         opening = (state.step_in_block[rows] == 0)[:, None, None]
         credit = store[at, cols].masked_fill_(opening, 0.0).mul_(self.beta)             # (B', Q, V)
         top_prob, top_token = torch.softmax(logits.float(), dim=-1).max(-1)             # (B', Q)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Sampler, check_number, top_k_mask
+from .base import Sampler, check_number, column_index, top_k_mask
 from .llada import LowConfidence
 from .sampling import check_filters, check_temperature, filtered_draw, sample_at
 from .threshold import top1
@@ -59,9 +59,8 @@ def kl_history(state, rows, positions, valid, p: torch.Tensor, length: int) -> t
         state.extra["klass_prev"] = p.new_zeros(B, G + 1, p.shape[-1])
         # a history longer than the canvas never settles (a row has fewer steps): keep at most G
         state.extra["klass_history"] = p.new_zeros(B, G + 1, min(length, G))
-    cols = torch.where(valid, positions - state.gen_start, state.gen_length)        # (B', Q)
+    at, cols = column_index(rows, positions, valid, state.gen_start, state.gen_length)   # (B', Q)
     prev_all, hist_all = state.extra["klass_prev"], state.extra["klass_history"]
-    at = rows[:, None].expand_as(cols)
     prev = prev_all[at, cols]                                                       # (B', Q, V)
     kl = (p * (torch.log(p + 1e-12) - torch.log(prev + 1e-12))).sum(-1)
     hist = torch.cat([hist_all[at, cols][..., 1:], kl[..., None]], dim=-1)          # (B', Q, H)
