@@ -48,6 +48,7 @@ SAMPLERS = [
     ("rcr, 64 steps", "rcr", {"steps": 64}),
     ("hierarchy", "hierarchy", {}),
     ("credit", "credit", {}),
+    ("dparallel", "dparallel", {}),
 ]
 # (sampler label, sampler, run settings, cache label, cache, cache args)
 CACHES = [

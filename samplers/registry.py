@@ -38,6 +38,8 @@ _SAMPLERS: dict[str, str] = {
     "rcr": "dllm.samplers.rcr:RCR",
     "hierarchy": "dllm.samplers.dinfer:Hierarchy",
     "credit": "dllm.samplers.dinfer:Credit",
+    "dparallel": "dllm.samplers.dparallel:DParallel",
+    "dream_dparallel": "dllm.samplers.dparallel:DreamDParallel",
 }
 
 

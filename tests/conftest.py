@@ -63,3 +63,17 @@ def llada(llada_dir):
 def dream(dream_dir):
     import dllm
     return dllm.load(dream_dir, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def peaked_llada():
+    """llada-tiny with random weights at init_std 1: peaked distributions (entropies around 1 nat),
+    so confidence and entropy thresholds split the masks."""
+    import dllm
+    return dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0, init_std=1.0)
+
+
+@pytest.fixture(scope="session")
+def peaked_llada_bf16():
+    import dllm
+    return dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0, init_std=1.0, dtype=torch.bfloat16)

@@ -51,6 +51,22 @@ def _batch(rows, pad):
 PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [64, 3, 12], [250, 11, 11, 19, 100]]
 PROMPTS4 = PROMPTS + [[7, 7, 120, 45, 9, 200, 31, 2, 18]]
 
+
+def equal_alone_and_batched(model, sampler, args, ref, gen, block, **generate_kw):
+    """dllm on PROMPTS4 in one ragged batch equals `ref(logits_fn, prompt, gen_length=, block_length=,
+    mask_id=) -> (canvas, forwards)` run on each prompt alone; returns the refs' forwards."""
+    batch = dllm.generate(model, None, PROMPTS4, gen_length=gen, block_length=block, sampler=sampler,
+                          sampler_kwargs=args, **generate_kw)
+    lp = max(map(len, PROMPTS4))
+    forwards = []
+    for b, row in enumerate(PROMPTS4):
+        want, n = ref(llada_logits_fn(model), torch.tensor([row]), gen_length=gen, block_length=block,
+                      mask_id=model.config.mask_token_id)
+        assert batch.sequences[b, lp:].tolist() == want[0, len(row):].tolist(), (sampler, args, b)
+        assert batch.nfe[b] == n, (sampler, args, b)
+        forwards.append(n)
+    return forwards
+
 LLADA_CASES = [  # (gen_length, block_length, steps)
     (16, 16, 16), (16, 8, 8), (20, 10, 6), (12, 4, 12), (24, 8, 9), (15, 5, 3),
 ]

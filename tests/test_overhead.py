@@ -131,7 +131,8 @@ def test_a_cached_step_dispatches_what_a_full_forward_does(preset):
 @pytest.mark.parametrize("sampler,cache", [("threshold", "none"), ("threshold", "dual"), ("threshold", "prefix"),
                                            ("low_confidence", "dkv-decode"), ("entropy", "dual"),
                                            ("low_confidence", "dkv-decode-guard"), ("hierarchy", "none"),
-                                           ("credit", "dual"), ("threshold", "vicinity")])
+                                           ("credit", "dual"), ("threshold", "vicinity"),
+                                           ("dparallel", "prefix")])
 @pytest.mark.parametrize("prompts", [PROMPTS, [PROMPTS[0]] * 3, [[]]], ids=["batch1", "batch3", "empty"])
 def test_the_loop_reads_the_device_once_per_step(tiny, sampler, cache, prompts):
     """One host read per step, plus the read that finds every row finished; nothing else (a

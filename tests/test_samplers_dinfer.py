@@ -10,39 +10,13 @@ import dllm
 from dllm import samplers
 from dllm.samplers.dinfer import mask_runs, run_maxima
 from tests.reference.dinfer_ref import credit_ref, hierarchy_ref
-from tests.test_generate import PROMPTS4, llada_logits_fn
-
-
-@pytest.fixture(scope="module")
-def peaked_llada():
-    """Random weights at init_std 1: peaked distributions, so the thresholds are crossed."""
-    return dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0, init_std=1.0)
-
-
-@pytest.fixture(scope="module")
-def peaked_llada_bf16():
-    return dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0, init_std=1.0, dtype=torch.bfloat16)
+from tests.test_generate import PROMPTS4, equal_alone_and_batched, llada_logits_fn
 
 
 def _model(request, which):
     if which == "llada":
         return request.getfixturevalue("llada")[0]
     return request.getfixturevalue({"peaked": "peaked_llada", "bf16": "peaked_llada_bf16"}[which])
-
-
-def _equal_alone_and_batched(model, sampler, args, ref, gen, block, **generate_kw):
-    """dllm on PROMPTS4 in one ragged batch equals `ref` run on each prompt alone; returns the refs' forwards."""
-    batch = dllm.generate(model, None, PROMPTS4, gen_length=gen, block_length=block, sampler=sampler,
-                          sampler_kwargs=args, **generate_kw)
-    lp = max(map(len, PROMPTS4))
-    forwards = []
-    for b, row in enumerate(PROMPTS4):
-        want, n = ref(llada_logits_fn(model), torch.tensor([row]), gen_length=gen, block_length=block,
-                      mask_id=model.config.mask_token_id)
-        assert batch.sequences[b, lp:].tolist() == want[0, len(row):].tolist(), (sampler, args, b)
-        assert batch.nfe[b] == n, (sampler, args, b)
-        forwards.append(n)
-    return forwards
 
 
 HIERARCHY_CASES = [  # (model, gen_length, block_length, tau, low_tau)
@@ -59,7 +33,7 @@ def test_hierarchy_equals_reference_alone_and_in_a_ragged_batch(request, which, 
     def ref(fn, prompt, **kw):
         return hierarchy_ref(fn, prompt, tau=tau, low_tau=low_tau, **kw)
 
-    forwards = _equal_alone_and_batched(model, "hierarchy", dict(tau=tau, low_tau=low_tau), ref, gen, block)
+    forwards = equal_alone_and_batched(model, "hierarchy", dict(tau=tau, low_tau=low_tau), ref, gen, block)
     if low_tau == 0.0:
         assert max(forwards) < gen        # the maxima of runs apart commit in one step
 
@@ -78,7 +52,7 @@ def test_credit_equals_reference_alone_and_in_a_ragged_batch(request, which, gen
         return credit_ref(fn, prompt, tau=tau, alpha=alpha, gamma=gamma, beta=beta, **kw)
 
     args = dict(tau=tau, credit_alpha=alpha, boost_gamma=gamma, decay_beta=beta)
-    _equal_alone_and_batched(model, "credit", args, ref, gen, block)
+    equal_alone_and_batched(model, "credit", args, ref, gen, block)
 
 
 def test_credit_changes_what_the_threshold_rule_commits(peaked_llada):

@@ -99,12 +99,6 @@ def test_dus_refuses_a_partial_last_block(llada):
         dllm.generate(model, None, PROMPTS, gen_length=12, block_length=8, sampler="dus")
 
 
-@pytest.fixture(scope="module")
-def peaked_llada():
-    """Random weights at init_std 1: peaked distributions, so KLASS's early exit fires."""
-    return dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0, init_std=1.0)
-
-
 KLASS_CASES = [  # (model, gen_length, block_length, conf_threshold, kl_threshold, history)
     ("llada", 16, 16, 0.9, 0.01, 2), ("llada", 12, 4, 0.0, 1.0, 3), ("peaked", 16, 16, 0.9, 0.01, 2),
     ("peaked", 16, 8, 0.5, 0.05, 2), ("peaked", 20, 10, 0.3, 0.5, 1),

@@ -391,7 +391,7 @@ def test_the_default_grid_covers_every_sampler_and_cache(capsys):
     # Left out: LLaDA2's samplers (block-causal models only) and Dream's own schedules, whose
     # rules the grid runs on LLaDA's schedule (low_confidence, margin_topk, entropy_topk, random).
     left_out = {"llada2", "llada21", "origin", "maskgit_plus", "topk_margin", "entropy", "block_entropy",
-                "dream_klass"}
+                "dream_klass", "dream_dparallel"}
     families = sorted(set(samplers.available()) - left_out)
     assert set(settings) == set(families)
     for name in families:

@@ -26,14 +26,13 @@ prints one line per case that differs and a count per model and mode.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import random
 import sys
 import types
 from pathlib import Path
 
-from parity import compare
+from parity import chosen_modes, exit_code, in_process_parser
 
 MODELS = {"std0.3": dict(init_std=0.3), "std1": dict(init_std=1.0), "std1-seed3": dict(init_std=1.0, seed=3)}
 MODES = ("hierarchy", "credit", "threshold", "vicinity")
@@ -159,16 +158,9 @@ def dinfer_side(dinfer, model, case: dict, mask_id: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dinfer", type=Path, required=True, help="dInfer checkout (holds python/dinfer/decoding/)")
-    p.add_argument("--cases", type=int, default=8, help="cases per model and mode")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the model's dtype")
+    p = in_process_parser(__doc__.split("\n\n")[0], "dinfer", "dInfer checkout (holds python/dinfer/decoding/)", MODES)
     args = p.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or any(m not in MODES for m in modes):
-        p.error(f"--modes {args.modes!r}: give a comma list of {', '.join(MODES)}")
+    modes = chosen_modes(p, args.modes, MODES)
     if "vicinity" in modes and args.dtype != "float32":
         p.error("--modes vicinity runs the written-out reference transformer on the peer side: float32 only")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))       # tests.reference
@@ -184,8 +176,7 @@ def main(argv=None) -> int:
         model = models[case["model"]]
         ours.append(dllm_side(model, case))
         theirs.append(dinfer_side(dinfer, model, case, model.config.mask_token_id))
-    counts = compare(cases, ours, theirs, lambda case: f"{case['model']} {case['mode']}", peer="dInfer")
-    return 0 if all(n == same == forwards for n, same, forwards in counts.values()) else 1
+    return exit_code(cases, ours, theirs, peer="dInfer")
 
 
 if __name__ == "__main__":

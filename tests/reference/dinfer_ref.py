@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .samplers_ref import LogitsFn
 
-__all__ = ["credit_ref", "hierarchy_ref"]
+__all__ = ["block_loop", "credit_ref", "hierarchy_ref"]
 
 
 def _hierarchy_pick(logits: Tensor, masked: Tensor, tau: float | None, low_tau: float | None) -> tuple[Tensor, Tensor]:
@@ -71,7 +71,7 @@ def _credit_pick(logits: Tensor, masked: Tensor, credit: Tensor, tau: float, alp
     return tokens, masked & (conf >= floor), credit
 
 
-def _block_loop(logits_fn: LogitsFn, prompt: Tensor, gen_length: int, block_length: int, mask_id: int, pick):
+def block_loop(logits_fn: LogitsFn, prompt: Tensor, gen_length: int, block_length: int, mask_id: int, pick):
     """Run `pick(block_logits, masked, first_step) -> (tokens, chosen)` over the blocks of one row;
     returns (canvas, forwards)."""
     assert prompt.shape[0] == 1
@@ -97,7 +97,7 @@ def _block_loop(logits_fn: LogitsFn, prompt: Tensor, gen_length: int, block_leng
 def hierarchy_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, block_length: int, mask_id: int,
                   tau: float | None, low_tau: float | None) -> tuple[Tensor, int]:
     """dInfer's loop with `HierarchyDecoder`, temperature 0, confidences exp(log_softmax) in the logits' dtype."""
-    return _block_loop(logits_fn, prompt, gen_length, block_length, mask_id,
+    return block_loop(logits_fn, prompt, gen_length, block_length, mask_id,
                        lambda logits, masked, first: _hierarchy_pick(logits, masked, tau, low_tau))
 
 
@@ -115,4 +115,4 @@ def credit_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, block_le
                                                       first, temperature, generator)
         return tokens, chosen
 
-    return _block_loop(logits_fn, prompt, gen_length, block_length, mask_id, pick)
+    return block_loop(logits_fn, prompt, gen_length, block_length, mask_id, pick)
