@@ -180,6 +180,13 @@ def column_index(rows: torch.Tensor, positions: torch.Tensor, valid: torch.Tenso
     return rows[:, None].expand_as(cols), cols
 
 
+def sum_p_log_p(probs: torch.Tensor, floor: float) -> torch.Tensor:
+    """sum p log(p + floor) over the last dimension, in the probabilities' dtype (the negative
+    entropy the references compute); a term of p = 0 counts 0 (in float16 a floor of 1e-8 or less
+    rounds to 0, and 0 log 0 would be NaN)."""
+    return torch.where(probs > 0, probs * torch.log(probs + floor), 0).sum(-1)
+
+
 def check_number(name: str, value, *, low=None, high=None, integer=False, allow_none=False,
                  low_open=False, sampler: str = ""):
     """Validate one sampler argument; the error names the sampler, the argument and the range."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Sampler, check_number
+from .base import Sampler, check_number, sum_p_log_p
 from .sampling import check_temperature, sample_at, sample_filtered
 from .threshold import rounded_to, top1
 from dllm.state import Decision
@@ -33,9 +33,9 @@ DREAM_BLOCK_LENGTH = 32
 
 
 def entropy_with_floor(logits: torch.Tensor, floor: float) -> torch.Tensor:
-    """-sum p log(p + floor) of softmax(logits) over the last dimension, in the logits' dtype."""
-    p = torch.softmax(logits, dim=-1)
-    return -(p * torch.log(p + floor)).sum(-1)
+    """-sum p log(p + floor) of softmax(logits) over the last dimension, in the logits' dtype (a
+    term of p = 0 counts 0)."""
+    return -sum_p_log_p(torch.softmax(logits, dim=-1), floor)
 
 
 def lowest_entropy_commit(entropy: torch.Tensor, valid: torch.Tensor, threshold: float, *,

@@ -24,7 +24,7 @@ import struct
 
 import torch
 
-from .base import Sampler, check_number, steps_per_block, top_k_mask
+from .base import Sampler, check_number, steps_per_block, sum_p_log_p, top_k_mask
 from .sampling import check_filters, check_temperature, sample_at, sample_filtered
 from .threshold import FASTDLLM_DREAM_BLOCK_LENGTH
 from dllm.state import Decision
@@ -192,7 +192,7 @@ class Entropy(_DreamBase):
     row_state = ()
 
     def confidence(self, probs, conf):
-        return (probs * torch.log(probs + 1e-10)).sum(-1)
+        return sum_p_log_p(probs, 1e-10)
 
 
 class BlockEntropy(Entropy):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from .base import sum_p_log_p
 from .llada import LowConfidence
 
 
@@ -57,7 +58,7 @@ class EntropyTopK(_ParallelBenchTopK):
 
     def scores_for(self, state, rows, positions, valid, scores):
         p = self.probabilities(state, scores)
-        return (p * torch.log(p + 1e-10)).sum(-1)
+        return sum_p_log_p(p, 1e-10)
 
 
 class LeftToRight(_ParallelBenchTopK):

@@ -190,6 +190,26 @@ def test_threshold_compares_tau_in_the_confidences_dtype(dtype, commits):
         assert dec.commit[0].tolist() == commits, sampler.name
 
 
+def test_entropies_count_a_zero_probability_as_zero_in_float16():
+    """Dream's `entropy` (and `block_entropy`), ParallelBench's `entropy_topk` and dParallel's rules score
+    sum p log(p + floor) in a float16 request's dtype, where the floor rounds to 0: the suppressed mask
+    token (p = 0) must add 0, not 0 log 0 = NaN."""
+    from dllm.samplers.dparallel import entropy_with_floor
+    logits = torch.tensor([[[5.0, 1.0, 0.0, float("-inf")], [0.5, 0.0, -30.0, float("-inf")]]], dtype=torch.float16)
+    probs = torch.softmax(logits, dim=-1)
+    want = [sum(p * math.log(p + 1e-10) for p in row if p > 0) for row in probs[0].double().tolist()]
+    scores = {
+        "entropy": samplers.get("entropy").confidence(probs, None),
+        "block_entropy": samplers.get("block_entropy").confidence(probs, None),
+        "entropy_topk": samplers.get("entropy_topk").scores_for(SimpleNamespace(score_dtype=torch.float16), None,
+                                                                None, None, SimpleNamespace(logits=logits)),
+        "dparallel": -entropy_with_floor(logits, 1e-12),
+    }
+    for name, got in scores.items():
+        assert got.dtype == torch.float16 and torch.allclose(got.double().flatten(), torch.tensor(want, dtype=torch.float64),
+                                                             atol=2e-3), (name, got)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_thresholds_round_as_a_tensor_of_the_dtype_holds_them(dtype):
     """`rounded_to`, worked out on the host, against torch's own conversion: random values, ties of
