@@ -12,7 +12,7 @@ import dllm
 from dllm import samplers
 from dllm.samplers.dparallel import lowest_entropy_commit
 from tests.reference.dparallel_ref import dparallel_ref, dream_dparallel_ref, entropy_pick
-from tests.test_generate import PROMPTS4, _never_mask, equal_alone_and_batched
+from tests.test_generate import PROMPTS4, _never_mask, equal_alone_and_batched, llada_logits_fn
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,30 @@ def test_dream_dparallel_equals_reference_alone_and_in_a_ragged_batch(request, w
         return dream_dparallel_ref(fn, prompt, threshold=threshold, **kw)
 
     equal_alone_and_batched(model, "dream_dparallel", dict(threshold=threshold), ref, gen, block)
+
+
+def test_dparallel_takes_the_loops_gumbel_candidates(peaked_llada):
+    model, row = peaked_llada, PROMPTS4[0]
+    kw = dict(gen_length=16, block_length=8, sampler="dparallel", sampler_kwargs=dict(threshold=1.0),
+              score_dtype="float64")
+    out = dllm.generate(model, None, [row], temperature=1.0, seed=3, **kw)
+    want, forwards = dparallel_ref(llada_logits_fn(model), torch.tensor([row]), gen_length=16, block_length=8,
+                                   mask_id=model.config.mask_token_id, threshold=1.0, temperature=1.0,
+                                   generator=torch.Generator().manual_seed(3))
+    assert out.sequences[0].tolist() == want[0].tolist() and out.nfe == [forwards]
+    assert not torch.equal(out.sequences, dllm.generate(model, None, [row], **kw).sequences)
+
+
+@pytest.mark.parametrize("name", ["dparallel", "dream_dparallel"])
+def test_float16_entropies_stay_finite(name):
+    """In float16 the floors 1e-12 and 1e-8 round to 0; the mask token's suppressed logit (and any
+    probability that underflows) must add 0, not NaN, so a high threshold still commits every mask."""
+    logits = torch.tensor([[[5.0, 1.0, 0.0, float("-inf")], [0.5, 0.0, -30.0, float("-inf")]]], dtype=torch.float16)
+    assert _one_step(name, 100.0, logits, score_dtype=torch.float16)[0] == [True, True]
+    model = dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0, init_std=1.0, dtype=torch.float16)
+    out = dllm.generate(model, None, PROMPTS4, gen_length=16, block_length=8, sampler=name,
+                        sampler_kwargs=dict(threshold=100.0))
+    assert out.nfe == [2] * len(PROMPTS4)
 
 
 def test_dream_dparallel_samples_from_the_tempered_softmax(dream):

@@ -35,12 +35,20 @@ def entropy_pick(entropy: Tensor, masked: Tensor, threshold: float, strict: bool
 
 @torch.no_grad()
 def dparallel_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, block_length: int, mask_id: int,
-                  threshold: float, dtype: torch.dtype = torch.float64) -> tuple[Tensor, int]:
-    """dParallel's LLaDA loop at temperature 0: entropy -sum p log(p + 1e-12) of a softmax in `dtype`."""
+                  threshold: float, dtype: torch.dtype = torch.float64, temperature: float = 0.0,
+                  generator: torch.Generator | None = None) -> tuple[Tensor, int]:
+    """dParallel's LLaDA loop: entropy -sum p log(p + 1e-12) of a softmax in `dtype`; the candidate the
+    argmax of the logits, or at temperature > 0 the Gumbel-max argmax(l - T log(-log u)) with u drawn
+    as (masks, V) float64 uniforms at the block's masked columns in order (the reference draws over
+    the whole canvas: the same distribution, another stream)."""
     def step(logits, masked, first):
         p = F.softmax(logits.to(dtype), dim=-1)
         entropy = -torch.sum(p * torch.log(p + 1e-12), dim=-1)
-        return logits.argmax(-1), entropy_pick(entropy, masked, threshold, strict=False)
+        tokens = logits.argmax(-1)
+        if temperature > 0:
+            u = torch.rand((int(masked.sum()), logits.shape[-1]), dtype=torch.float64, generator=generator)
+            tokens[masked] = (logits[masked].double() - temperature * torch.log(-torch.log(u))).argmax(-1)
+        return tokens, entropy_pick(entropy, masked, threshold, strict=False)
 
     return block_loop(logits_fn, prompt, gen_length, block_length, mask_id, step)
 
