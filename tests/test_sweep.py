@@ -754,6 +754,14 @@ def test_plot_titles_count_the_configurations_drawn_and_labels_say_log2_only_on_
     assert figures[2]._supxlabel.get_text() == "tokens per forward"
 
 
+@pytest.mark.parametrize("count", [3, 10, 22, 40])
+def test_every_sampler_in_a_plot_gets_its_own_colour(count):
+    """Up to 40 samplers, each drawn in a colour no other one has (the default grid holds 22)."""
+    from dllm.sweep.plots import sampler_styles
+    styles = sampler_styles([f"s{i}" for i in range(count)])
+    assert len({colour for colour, _ in styles.values()}) == count
+
+
 def test_a_configuration_failing_on_another_process_is_skipped_here_too(grid_file, tmp_path, monkeypatch):
     """A configuration whose model or preflight fails on one process only is skipped on every
     process (this one would otherwise start its decode and wait for the other for ever)."""

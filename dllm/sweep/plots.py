@@ -27,9 +27,11 @@ def _series(summaries: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def _style(names: list[str]) -> dict[str, tuple]:
-    cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
-    return {n: (cmap(i % cmap.N), _MARKERS[i % len(_MARKERS)]) for i, n in enumerate(names)}
+def sampler_styles(names: list[str]) -> dict[str, tuple]:
+    """(colour, marker) per name: tab10's colours up to 10 names, else tab20's and then tab20b's (40
+    distinct colours), the markers cycling beside them."""
+    colours = colormaps["tab10"].colors if len(names) <= 10 else colormaps["tab20"].colors + colormaps["tab20b"].colors
+    return {n: (colours[i % len(colours)], _MARKERS[i % len(_MARKERS)]) for i, n in enumerate(names)}
 
 
 def _figure(figsize):
@@ -91,7 +93,7 @@ def write_plots(summaries: list[dict], out_dir: str | os.PathLike, compare=()) -
     ok = [s for s in summaries if s["status"] == "ok" and s["average"] is not None]
     if not ok:
         return []
-    styles = _style(list(_series(ok)))
+    styles = sampler_styles(list(_series(ok)))
     avg = lambda s: s["average"]  # noqa: E731
     written = []
 
