@@ -32,9 +32,8 @@ import sys
 import types
 from pathlib import Path
 
-from parity import chosen_modes, exit_code, in_process_parser
+from parity import TINY_MODELS, exit_code, parse_in_process, tiny_models
 
-MODELS = {"std0.3": dict(init_std=0.3), "std1": dict(init_std=1.0), "std1-seed3": dict(init_std=1.0, seed=3)}
 MODES = ("hierarchy", "credit", "threshold", "vicinity")
 LOOKS = [(16, 16, 4), (2, 3, 0), (0, 5, 1), (4, 0, 9), (2, 2, 3), (8, 8, 2)]   # prefix_look, after_look, warmup_steps
 
@@ -61,7 +60,7 @@ def import_dinfer(root: Path):
 def make_cases(count: int, seed: int, modes: list[str]) -> list[dict]:
     rng = random.Random(seed)
     cases = []
-    for model in MODELS:
+    for model in TINY_MODELS:
         for mode in modes:
             for _ in range(count):
                 gen, block = rng.choice([(16, 4), (16, 8), (24, 8), (32, 16), (20, 8), (16, 16)])
@@ -158,22 +157,16 @@ def dinfer_side(dinfer, model, case: dict, mask_id: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = in_process_parser(__doc__.split("\n\n")[0], "dinfer", "dInfer checkout (holds python/dinfer/decoding/)", MODES)
-    args = p.parse_args(argv)
-    modes = chosen_modes(p, args.modes, MODES)
-    if "vicinity" in modes and args.dtype != "float32":
-        p.error("--modes vicinity runs the written-out reference transformer on the peer side: float32 only")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))       # tests.reference
+    args, modes = parse_in_process(argv, __doc__.split("\n\n")[0], "dinfer",
+                                   "dInfer checkout (holds python/dinfer/decoding/)", MODES, float32_modes=("vicinity",))
     dinfer = import_dinfer(args.dinfer.resolve())
     import torch
     torch._dynamo.config.disable = True      # dInfer compiles two of its rules; both sides run eagerly
-    import dllm
     cases = make_cases(args.cases, args.seed, modes)
-    models = {name: dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), dtype=getattr(torch, args.dtype),
-                                     seed=kw.get("seed", 0), init_std=kw["init_std"]) for name, kw in MODELS.items()}
+    models = tiny_models(("llada",), args.dtype)
     ours, theirs = [], []
     for case in cases:
-        model = models[case["model"]]
+        model = models[case["model"], "llada"]
         ours.append(dllm_side(model, case))
         theirs.append(dinfer_side(dinfer, model, case, model.config.mask_token_id))
     return exit_code(cases, ours, theirs, peer="dInfer")

@@ -30,9 +30,8 @@ import sys
 import types
 from pathlib import Path
 
-from parity import chosen_modes, exit_code, in_process_parser
+from parity import TINY_MODELS, exit_code, parse_in_process, tiny_models
 
-MODELS = {"std0.3": dict(init_std=0.3), "std1": dict(init_std=1.0), "std1-seed3": dict(init_std=1.0, seed=3)}
 MODES = ("none", "prefix", "dual", "dream")
 
 
@@ -58,7 +57,7 @@ def import_dparallel(root: Path) -> types.SimpleNamespace:
 def make_cases(count: int, seed: int, modes: list[str]) -> list[dict]:
     rng = random.Random(seed)
     cases = []
-    for model in MODELS:
+    for model in TINY_MODELS:
         for mode in modes:
             for _ in range(count):
                 gen, block = rng.choice([(16, 4), (16, 8), (24, 8), (32, 16), (16, 16), (32, 8)])
@@ -136,20 +135,11 @@ def peer_side(peer, model, case: dict, mask_id: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = in_process_parser(__doc__.split("\n\n")[0], "dparallel", "dParallel checkout (holds LLaDA/ and Dream/)", MODES)
-    args = p.parse_args(argv)
-    modes = chosen_modes(p, args.modes, MODES)
-    if {"prefix", "dual"} & set(modes) and args.dtype != "float32":
-        p.error("--modes prefix and dual run the written-out reference transformer on the peer side: float32 only")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))       # tests.reference
+    args, modes = parse_in_process(argv, __doc__.split("\n\n")[0], "dparallel",
+                                   "dParallel checkout (holds LLaDA/ and Dream/)", MODES, float32_modes=("prefix", "dual"))
     peer = import_dparallel(args.dparallel.resolve())
-    import torch
-    import dllm
     cases = make_cases(args.cases, args.seed, modes)
-    models = {(name, family): dllm.build_model(dllm.ModelConfig.from_name(f"{family}-tiny"),
-                                               dtype=getattr(torch, args.dtype), seed=kw.get("seed", 0),
-                                               init_std=kw["init_std"])
-              for name, kw in MODELS.items() for family in ("llada", "dream")}
+    models = tiny_models(("llada", "dream"), args.dtype)
     ours, theirs = [], []
     for case in cases:
         model = models[case["model"], "dream" if case["mode"] == "dream" else "llada"]

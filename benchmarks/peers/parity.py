@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -39,12 +40,36 @@ def in_process_parser(description: str, checkout: str, checkout_help: str, modes
     return p
 
 
-def chosen_modes(parser: argparse.ArgumentParser, text: str, modes: tuple[str, ...]) -> list[str]:
-    """The modes of a `--modes` comma list; the parser's error names any other."""
-    chosen = [m.strip() for m in text.split(",") if m.strip()]
+def parse_in_process(argv, description: str, checkout: str, checkout_help: str, modes: tuple[str, ...],
+                     float32_modes: tuple[str, ...] = ()):
+    """(args, chosen modes) of a parity run with both sides in this process (`in_process_parser`);
+    the parser's error names a mode that is not one of `modes`, and a `float32_modes` one (run on the
+    written-out reference transformer) asked for in another dtype. Puts the repository root on
+    sys.path for `tests.reference`."""
+    parser = in_process_parser(description, checkout, checkout_help, modes)
+    args = parser.parse_args(argv)
+    chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not chosen or any(m not in modes for m in chosen):
-        parser.error(f"--modes {text!r}: give a comma list of {', '.join(modes)}")
-    return chosen
+        parser.error(f"--modes {args.modes!r}: give a comma list of {', '.join(modes)}")
+    reference = [m for m in chosen if m in float32_modes]
+    if reference and args.dtype != "float32":
+        parser.error(f"--modes {', '.join(reference)} run the written-out reference transformer on the peer side: "
+                     f"float32 only")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    return args, chosen
+
+
+# Tiny random models of the in-process parity runs: near-uniform and peaked weights, two seeds.
+TINY_MODELS = {"std0.3": dict(init_std=0.3), "std1": dict(init_std=1.0), "std1-seed3": dict(init_std=1.0, seed=3)}
+
+
+def tiny_models(families: tuple[str, ...], dtype: str) -> dict:
+    """(name, family) -> the `<family>-tiny` dllm model of each TINY_MODELS setting, in `dtype`."""
+    import torch
+    import dllm
+    return {(name, family): dllm.build_model(dllm.ModelConfig.from_name(f"{family}-tiny"), dtype=getattr(torch, dtype),
+                                             seed=kw.get("seed", 0), init_std=kw["init_std"])
+            for name, kw in TINY_MODELS.items() for family in families}
 
 
 def exit_code(cases: list[dict], ours: list[dict], theirs: list[dict], peer: str) -> int:
