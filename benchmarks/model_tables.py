@@ -49,6 +49,7 @@ SAMPLERS = [
     ("hierarchy", "hierarchy", {}),
     ("credit", "credit", {}),
     ("dparallel", "dparallel", {}),
+    ("freedave", "freedave", {}),
 ]
 # (sampler label, sampler, run settings, cache label, cache, cache args)
 CACHES = [

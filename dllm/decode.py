@@ -506,6 +506,16 @@ def _width_groups(plan: torch.Tensor, sizes: tuple[int, int] | None = None) -> l
     return [(narrow.logical_not().nonzero(as_tuple=True)[0], P), (narrow.nonzero(as_tuple=True)[0], narrow_width)]
 
 
+def _key_mask(state: DecodeState, rows, width: int, padded: bool, key_end) -> torch.Tensor | None:
+    """(B', W) bool, the keys the rows' forward attends to (padding and columns from `key_end`
+    hidden), or None when every key counts."""
+    key_valid = state.key_valid[rows, :width] if padded else None
+    if key_end is not None:
+        before = state.columns()[None, :width] < key_end[:, None]
+        key_valid = before if key_valid is None else key_valid & before
+    return key_valid
+
+
 def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv, cfg_scale: float,
              width: int | None = None, logits_from: torch.Tensor | None = None,
              group_sizes: tuple[int, int] | None = None, hidden_only: bool = False,
@@ -517,10 +527,7 @@ def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv,
     width = state.length if width is None else width
     x = state.x[rows, :width]                                                       # (B', W)
     pos_ids = state.position_ids[rows, :width]
-    key_valid = state.key_valid[rows, :width] if padded else None
-    if key_end is not None:
-        before = state.columns()[None, :width] < key_end[:, None]
-        key_valid = before if key_valid is None else key_valid & before
+    key_valid = _key_mask(state, rows, width, padded, key_end)
     if kv is not None and width < kv.length:
         kv = kv.narrow(width)
     if cfg_scale <= 0:
@@ -636,6 +643,8 @@ class Decoder:
         policy.setup(state, model)
         if sampler.shadow_block:
             _check_shadow_block(model, sampler, policy, cfg)
+        if sampler.drafts:
+            _check_drafts(sampler, policy, cfg)
         self.planned = _planned_widths(sampler, policy, state, cfg)
         self.fused = _fuses_head_scoring(model, sampler, state, cfg, policy.wants_confidence)
         self.forwards = 0
@@ -766,6 +775,34 @@ def _check_shadow_block(model, sampler, policy, cfg: GenerationConfig) -> None:
                          f"does not work with {why}; use cache 'none', cfg_scale 0 and a LLaDA-family model")
 
 
+def _check_drafts(sampler, policy, cfg: GenerationConfig) -> None:
+    """A sampler with drafts runs them as rows of a full forward beside the canvas."""
+    why = ("a cache policy that stores K/V (one cache row per canvas)" if policy.needs_storage else
+           "classifier-free guidance" if cfg.cfg_scale > 0 else None)
+    if why is not None:
+        raise ValueError(f"sampler {sampler.name!r} runs its drafts as batch rows of every forward, which does not "
+                         f"work with {why}; use cache 'none' and cfg_scale 0")
+
+
+def _forward_drafts(model, state: DecodeState, request: Request, rows, at, width: int, padded: bool, key_end,
+                    observe: bool) -> torch.Tensor:
+    """A full forward of the rows' canvas [0, width) and of their drafts (`Sampler.draft_canvases`,
+    (B', D, L)) in one batch, each draft a row of its own: the canvas logits at `at` (B', Q, V);
+    the drafts' scores at `at` go to `Sampler.read_drafts`, (B' * D, Q) in row-major order."""
+    sampler = request.sampler
+    drafts = sampler.draft_canvases(state, rows)[..., :width]                              # (B', D, W)
+    n, D = drafts.shape[:2]
+    x = torch.cat([state.x[rows, :width][:, None], drafts], 1).flatten(0, 1)             # (B' (D + 1), W)
+    key_valid = _key_mask(state, rows, width, padded, key_end)
+    each = lambda t: None if t is None else t.repeat_interleave(D + 1, 0)                 # noqa: E731
+    logits = model(x, each(at), position_ids=each(state.position_ids[rows, :width]), key_valid=each(key_valid))
+    logits = logits.unflatten(0, (n, D + 1))
+    if D:
+        sampler.read_drafts(state, rows, _score(state, sampler, rows.repeat_interleave(D),
+                                                logits[:, 1:].flatten(0, 1), observe))
+    return logits[:, 0]
+
+
 def _forward_shadowed(model, state: DecodeState, rows, at, width: int, padded: bool, key_end, shadow):
     """A full forward of the rows' canvas [0, width) with the shadow copies `shadow` = (columns
     (B', K), valid (B', K)) appended (`Sampler.shadow_columns`): the logits at `at` (B', Q, V) and
@@ -831,6 +868,9 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         out, shadow_logits = _forward_shadowed(model, state, rows, at, width, mask_keys, step.key_end, shadow)
         shadow_logits[..., state.ids.mask] = float("-inf")
         sampler.read_shadow(state, rows, *shadow, shadow_logits)
+    elif sampler.drafts:
+        out = _forward_drafts(model, state, request, rows, at, width, mask_keys, step.key_end,
+                              policy.wants_confidence)
     else:
         out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
                        (read["n_narrow"], read["narrow_width"]), hidden_only=fused, key_end=step.key_end)
@@ -882,7 +922,8 @@ def _fuses_head_scoring(model, sampler, state: DecodeState, cfg: GenerationConfi
     if head_weight is None or head_scoring_impl(None, state.x.device, head_weight().dtype) == "unfused":
         return False
     return (_score_fields(sampler, observe) <= {"prob"} and not sampler.logits_needed(state)
-            and state.temperature == 0 and cfg.cfg_scale <= 0 and not sampler.edits_logits and not sampler.shadow_block)
+            and state.temperature == 0 and cfg.cfg_scale <= 0 and not sampler.edits_logits and not sampler.shadow_block
+            and not sampler.drafts)
 
 
 def _score_fields(sampler, observe: bool) -> frozenset:

@@ -50,6 +50,9 @@ class Sampler:
       shadow_block:    every forward also runs shadow copies of canvas columns (`shadow_columns`,
                        `read_shadow`; WINO's verification block): a full forward without a cache,
                        without guidance, of a model without shifted logits or attention blocks.
+      drafts:          every forward also runs draft canvases of each row as rows of its batch
+                       (`draft_canvases`, `read_drafts`; FreeDave's verification): without a
+                       storing cache policy, without guidance.
     """
 
     name: ClassVar[str] = "base"
@@ -71,6 +74,7 @@ class Sampler:
     remasks: ClassVar[bool] = False
     reaches_back: ClassVar[bool] = False
     shadow_block: ClassVar[bool] = False
+    drafts: ClassVar[bool] = False
 
     def setup(self, state: DecodeState) -> None:
         """Called once per request before the first step; validate against the request here."""
@@ -107,6 +111,16 @@ class Sampler:
                     logits: torch.Tensor) -> None:
         """The logits (B', K, V) of this step's shadow copies (the mask token's suppressed), before
         `step` and before the step's commits."""
+
+    def draft_canvases(self, state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
+        """For a `drafts` sampler: (B', D, L) long, the D canvases this step's forward runs beside
+        each row's canvas, each as a batch row of its own (its padding, rotary positions and key
+        mask those of the row), scored at the row's scored columns."""
+        raise NotImplementedError(f"sampler {self.name!r} declares drafts but no draft_canvases")
+
+    def read_drafts(self, state: DecodeState, rows: torch.Tensor, scores: TokenScores) -> None:
+        """The `TokenScores` (B' * D, Q) of this step's drafts, row-major (row b's drafts first),
+        at the row's scored columns, before `step` and before the step's commits."""
 
     def forward_allowance(self, state: DecodeState) -> int:
         """Forwards beyond one per generated token that the default forward cap grants (a sampler

@@ -53,10 +53,14 @@ class LowConfidence(Sampler):
             self.needs_logits = True
         self._args = dict(logits_eos_inf=logits_eos_inf, confidence_eos_eot_inf=confidence_eos_eot_inf)
 
-    def setup(self, state):
+    def check_options(self, state) -> None:
+        """Refuse `confidence_eos_eot_inf` on a model without an end-of-turn token."""
         if self.confidence_eos_eot_inf and state.ids.eot is None:
             raise ValueError(f"sampler {self.name!r}: confidence_eos_eot_inf needs an end-of-turn token id, and this "
                              f"model's tokenizer has none (<|eot_id|>)")
+
+    def setup(self, state):
+        self.check_options(state)
         per_block = steps_per_block(self.name, state)
         if state.steps > state.gen_length:
             region, note = block_region(state)

@@ -40,6 +40,7 @@ _SAMPLERS: dict[str, str] = {
     "credit": "dllm.samplers.dinfer:Credit",
     "dparallel": "dllm.samplers.dparallel:DParallel",
     "dream_dparallel": "dllm.samplers.dparallel:DreamDParallel",
+    "freedave": "dllm.samplers.freedave:FreeDave",
 }
 
 

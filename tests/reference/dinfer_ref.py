@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .samplers_ref import LogitsFn
 
-__all__ = ["block_loop", "credit_ref", "hierarchy_ref"]
+__all__ = ["block_loop", "canvas_and_blocks", "credit_ref", "hierarchy_ref"]
 
 
 def _hierarchy_pick(logits: Tensor, masked: Tensor, tau: float | None, low_tau: float | None) -> tuple[Tensor, Tensor]:
@@ -71,16 +71,22 @@ def _credit_pick(logits: Tensor, masked: Tensor, credit: Tensor, tau: float, alp
     return tokens, masked & (conf >= floor), credit
 
 
-def block_loop(logits_fn: LogitsFn, prompt: Tensor, gen_length: int, block_length: int, mask_id: int, pick):
-    """Run `pick(block_logits, masked, first_step) -> (tokens, chosen)` over the blocks of one row;
-    returns (canvas, forwards)."""
+def canvas_and_blocks(prompt: Tensor, gen_length: int, block_length: int, mask_id: int):
+    """The canvas (1, P + gen_length) of one prompt, its answer masked, and its blocks' (start, end)
+    from the end of the prompt (the last one may be shorter)."""
     assert prompt.shape[0] == 1
     P = prompt.shape[1]
     x = torch.full((1, P + gen_length), mask_id, dtype=torch.long)
     x[:, :P] = prompt
+    return x, [(start, min(start + block_length, P + gen_length)) for start in range(P, P + gen_length, block_length)]
+
+
+def block_loop(logits_fn: LogitsFn, prompt: Tensor, gen_length: int, block_length: int, mask_id: int, pick):
+    """Run `pick(block_logits, masked, first_step) -> (tokens, chosen)` over the blocks of one row;
+    returns (canvas, forwards)."""
+    x, blocks = canvas_and_blocks(prompt, gen_length, block_length, mask_id)
     forwards = 0
-    for start in range(P, P + gen_length, block_length):
-        end = min(start + block_length, P + gen_length)
+    for start, end in blocks:
         first = True
         while (x[0, start:end] == mask_id).any():
             logits = logits_fn(x, None)[0, start:end].clone()

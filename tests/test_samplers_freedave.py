@@ -1,0 +1,91 @@
+"""FreeDave's draft-and-verify decoding against its loop re-stated (tests/reference/freedave_ref.py) and
+against `low_confidence` with one token per step, whose tokens it must give: on the tiny LLaDA
+checkpoint (near-uniform), peaked random weights (float32 and bfloat16), the tiny Dream checkpoint
+and the shipped model, one prompt at a time and in a ragged batch, token for token and forward for
+forward."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dllm
+from tests.reference.freedave_ref import freedave_ref
+from tests.test_generate import PROMPTS4, equal_alone_and_batched
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return dllm.load(dtype="float32")
+
+
+def _model(request, which):
+    if which in ("llada", "dream"):
+        return request.getfixturevalue(which)[0]
+    if which == "shipped":
+        return request.getfixturevalue("shipped")[0]
+    return request.getfixturevalue({"peaked": "peaked_llada", "bf16": "peaked_llada_bf16"}[which])
+
+
+CASES = [  # (model, gen_length, block_length, drafts, score_dtype)
+    ("llada", 16, 8, 4, "float64"), ("peaked", 16, 16, 4, "float64"), ("peaked", 24, 8, 3, "float32"),
+    ("peaked", 20, 6, 8, "float64"), ("peaked", 12, 12, 1, "float64"), ("peaked", 10, 1, 4, "float64"),
+    ("bf16", 16, 8, 4, "float64"), ("dream", 16, 8, 4, "float64"), ("shipped", 24, 8, 4, "float64"),
+    ("shipped", 20, 7, 16, "float32"),
+]
+
+
+@pytest.mark.parametrize("which,gen,block,drafts,score_dtype", CASES, ids=str)
+def test_freedave_equals_reference_alone_and_in_a_ragged_batch(request, which, gen, block, drafts, score_dtype):
+    model = _model(request, which)
+    dtype = {"float64": torch.float64, "float32": torch.float32}[score_dtype]
+
+    def ref(fn, prompt, **kw):
+        return freedave_ref(fn, prompt, drafts=drafts, dtype=dtype, **kw)
+
+    forwards = equal_alone_and_batched(model, "freedave", dict(drafts=drafts), ref, gen, block,
+                                        score_dtype=score_dtype)
+    if drafts == 1:
+        assert forwards == [gen] * len(PROMPTS4)
+
+
+def test_freedave_gives_low_confidence_tokens_in_fewer_forwards(shipped):
+    """On the shipped model's own prompts the drafts verify: the same texts in fewer forwards, and with
+    one draft exactly the forwards of one token per step."""
+    model, tok = shipped
+    prompts = ["Copy the list: red, blue, green, black, white, pink, gold",
+               "Reverse the list: one, two, three, four, five, six"]
+    kw = dict(gen_length=48, block_length=16, score_dtype="float64")
+    base = dllm.generate(model, tok, prompts, sampler="low_confidence", steps=48, **kw)
+    one = dllm.generate(model, tok, prompts, sampler="freedave", sampler_kwargs=dict(drafts=1), **kw)
+    four = dllm.generate(model, tok, prompts, sampler="freedave", sampler_kwargs=dict(drafts=4), **kw)
+    assert torch.equal(one.sequences, base.sequences) and torch.equal(four.sequences, base.sequences)
+    assert one.nfe == base.nfe == [48, 48]
+    assert all(n < 48 for n in four.nfe), four.nfe
+
+
+def test_freedave_keeps_low_confidences_options(peaked_llada):
+    row = [PROMPTS4[0]]
+    for option in ("logits_eos_inf",):
+        kw = dict(gen_length=16, block_length=8, score_dtype="float64")
+        want = dllm.generate(peaked_llada, None, row, sampler="low_confidence", steps=16,
+                             sampler_kwargs={option: True}, **kw)
+        got = dllm.generate(peaked_llada, None, row, sampler="freedave", sampler_kwargs={"drafts": 4, option: True},
+                            **kw)
+        assert torch.equal(got.sequences, want.sequences)
+        assert peaked_llada.config.eos_token_id not in got.sequences[0, len(row[0]):].tolist()
+
+
+@pytest.mark.parametrize("drafts", [0, 17, 2.5, True, "4"])
+def test_freedave_refuses_a_bad_draft_count(drafts):
+    with pytest.raises(ValueError, match=r"sampler 'freedave': drafts must be"):
+        dllm.samplers.get("freedave", drafts=drafts)
+
+
+@pytest.mark.parametrize("settings,message", [
+    (dict(temperature=0.7), r"needs temperature 0, got 0.7"),
+    (dict(cache="dual"), r"does not work with a cache policy that stores K/V"),
+    (dict(cfg_scale=1.0), r"does not work with classifier-free guidance"),
+])
+def test_freedave_refuses_what_its_drafts_cannot_verify(peaked_llada, settings, message):
+    with pytest.raises(ValueError, match=message):
+        dllm.generate(peaked_llada, None, [PROMPTS4[0]], gen_length=8, block_length=8, sampler="freedave", **settings)
