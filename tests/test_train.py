@@ -1219,3 +1219,19 @@ def test_model_and_mask_options_that_would_fail_later_are_checked(options, messa
     assert T.TrainConfig(vocab_size=256 + len(SPECIAL_TOKENS)).vocab_size == 262
     assert T.TrainConfig(seed=-1, tasks="waiting_line_n15/copy,waiting_line/copy").seed == -1   # one answer each
     assert T.TrainConfig(d_model=16, n_heads=4, prev_token_head=False, next_token_head=False).d_model == 16
+
+
+def test_training_leaves_the_callers_thread_count(tmp_path):
+    """`threads` sets torch's thread count for the run only: the caller's count is back afterwards
+    (the record keeps the count the run trained with)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two = dict(TINY, then_steps=(1,), then_seed=(5,), then_lr=1e-3, then_min_lr=1e-4, then_task_weights="",
+                   then_cover_share=0.0)
+        T.train(T.TrainConfig(out=str(tmp_path / "t"), **two), progress=False)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    info = json.loads((tmp_path / "t" / "train_info.json").read_text())
+    assert info["threads"] == 1 and [p["threads"] for p in info["phases"]] == [1, 1]

@@ -47,11 +47,16 @@ def train(cfg: TrainConfig, progress: bool = True, stop_after: int | None = None
     """Train (or resume from the checkpoints under `out`) and export the model to `<out>/model`;
     returns that folder, or None when `stop_after` optimizer steps (all phases counted) stopped
     the run first, checkpointed as an interruption would leave it. Training runs in one process:
-    a multi-process launch (WORLD_SIZE > 1) is refused."""
+    a multi-process launch (WORLD_SIZE > 1) is refused. `threads` holds for the run only: the
+    caller's torch thread count is restored afterwards."""
     refuse_several_processes("training")
-    if cfg.then_steps:
-        return _train_phases(cfg, progress, stop_after)
-    return _train_phase(cfg, progress, stop_after)
+    threads = torch.get_num_threads()
+    try:
+        if cfg.then_steps:
+            return _train_phases(cfg, progress, stop_after)
+        return _train_phase(cfg, progress, stop_after)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _train_phases(cfg: TrainConfig, progress: bool, stop_after: int | None) -> Path | None:
@@ -86,7 +91,7 @@ def phases_record(cfg: TrainConfig, phases: list[dict]) -> dict:
             "batches_per_task": {t: sum(p["batches_per_task"].get(t, 0) for p in phases)
                                  for t in phases[-1]["batches_per_task"]},
             "init_from_sha256": phases[0]["init_from_sha256"],
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "phases": phases}
+            "torch": torch.__version__, "threads": phases[-1]["threads"], "phases": phases}
 
 
 # -- one phase ------------------------------------------------------------------------------------
