@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
-# (default runs/gpu-checks). Run from the repository root; needs no network. Twelve parts, each
+# (default runs/gpu-checks). Run from the repository root; needs no network. Thirteen parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
 # for the rest; rows are written as they are made, so a stopped step keeps its finished rows, except
 # bench_peers, which writes its rows once the peer has run every configuration;
@@ -52,6 +52,10 @@
 #                                                   # sum of their forwards with the loop's counts,
 #                                                   # sdpa against fixed and tuned attention launches,
 #                                                   # and single forwards with DLLM_ROPE_WRITE=torch/triton
+#   bash benchmarks/gpu/speed_checks.sh freedave   # the freedave grid of the default sweep on the GPU
+#                                                   # (shipped model, float32, eager and graphed):
+#                                                   # low_confidence one token per step against
+#                                                   # freedave's drafts 2, 4, 8, same answers
 #   bash benchmarks/gpu/speed_checks.sh gaps       # graphed LLaDA-8B-shape decodes profiled: per step the
 #                                                   # wall time, the forwards' time and the device's busy
 #                                                   # time, with each decode's operator table
@@ -149,6 +153,13 @@ moe)
         --presets llada-moe-7b,llada2-mini --device cuda --calls 10 --compile
     step caches-moe 200 caches-moe.log python benchmarks/bench_generate.py --caches --presets llada-moe-7b,llada2-mini \
         --policies none,dual --repeats 1 --no-headline --cuda-graphs --out "$OUT/caches-moe.jsonl"
+    ;;
+freedave)
+    for graphs in "" "--cuda-graphs"; do
+        step "sweep-freedave${graphs:+-graphs}" 240 "sweep-freedave${graphs:+-graphs}.log" dllm sweep \
+            --grid benchmarks/results/sweep-default/freedave/grid.yaml --device cuda $graphs \
+            --out-dir "$OUT/sweep-freedave${graphs:+-graphs}"
+    done
     ;;
 generate)
     step tests 90 pytest-gpu.log python -m pytest -q -m gpu $GPU_TESTS
