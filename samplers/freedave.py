@@ -2,13 +2,15 @@
 full-attention models and its evaluation settings).
 
 Lossless parallel decoding: the tokens are those of `low_confidence` with one token per step (the
-most confident mask of the active block each step, ties to the lower column), in fewer forwards.
+most confident mask of the active block each step, ties to the lower column), in fewer forwards, up
+to rounding that depends on the batch (docs/fidelity.md §3: a near-tie of two confidences can fall
+the other way when a canvas runs beside its drafts).
 
 A forward gives the scores of the current canvas `d0`; ordering its block's masks by confidence
 gives the drafts of the next forward: `d_k` is `d0` with its k most confident masks after the
 first written (k = 1 .. drafts - 1), the tokens read from the same forward. After writing the
 first, the next forward runs the canvas and its drafts as one batch (each draft a row of its own,
-so it computes exactly what a forward of that canvas alone computes). The one-token step of `d_k`
+so it computes what a forward of that canvas alone computes). The one-token step of `d_k`
 (its most confident mask) is checked against the draft's next token, in order: while the step of
 `d_k` writes the token `d_{k+1}` adds, `d_{k+1}` is the canvas one-token decoding reaches. The
 step commits the verified tokens of the longest such chain `d_b` and the one-token step of `d_b`,
@@ -19,8 +21,8 @@ Confidences are the candidate's softmax probability in the request's `score_dtyp
 `low_confidence` computes them (its `logits_eos_inf` and `confidence_eos_eot_inf` options apply).
 Greedy only (temperature 0); needs cache "none" (a draft is a batch row, and a storing policy
 keeps one cache row per canvas) and no classifier-free guidance. `steps` is not used. Published
-settings (its evaluation scripts): drafts 4, block_length 32, gen_length = steps (one token per
-step), temperature 0.
+settings (its evaluation scripts): drafts 4 (LLaDA; 8 for Dream and TraDo), block_length 32,
+gen_length = steps (one token per step), temperature 0.
 """
 from __future__ import annotations
 
@@ -52,8 +54,7 @@ class FreeDave(LowConfidence):
     def setup(self, state) -> None:
         self.check_options(state)
         if state.temperature != 0:
-            raise ValueError(f"sampler {self.name!r} verifies greedy one-token steps and needs temperature 0, "
-                             f"got {state.temperature}")
+            raise ValueError(f"sampler {self.name!r} decodes greedily and needs temperature 0, got {state.temperature}")
         B, D, dev = state.batch_size, self.draft_count - 1, state.x.device
         # the next drafts' columns (counted from the generation start), tokens, and how many are real
         state.extra["freedave_cols"] = torch.zeros(B, D, dtype=torch.long, device=dev)

@@ -103,6 +103,9 @@ class Prophet(Sampler):
         if b.shadow_block:
             raise ValueError(f"sampler {n!r}: base {b.name!r} runs shadow copies of its block, which a fill of "
                              f"every mask cannot take part in; use another base")
+        if b.drafts:
+            raise ValueError(f"sampler {n!r}: base {b.name!r} runs drafts beside the canvas, which a fill of every "
+                             f"mask cannot take part in; use another base")
         self.uses_blocks, self.fixed_schedule, self.whole_blocks = b.uses_blocks, b.fixed_schedule, b.whole_blocks
         self.needs_logits, self.gumbel_candidates = b.needs_logits, b.gumbel_candidates
         self.rewrites_tokens, self.remasks, self.reaches_back = b.rewrites_tokens, b.remasks, b.reaches_back

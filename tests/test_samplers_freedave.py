@@ -82,10 +82,19 @@ def test_freedave_refuses_a_bad_draft_count(drafts):
 
 
 @pytest.mark.parametrize("settings,message", [
-    (dict(temperature=0.7), r"needs temperature 0, got 0.7"),
+    (dict(temperature=0.7), r"decodes greedily and needs temperature 0, got 0.7"),
     (dict(cache="dual"), r"does not work with a cache policy that stores K/V"),
     (dict(cfg_scale=1.0), r"does not work with classifier-free guidance"),
 ])
 def test_freedave_refuses_what_its_drafts_cannot_verify(peaked_llada, settings, message):
     with pytest.raises(ValueError, match=message):
         dllm.generate(peaked_llada, None, [PROMPTS4[0]], gen_length=8, block_length=8, sampler="freedave", **settings)
+
+
+def test_the_server_names_temperature_when_freedave_refuses_it(peaked_llada):
+    """The error a request meets at temperature > 0 is answered as a bad `temperature`."""
+    from dllm.serve.schema import param_of
+    with pytest.raises(ValueError) as error:
+        dllm.generate(peaked_llada, None, [PROMPTS4[0]], gen_length=8, block_length=8, sampler="freedave",
+                      temperature=0.5)
+    assert param_of(str(error.value)) == "temperature"

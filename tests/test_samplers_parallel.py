@@ -579,6 +579,7 @@ def test_prophet_base_instance_and_kwargs():
     ("prophet", dict(answer_length=0), "answer_length must be >= 1"),
     ("prophet", dict(base="prophet"), "cannot be prophet itself"),
     ("prophet", dict(base="wino"), "base 'wino' runs shadow copies of its block"),
+    ("prophet", dict(base="freedave"), "base 'freedave' runs drafts beside the canvas"),
     ("prophet", dict(base=3), "base must be a registered sampler name"),
     ("prophet", dict(base_kwargs="tau=1"), "base_kwargs must be a dict"),
 ])
