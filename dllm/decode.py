@@ -810,9 +810,9 @@ def _forward_shadowed(model, state: DecodeState, rows, at, width: int, padded: b
     columns, valid = shadow
     n, K = columns.shape
     cols = state.columns()[:width]
-    keys = state.key_valid[rows, :width] if padded else torch.ones(n, width, dtype=torch.bool, device=cols.device)
-    if key_end is not None:
-        keys = keys & (cols[None, :] < key_end[:, None])
+    keys = _key_mask(state, rows, width, padded, key_end)
+    if keys is None:
+        keys = torch.ones(n, width, dtype=torch.bool, device=cols.device)
     x = torch.cat([state.x[rows, :width], torch.full_like(columns, state.ids.mask)], 1)        # (B', W + K)
     pos_ids = state.position_ids[rows, :width]
     pos_ids = torch.cat([pos_ids, pos_ids.gather(1, columns)], 1)
