@@ -17,8 +17,13 @@ step commits the verified tokens of the longest such chain `d_b` and the one-tok
 and the next drafts come from `d_b`'s scores: between 1 and `drafts` tokens per forward, each
 forward `drafts` canvases wide.
 
+`commit_block_start=True` is its loop for AR-adapted models (Dream): a block's first forward
+commits the block's first column, whatever its confidence, and nothing else, and the next forward's
+drafts write that forward's most confident masks after it.
+
 Confidences are the candidate's softmax probability in the request's `score_dtype`, as
-`low_confidence` computes them (its `logits_eos_inf` and `confidence_eos_eot_inf` options apply).
+`low_confidence` computes them (its `logits_eos_inf` and `confidence_eos_eot_inf` options apply;
+FreeDave computes them in the logits' dtype: `score_dtype="logits"`).
 Greedy only (temperature 0); needs cache "none" (a draft is a batch row, and a storing policy
 keeps one cache row per canvas) and no classifier-free guidance. `steps` is not used. Published
 settings (its evaluation scripts): drafts 4 (LLaDA; 8 for Dream and TraDo), block_length 32,
@@ -45,11 +50,15 @@ class FreeDave(LowConfidence):
     drafts = True
     row_state = ("freedave_cols", "freedave_tokens", "freedave_count")
 
-    def __init__(self, *, drafts: int = 4, logits_eos_inf: bool = False, confidence_eos_eot_inf: bool = False):
+    def __init__(self, *, drafts: int = 4, commit_block_start: bool = False, logits_eos_inf: bool = False,
+                 confidence_eos_eot_inf: bool = False):
         check_number("drafts", drafts, low=1, high=DRAFTS_MAX, integer=True, sampler=self.name)
+        if not isinstance(commit_block_start, bool):
+            raise ValueError(f"sampler {self.name!r}: commit_block_start must be true or false, got "
+                             f"{commit_block_start!r}")
         super().__init__(logits_eos_inf=logits_eos_inf, confidence_eos_eot_inf=confidence_eos_eot_inf)
-        self.draft_count = int(drafts)
-        self._args = dict(drafts=self.draft_count, **self._args)
+        self.draft_count, self.commit_block_start = int(drafts), commit_block_start
+        self._args = dict(drafts=self.draft_count, commit_block_start=commit_block_start, **self._args)
 
     def setup(self, state) -> None:
         self.check_options(state)
@@ -106,7 +115,15 @@ class FreeDave(LowConfidence):
             & _at(has_pick, best)[:, None]
         candidate = at_candidate.any(2)
         out = torch.where(candidate, (at_candidate.long() * tokens[:, None, :]).sum(2), _row(token, best))
-        self._keep_candidates(state, rows, positions, _row(conf, best), _row(token, best), _row(open_, best))
+        kept_conf, kept_open, skip = _row(conf, best), _row(open_, best), torch.ones_like(best)
+        if self.commit_block_start:     # a block's first forward commits its first column alone
+            first = state.step_in_block[rows] == 0                                        # (B',): best is 0
+            at_first = valid & (positions == state.block_start[rows, None])
+            at_pick = torch.where(first[:, None], at_first, at_pick)
+            kept_conf = torch.where(first[:, None], kept_conf.masked_fill(at_first, float("-inf")), kept_conf)
+            kept_open = torch.where(first[:, None], kept_open & ~at_first, kept_open)
+            skip = torch.where(first, 0, skip)
+        self._keep_candidates(state, rows, positions, kept_conf, _row(token, best), kept_open, skip)
         return Decision(commit=(candidate | at_pick) & valid, tokens=out)
 
     def _chain_scores(self, state, rows, positions, valid, scores):
@@ -131,18 +148,17 @@ class FreeDave(LowConfidence):
             open_ = torch.cat([open_, valid[:, None] & ~written], 1)
         return conf.masked_fill(~open_, float("-inf")), token, open_
 
-    def _keep_candidates(self, state, rows, positions, conf, token, open_) -> None:
+    def _keep_candidates(self, state, rows, positions, conf, token, open_, skip) -> None:
         """The next forward's drafts: the accepted draft's open columns by confidence (ties to the
-        lower column), after the one its step commits, with their tokens."""
+        lower column), after the `skip` (B',) first ones, which its step commits, with their tokens."""
         D = self.draft_count - 1
         if D == 0:
             return
-        order = torch.sort(conf, dim=1, descending=True, stable=True).indices[:, 1:D + 1]     # (B', <= D)
-        if order.shape[1] < D:
-            order = torch.cat([order, order.new_zeros(order.shape[0], D - order.shape[1])], 1)
+        order = torch.sort(conf, dim=1, descending=True, stable=True).indices                  # (B', Q)
+        order = order.gather(1, (skip[:, None] + torch.arange(D, device=skip.device)).clamp(max=order.shape[1] - 1))
         state.extra["freedave_cols"][rows] = positions.gather(1, order) - state.gen_start
         state.extra["freedave_tokens"][rows] = token.gather(1, order)
-        state.extra["freedave_count"][rows] = (open_.sum(1) - 1).clamp(min=0, max=D)
+        state.extra["freedave_count"][rows] = (open_.sum(1) - skip).clamp(min=0, max=D)
 
 
 def _first(count: torch.Tensor, n: int) -> torch.Tensor:

@@ -48,6 +48,24 @@ def test_freedave_equals_reference_alone_and_in_a_ragged_batch(request, which, g
         assert forwards == [gen] * len(PROMPTS4)
 
 
+BLOCK_START_CASES = [  # (model, gen_length, block_length, drafts)
+    ("dream", 16, 8, 4), ("dream", 20, 6, 8), ("peaked", 24, 8, 4), ("peaked", 12, 3, 2), ("shipped", 24, 8, 8),
+    ("dream", 12, 12, 1),
+]
+
+
+@pytest.mark.parametrize("which,gen,block,drafts", BLOCK_START_CASES, ids=str)
+def test_freedave_committing_block_starts_equals_its_dream_loop(request, which, gen, block, drafts):
+    """FreeDave's loop for AR-adapted models: each block's first forward commits its first column."""
+    model = _model(request, which)
+
+    def ref(fn, prompt, **kw):
+        return freedave_ref(fn, prompt, drafts=drafts, dtype=model.dtype, commit_block_start=True, **kw)
+
+    equal_alone_and_batched(model, "freedave", dict(drafts=drafts, commit_block_start=True), ref, gen, block,
+                            score_dtype="logits")
+
+
 def test_freedave_gives_low_confidence_tokens_in_fewer_forwards(shipped):
     """On the shipped model's own prompts the drafts verify: the same texts in fewer forwards, and with
     one draft exactly the forwards of one token per step."""
@@ -79,6 +97,8 @@ def test_freedave_keeps_low_confidences_options(peaked_llada):
 def test_freedave_refuses_a_bad_draft_count(drafts):
     with pytest.raises(ValueError, match=r"sampler 'freedave': drafts must be"):
         dllm.samplers.get("freedave", drafts=drafts)
+    with pytest.raises(ValueError, match=r"sampler 'freedave': commit_block_start must be true or false, got 1"):
+        dllm.samplers.get("freedave", commit_block_start=1)
 
 
 @pytest.mark.parametrize("settings,message", [

@@ -12,8 +12,12 @@ most confident mask of `d_k`'s own scores into `d_k`; the accepted draft is foun
 rule (start at 0; repeatedly move to the last `j` after the current one whose written tokens all
 appear in the current one's target; stop when nothing moves); the canvas becomes the accepted draft
 and its scores the last scores. A block with one mask left takes the best of the last scores
-without a forward. `logits_fn(x, None)` gives the logits aligned with the canvas columns, the mask
-token's at its dtype's lowest value.
+without a forward. With `commit_block_start` (its loop for AR-adapted models, Dream) the block's
+first column takes its candidate from the block's opening forward, and the first round's drafts are
+the canvas itself and the canvas with its k most confident masks written (k = 1 .. K-1). (For a
+block of two columns that loop stops with one mask left; here a round of drafts scores it, as the
+one-token step of the canvas needs the canvas's own scores.) `logits_fn(x, None)` gives the logits aligned with the
+canvas columns, the mask token's at its dtype's lowest value.
 """
 from __future__ import annotations
 
@@ -59,18 +63,26 @@ def _accepted(drafts: list[Tensor], targets: list[Tensor], mask_id: int) -> int:
 
 @torch.no_grad()
 def freedave_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, block_length: int, mask_id: int,
-                 drafts: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, int]:
+                 drafts: int, dtype: torch.dtype = torch.float64,
+                 commit_block_start: bool = False) -> tuple[Tensor, int]:
     x, blocks = canvas_and_blocks(prompt, gen_length, block_length, mask_id)
     forwards = 0
     for start, end in blocks:
         tokens, conf = _scores(logits_fn, x, start, end, mask_id, dtype)
         forwards += 1
+        opening = commit_block_start
+        if opening:
+            x = x.clone()
+            x[0, start] = tokens[0]
+            conf[0] = -torch.inf
         while True:
             masks = int((x[0, start:end] == mask_id).sum())
-            if masks <= 1:
+            if masks == 0 or (masks == 1 and not opening):
                 x = _write_top(x, start, tokens, conf, masks)
                 break
-            canvases = [_write_top(x, start, tokens, conf, k + 1) for k in range(min(drafts, masks))]
+            written = range(min(drafts, masks)) if opening else range(1, min(drafts, masks) + 1)
+            canvases = [_write_top(x, start, tokens, conf, k) for k in written]
+            opening = False
             scored = [_scores(logits_fn, d, start, end, mask_id, dtype) for d in canvases]
             forwards += 1
             targets = [_write_top(d, start, t, c, 1) for d, (t, c) in zip(canvases, scored)]
