@@ -19,7 +19,7 @@ forward `drafts` canvases wide.
 
 `commit_block_start=True` is its loop for AR-adapted models (Dream): a block's first forward
 commits the block's first column, whatever its confidence, and nothing else, and the next forward's
-drafts write that forward's most confident masks after it.
+drafts write the block's other masks in the order of that forward's confidences.
 
 Confidences are the candidate's softmax probability in the request's `score_dtype`, as
 `low_confidence` computes them (its `logits_eos_inf` and `confidence_eos_eot_inf` options apply;
