@@ -180,6 +180,22 @@ class KVCache:
             mine[n:n + m, :, other_left:].copy_(theirs)
         return self._first_rows(store_k, store_v, n + m)
 
+    def repeated_rows(self, rows: torch.Tensor, times: int, into: "KVCache | None" = None) -> "KVCache":
+        """A cache of the rows `rows` (B',), each repeated `times` times in a row (row b's copies
+        first), for forwards that read these rows' K/V and write their own (a sampler's drafts).
+        Written into `into` when it has that shape, dtype and device (its buffers then keep their
+        addresses, which CUDA graphs replay), else into new buffers."""
+        shape = (len(rows) * times, *self.k[0].shape[1:])
+        if into is None or into.shape != shape or into.k[0].dtype != self.k[0].dtype \
+                or into.k[0].device != self.k[0].device or len(into.k) != len(self.k):
+            into = object.__new__(KVCache)
+            into.k = [t.new_empty(shape) for t in self.k]
+            into.v = [t.new_empty(shape) for t in self.v]
+            into.length, into.head_index = self.length, self.head_index
+        for copy, t in zip(into.k + into.v, self.k + self.v):
+            copy.copy_(t.index_select(0, rows).repeat_interleave(times, 0))
+        return into
+
     def rows_view(self, rows: torch.Tensor | None = None, left: int = 0) -> "KVCache":
         """New buffers holding the rows `rows` (all when None), each moved `left` columns to the
         right behind zeroed columns (rows joining or leaving a running batch)."""

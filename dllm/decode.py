@@ -644,7 +644,7 @@ class Decoder:
         if sampler.shadow_block:
             _check_shadow_block(model, sampler, policy, cfg)
         if sampler.drafts:
-            _check_drafts(sampler, policy, cfg)
+            _check_drafts(sampler, cfg)
         self.planned = _planned_widths(sampler, policy, state, cfg)
         self.fused = _fuses_head_scoring(model, sampler, state, cfg, policy.wants_confidence)
         self.forwards = 0
@@ -775,13 +775,11 @@ def _check_shadow_block(model, sampler, policy, cfg: GenerationConfig) -> None:
                          f"does not work with {why}; use cache 'none', cfg_scale 0 and a LLaDA-family model")
 
 
-def _check_drafts(sampler, policy, cfg: GenerationConfig) -> None:
-    """A sampler with drafts runs them as rows of a full forward beside the canvas."""
-    why = ("a cache policy that stores K/V (one cache row per canvas)" if policy.needs_storage else
-           "classifier-free guidance" if cfg.cfg_scale > 0 else None)
-    if why is not None:
+def _check_drafts(sampler, cfg: GenerationConfig) -> None:
+    """A sampler with drafts runs them as batch rows beside the canvas."""
+    if cfg.cfg_scale > 0:
         raise ValueError(f"sampler {sampler.name!r} runs its drafts as batch rows of every forward, which does not "
-                         f"work with {why}; use cache 'none' and cfg_scale 0")
+                         f"work with classifier-free guidance; use cfg_scale 0")
 
 
 def _forward_drafts(model, state: DecodeState, request: Request, rows, at, width: int, padded: bool, key_end,
@@ -801,6 +799,27 @@ def _forward_drafts(model, state: DecodeState, request: Request, rows, at, width
         sampler.read_drafts(state, rows, _score(state, sampler, rows.repeat_interleave(D),
                                                 logits[:, 1:].flatten(0, 1), observe))
     return logits[:, 0]
+
+
+def _score_cached_drafts(model, state: DecodeState, request: Request, rows, at, plan, logits_from, width: int,
+                         padded: bool, kv, key_end, observe: bool) -> None:
+    """The forward of the rows' drafts (`Sampler.draft_canvases`) after their canvas's, with the
+    canvas's plan `plan`, through a copy of each row's stored K/V (`KVCache.repeated_rows`, kept in
+    `state.extra["draft_kv"]` from step to step): each draft reads what its canvas reads and
+    writes only its copy. Their scores at `at` go to `Sampler.read_drafts`, (B' * D, Q)."""
+    sampler = request.sampler
+    drafts = sampler.draft_canvases(state, rows)[..., :width]                              # (B', D, W)
+    D = drafts.shape[1]
+    if not D:
+        return
+    kv = kv.narrow(width) if width < kv.length else kv
+    copies = state.extra["draft_kv"] = kv.repeated_rows(rows, D, into=state.extra.get("draft_kv"))
+    each = lambda t: None if t is None else t.repeat_interleave(D, 0)                     # noqa: E731
+    logits = model(drafts.flatten(0, 1), each(at), positions=each(plan),
+                   position_ids=each(state.position_ids[rows, :width]),
+                   key_valid=each(_key_mask(state, rows, width, padded, key_end)), cache=copies,
+                   logits_from=each(logits_from))
+    sampler.read_drafts(state, rows, _score(state, sampler, rows.repeat_interleave(D), logits, observe))
 
 
 def _forward_shadowed(model, state: DecodeState, rows, at, width: int, padded: bool, key_end, shadow):
@@ -868,12 +887,15 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         out, shadow_logits = _forward_shadowed(model, state, rows, at, width, mask_keys, step.key_end, shadow)
         shadow_logits[..., state.ids.mask] = float("-inf")
         sampler.read_shadow(state, rows, *shadow, shadow_logits)
-    elif sampler.drafts:
+    elif sampler.drafts and kv is None:
         out = _forward_drafts(model, state, request, rows, at, width, mask_keys, step.key_end,
                               policy.wants_confidence)
     else:
         out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
                        (read["n_narrow"], read["narrow_width"]), hidden_only=fused, key_end=step.key_end)
+        if sampler.drafts:
+            _score_cached_drafts(model, state, request, rows, at, plan, logits_from, width, mask_keys, kv,
+                                 step.key_end, policy.wants_confidence)
     add_at(state.nfe, rows, 1)
     scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out,
                                                                     policy.wants_confidence)

@@ -50,9 +50,9 @@ class Sampler:
       shadow_block:    every forward also runs shadow copies of canvas columns (`shadow_columns`,
                        `read_shadow`; WINO's verification block): a full forward without a cache,
                        without guidance, of a model without shifted logits or attention blocks.
-      drafts:          every forward also runs draft canvases of each row as rows of its batch
-                       (`draft_canvases`, `read_drafts`; FreeDave's verification): without a
-                       storing cache policy, without guidance.
+      drafts:          every forward also runs draft canvases of each row as batch rows
+                       (`draft_canvases`, `read_drafts`; FreeDave's verification); with a storing
+                       cache policy they read a copy of their canvas's stored K/V. Not with guidance.
     """
 
     name: ClassVar[str] = "base"

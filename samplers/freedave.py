@@ -24,8 +24,10 @@ drafts write the block's other masks in the order of that forward's confidences.
 Confidences are the candidate's softmax probability in the request's `score_dtype`, as
 `low_confidence` computes them (its `logits_eos_inf` and `confidence_eos_eot_inf` options apply;
 FreeDave computes them in the logits' dtype: `score_dtype="logits"`).
-Greedy only (temperature 0); needs cache "none" (a draft is a batch row, and a storing policy
-keeps one cache row per canvas) and no classifier-free guidance. `steps` is not used. Published
+With a storing cache policy the drafts run in a second forward after the canvas's, with its
+recomputed columns, each reading a copy of its canvas's stored K/V: with `prefix` or `dual` the
+tokens are those of `low_confidence` one token per step with that cache. Greedy only (temperature
+0); no classifier-free guidance. `steps` is not used. Published
 settings (its evaluation scripts): drafts 4 (LLaDA; 8 for Dream and TraDo), block_length 32,
 gen_length = steps (one token per step), temperature 0.
 """

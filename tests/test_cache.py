@@ -64,11 +64,10 @@ class MovingEnd(dllm.samplers.Sampler):
 
 
 def _sampler_cases():
-    """Every registered sampler by name that runs with stored K/V (a shadow-block sampler, WINO, and
-    one with drafts, FreeDave, refuse them with an error: test_samplers_leaderboard.py,
-    test_samplers_freedave.py), plus the two above (instances are built per use)."""
-    names = [name for name in samplers.available()
-             if not (samplers.sampler_class(name).shadow_block or samplers.sampler_class(name).drafts)]
+    """Every registered sampler by name that runs with stored K/V (a shadow-block sampler, WINO,
+    refuses them with an error, test_samplers_leaderboard.py), plus the two above (instances are
+    built per use)."""
+    names = [name for name in samplers.available() if not samplers.sampler_class(name).shadow_block]
     return [(name, None) for name in names] + [("test-fill-all", FillAllAtStep2), ("test-moving-end", MovingEnd)]
 
 

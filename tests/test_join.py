@@ -70,7 +70,7 @@ def run_with_joins(model, cfg, joins=JOINS):
     ("dparallel", {"threshold": 1.0}, dict(gen_length=16, block_length=8, cache="dual")),
     ("dream_dparallel", {"threshold": 2.0}, dict(gen_length=12, block_length=4)),
     ("freedave", {"drafts": 3}, dict(gen_length=16, block_length=8)),
-    ("freedave", {"drafts": 8, "commit_block_start": True}, dict(gen_length=12, block_length=4)),
+    ("freedave", {"drafts": 8, "commit_block_start": True}, dict(gen_length=12, block_length=4, cache="prefix")),
 ])
 def test_rows_that_join_and_leave_decode_as_alone(model, sampler, kwargs, lengths):
     cfg = dllm.GenerationConfig(sampler=sampler, sampler_kwargs=kwargs, **lengths)

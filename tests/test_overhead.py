@@ -132,7 +132,7 @@ def test_a_cached_step_dispatches_what_a_full_forward_does(preset):
                                            ("low_confidence", "dkv-decode"), ("entropy", "dual"),
                                            ("low_confidence", "dkv-decode-guard"), ("hierarchy", "none"),
                                            ("credit", "dual"), ("threshold", "vicinity"),
-                                           ("dparallel", "prefix"), ("freedave", "none")])
+                                           ("dparallel", "prefix"), ("freedave", "none"), ("freedave", "dual")])
 @pytest.mark.parametrize("prompts", [PROMPTS, [PROMPTS[0]] * 3, [[]]], ids=["batch1", "batch3", "empty"])
 def test_the_loop_reads_the_device_once_per_step(tiny, sampler, cache, prompts):
     """One host read per step, plus the read that finds every row finished; nothing else (a
