@@ -52,10 +52,10 @@
 #                                                   # sum of their forwards with the loop's counts,
 #                                                   # sdpa against fixed and tuned attention launches,
 #                                                   # and single forwards with DLLM_ROPE_WRITE=torch/triton
-#   bash benchmarks/gpu/speed_checks.sh freedave   # the freedave grid of the default sweep on the GPU
-#                                                   # (shipped model, float32, eager and graphed):
-#                                                   # low_confidence one token per step against
-#                                                   # freedave's drafts 2, 4, 8, same answers
+#   bash benchmarks/gpu/speed_checks.sh freedave   # the freedave grids of the default sweep on the GPU
+#                                                   # (shipped model, float32, eager and graphed, no
+#                                                   # cache and dual): low_confidence one token per
+#                                                   # step against freedave's drafts 2, 4, 8
 #   bash benchmarks/gpu/speed_checks.sh gaps       # graphed LLaDA-8B-shape decodes profiled: per step the
 #                                                   # wall time, the forwards' time and the device's busy
 #                                                   # time, with each decode's operator table
@@ -155,10 +155,12 @@ moe)
         --policies none,dual --repeats 1 --no-headline --cuda-graphs --out "$OUT/caches-moe.jsonl"
     ;;
 freedave)
-    for graphs in "" "--cuda-graphs"; do
-        step "sweep-freedave${graphs:+-graphs}" 240 "sweep-freedave${graphs:+-graphs}.log" dllm sweep \
-            --grid benchmarks/results/sweep-default/freedave/grid.yaml --device cuda $graphs \
-            --out-dir "$OUT/sweep-freedave${graphs:+-graphs}"
+    for grid in freedave freedave-dual; do
+        for graphs in "" "--cuda-graphs"; do
+            step "sweep-$grid${graphs:+-graphs}" 140 "sweep-$grid${graphs:+-graphs}.log" dllm sweep \
+                --grid "benchmarks/results/sweep-default/$grid/grid.yaml" --device cuda $graphs \
+                --out-dir "$OUT/sweep-$grid${graphs:+-graphs}"
+        done
     done
     ;;
 generate)
