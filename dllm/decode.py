@@ -802,11 +802,14 @@ def _forward_drafts(model, state: DecodeState, request: Request, rows, at, width
 
 
 def _score_cached_drafts(model, state: DecodeState, request: Request, rows, at, plan, logits_from, width: int,
-                         padded: bool, kv, key_end, observe: bool) -> None:
+                         padded: bool, kv, key_end, observe: bool, full: torch.Tensor) -> None:
     """The forward of the rows' drafts (`Sampler.draft_canvases`) after their canvas's, with the
     canvas's plan `plan`, through a copy of each row's stored K/V (`KVCache.repeated_rows`, kept in
     `state.extra["draft_kv"]` from step to step): each draft reads what its canvas reads and
-    writes only its copy. Their scores at `at` go to `Sampler.read_drafts`, (B' * D, Q)."""
+    writes only its copy. Their scores at `at` go to `Sampler.read_drafts`, (B' * D, Q). On a
+    model with shifted logits a partial step's plan holds the column left of the block while the
+    block's first column is masked, and a later step keeps the K/V computed there then: the drafts
+    of those rows (`full` (B'): the rows refreshing every column) are not usable."""
     sampler = request.sampler
     drafts = sampler.draft_canvases(state, rows)[..., :width]                              # (B', D, W)
     D = drafts.shape[1]
@@ -819,7 +822,10 @@ def _score_cached_drafts(model, state: DecodeState, request: Request, rows, at, 
                    position_ids=each(state.position_ids[rows, :width]),
                    key_valid=each(_key_mask(state, rows, width, padded, key_end)), cache=copies,
                    logits_from=each(logits_from))
-    sampler.read_drafts(state, rows, _score(state, sampler, rows.repeat_interleave(D), logits, observe))
+    usable = None
+    if model.config.logit_shift:
+        usable = full | (state.x[rows].gather(1, state.block_start[rows, None]).squeeze(1) != state.ids.mask)
+    sampler.read_drafts(state, rows, _score(state, sampler, rows.repeat_interleave(D), logits, observe), usable)
 
 
 def _forward_shadowed(model, state: DecodeState, rows, at, width: int, padded: bool, key_end, shadow):
@@ -895,7 +901,7 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
                        (read["n_narrow"], read["narrow_width"]), hidden_only=fused, key_end=step.key_end)
         if sampler.drafts:
             _score_cached_drafts(model, state, request, rows, at, plan, logits_from, width, mask_keys, kv,
-                                 step.key_end, policy.wants_confidence)
+                                 step.key_end, policy.wants_confidence, step.needs.full)
     add_at(state.nfe, rows, 1)
     scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out,
                                                                     policy.wants_confidence)

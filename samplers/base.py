@@ -118,9 +118,13 @@ class Sampler:
         mask those of the row), scored at the row's scored columns."""
         raise NotImplementedError(f"sampler {self.name!r} declares drafts but no draft_canvases")
 
-    def read_drafts(self, state: DecodeState, rows: torch.Tensor, scores: TokenScores) -> None:
+    def read_drafts(self, state: DecodeState, rows: torch.Tensor, scores: TokenScores,
+                    usable: torch.Tensor | None = None) -> None:
         """The `TokenScores` (B' * D, Q) of this step's drafts, row-major (row b's drafts first),
-        at the row's scored columns, before `step` and before the step's commits."""
+        at the row's scored columns, before `step` and before the step's commits. `usable` (B',)
+        bool, or None for every row: the rows whose drafts score what their canvases would score
+        as canvases (False: a stored column the drafts recompute differs from the one a later step
+        would read)."""
 
     def forward_allowance(self, state: DecodeState) -> int:
         """Forwards beyond one per generated token that the default forward cap grants (a sampler

@@ -25,9 +25,11 @@ Confidences are the candidate's softmax probability in the request's `score_dtyp
 `low_confidence` computes them (its `logits_eos_inf` and `confidence_eos_eot_inf` options apply;
 FreeDave computes them in the logits' dtype: `score_dtype="logits"`).
 With a storing cache policy the drafts run in a second forward after the canvas's, with its
-recomputed columns, each reading a copy of its canvas's stored K/V: with `prefix` or `dual` the
-tokens are those of `low_confidence` one token per step with that cache. Greedy only (temperature
-0); no classifier-free guidance. `steps` is not used. Published
+recomputed columns, each reading a copy of its canvas's stored K/V: with `prefix` or `dual` (and
+no `refresh`, `guard` or `twins`) the tokens are those of `low_confidence` one token per step with
+that cache; on Dream a row's drafts verify nothing while its block's first column is masked (the
+column left of it is recomputed then, docs/samplers.md §25). Greedy only (temperature 0); no
+classifier-free guidance. `steps` is not used. Published
 settings (its evaluation scripts): drafts 4 (LLaDA; 8 for Dream and TraDo), block_length 32,
 gen_length = steps (one token per step), temperature 0.
 """
@@ -97,19 +99,21 @@ class FreeDave(LowConfidence):
             canvases[:, j:].scatter_(2, index, value[:, None, None].expand(B, D - j, 1))
         return canvases
 
-    def read_drafts(self, state, rows, scores) -> None:
+    def read_drafts(self, state, rows, scores, usable=None) -> None:
         """Kept for `step`."""
-        state.extra["freedave_read"] = scores
+        state.extra["freedave_read"] = scores, usable
 
     def step(self, state, rows, positions, valid, scores):
         D = self.draft_count - 1
-        conf, token, open_ = self._chain_scores(state, rows, positions, valid, scores)    # (B', D+1, Q)
+        conf, token, open_, usable = self._chain_scores(state, rows, positions, valid, scores)  # (B', D+1, Q)
         pick = conf.argmax(2)                                                             # first maximum
         has_pick = open_.any(2)
         pick_col, pick_token = positions.gather(1, pick), token.gather(2, pick[..., None]).squeeze(2)
         cols, tokens = state.gen_start + state.extra["freedave_cols"][rows], state.extra["freedave_tokens"][rows]
         within = _first(state.extra["freedave_count"][rows], D)
         verified = within & has_pick[:, :D] & (pick_col[:, :D] == cols) & (pick_token[:, :D] == tokens)
+        if usable is not None:
+            verified = verified & usable[:, None]
         best = verified.long().cumprod(1).sum(1)                                          # (B',) in [0, D]
         # the commits: the verified candidates, then the one-token step of the accepted draft
         at_candidate = (positions[:, :, None] == cols[:, None, :]) & _first(best, D)[:, None, :]   # (B', Q, D)
@@ -131,12 +135,12 @@ class FreeDave(LowConfidence):
     def _chain_scores(self, state, rows, positions, valid, scores):
         """Confidences (-inf where closed), candidate tokens and open columns, each (B', drafts, Q):
         index 0 the canvas, index k its draft k, whose open columns are the canvas's masks but
-        those it wrote."""
+        those it wrote; and the rows whose drafts are usable (`read_drafts`; None: all)."""
         D = self.draft_count - 1
         B, Q = positions.shape
         conf = self.scores_for(state, rows, positions, valid, scores).double()[:, None]
         token, open_ = scores.token[:, None], valid[:, None]
-        read = state.extra.pop("freedave_read", None)
+        read, usable = state.extra.pop("freedave_read", (None, None))
         if D:
             conf_d = self.scores_for(state, rows.repeat_interleave(D), positions.repeat_interleave(D, 0),
                                      valid.repeat_interleave(D, 0), read).double().view(B, D, Q)
@@ -148,7 +152,7 @@ class FreeDave(LowConfidence):
             conf = torch.cat([conf, conf_d], 1)
             token = torch.cat([token, read.token.view(B, D, Q)], 1)
             open_ = torch.cat([open_, valid[:, None] & ~written], 1)
-        return conf.masked_fill(~open_, float("-inf")), token, open_
+        return conf.masked_fill(~open_, float("-inf")), token, open_, usable
 
     def _keep_candidates(self, state, rows, positions, conf, token, open_, skip) -> None:
         """The next forward's drafts: the accepted draft's open columns by confidence (ties to the

@@ -100,6 +100,20 @@ def test_freedave_with_a_cache_gives_low_confidences_tokens_with_that_cache(requ
         assert alone.generated[0].tolist() == got.generated[b].tolist() and alone.nfe == [got.nfe[b]]
 
 
+@pytest.mark.parametrize("seed,cache,gen,block,drafts", [(0, "dual", 12, 3, 8), (1, "prefix", 24, 6, 4),
+                                                      (2, "dual", 24, 8, 4)])
+def test_freedave_on_shifted_logits_with_a_cache_gives_low_confidences_tokens(seed, cache, gen, block, drafts):
+    """On Dream a cached step recomputes the column left of the block while the block's first column
+    is masked, so the K/V stored there depend on the canvases one token at a time passes through:
+    until that column is written, a row's drafts verify nothing."""
+    model = dllm.build_model(dllm.ModelConfig.from_name("dream-tiny"), seed=seed, init_std=1.0)
+    kw = dict(gen_length=gen, block_length=block, cache=cache, score_dtype="float64")
+    want = dllm.generate(model, None, PROMPTS4, sampler="low_confidence", steps=gen, **kw)
+    got = dllm.generate(model, None, PROMPTS4, sampler="freedave", sampler_kwargs={"drafts": drafts}, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    assert sum(got.nfe) < sum(want.nfe)
+
+
 def test_freedave_keeps_low_confidences_options(peaked_llada):
     row = [PROMPTS4[0]]
     for option in ("logits_eos_inf",):
