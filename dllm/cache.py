@@ -196,6 +196,13 @@ class KVCache:
             copy.copy_(t.index_select(0, rows).repeat_interleave(times, 0))
         return into
 
+    def write_rows(self, rows: torch.Tensor, source: "KVCache", stride: int) -> None:
+        """Write rows 0, stride, 2 stride, ... of `source` (of this cache's length) into this cache's
+        rows `rows`, in place: what a forward through `repeated_rows(rows, stride)` wrote for the
+        first copy of each row."""
+        for mine, theirs in zip(self.k + self.v, source.k + source.v):
+            mine.index_copy_(0, rows, theirs[::stride])
+
     def rows_view(self, rows: torch.Tensor | None = None, left: int = 0) -> "KVCache":
         """New buffers holding the rows `rows` (all when None), each moved `left` columns to the
         right behind zeroed columns (rows joining or leaving a running batch)."""

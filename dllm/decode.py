@@ -783,49 +783,38 @@ def _check_drafts(sampler, cfg: GenerationConfig) -> None:
 
 
 def _forward_drafts(model, state: DecodeState, request: Request, rows, at, width: int, padded: bool, key_end,
-                    observe: bool) -> torch.Tensor:
-    """A full forward of the rows' canvas [0, width) and of their drafts (`Sampler.draft_canvases`,
-    (B', D, L)) in one batch, each draft a row of its own: the canvas logits at `at` (B', Q, V);
-    the drafts' scores at `at` go to `Sampler.read_drafts`, (B' * D, Q) in row-major order."""
+                    observe: bool, kv=None, plan=None, logits_from=None, full=None) -> torch.Tensor:
+    """One forward of the rows' canvas [0, width) and of their drafts (`Sampler.draft_canvases`,
+    (B', D, L)), each a batch row of its own, with the canvas's plan `plan`: the canvas logits at
+    `at` (B', Q, V); the drafts' scores at `at` go to `Sampler.read_drafts`, (B' * D, Q) in
+    row-major order. With stored K/V `kv` the batch runs through D + 1 copies of each row's K/V
+    (`KVCache.repeated_rows`, kept in `state.extra["draft_kv"]` from step to step), so each draft
+    reads what its canvas reads and writes only its copy, and the canvas's copy is written back.
+    On a model with shifted logits a partial step's plan holds the column left of the block while
+    the block's first column is masked, and later steps keep the K/V computed there then: the
+    drafts of those rows (`full` (B'): the rows refreshing every column) are not usable."""
     sampler = request.sampler
     drafts = sampler.draft_canvases(state, rows)[..., :width]                              # (B', D, W)
     n, D = drafts.shape[:2]
     x = torch.cat([state.x[rows, :width][:, None], drafts], 1).flatten(0, 1)             # (B' (D + 1), W)
-    key_valid = _key_mask(state, rows, width, padded, key_end)
     each = lambda t: None if t is None else t.repeat_interleave(D + 1, 0)                 # noqa: E731
-    logits = model(x, each(at), position_ids=each(state.position_ids[rows, :width]), key_valid=each(key_valid))
-    logits = logits.unflatten(0, (n, D + 1))
-    if D:
-        sampler.read_drafts(state, rows, _score(state, sampler, rows.repeat_interleave(D),
-                                                logits[:, 1:].flatten(0, 1), observe))
-    return logits[:, 0]
-
-
-def _score_cached_drafts(model, state: DecodeState, request: Request, rows, at, plan, logits_from, width: int,
-                         padded: bool, kv, key_end, observe: bool, full: torch.Tensor) -> None:
-    """The forward of the rows' drafts (`Sampler.draft_canvases`) after their canvas's, with the
-    canvas's plan `plan`, through a copy of each row's stored K/V (`KVCache.repeated_rows`, kept in
-    `state.extra["draft_kv"]` from step to step): each draft reads what its canvas reads and
-    writes only its copy. Their scores at `at` go to `Sampler.read_drafts`, (B' * D, Q). On a
-    model with shifted logits a partial step's plan holds the column left of the block while the
-    block's first column is masked, and a later step keeps the K/V computed there then: the drafts
-    of those rows (`full` (B'): the rows refreshing every column) are not usable."""
-    sampler = request.sampler
-    drafts = sampler.draft_canvases(state, rows)[..., :width]                              # (B', D, W)
-    D = drafts.shape[1]
-    if not D:
-        return
-    kv = kv.narrow(width) if width < kv.length else kv
-    copies = state.extra["draft_kv"] = kv.repeated_rows(rows, D, into=state.extra.get("draft_kv"))
-    each = lambda t: None if t is None else t.repeat_interleave(D, 0)                     # noqa: E731
-    logits = model(drafts.flatten(0, 1), each(at), positions=each(plan),
-                   position_ids=each(state.position_ids[rows, :width]),
+    copies = None
+    if kv is not None:
+        kv = kv.narrow(width) if width < kv.length else kv
+        copies = state.extra["draft_kv"] = kv.repeated_rows(rows, D + 1, into=state.extra.get("draft_kv"))
+    logits = model(x, each(at), positions=each(plan), position_ids=each(state.position_ids[rows, :width]),
                    key_valid=each(_key_mask(state, rows, width, padded, key_end)), cache=copies,
                    logits_from=each(logits_from))
-    usable = None
-    if model.config.logit_shift:
-        usable = full | (state.x[rows].gather(1, state.block_start[rows, None]).squeeze(1) != state.ids.mask)
-    sampler.read_drafts(state, rows, _score(state, sampler, rows.repeat_interleave(D), logits, observe), usable)
+    if copies is not None:
+        kv.write_rows(rows, copies, D + 1)
+    logits = logits.unflatten(0, (n, D + 1))
+    if D:
+        usable = None
+        if kv is not None and model.config.logit_shift:
+            usable = full | (state.x[rows].gather(1, state.block_start[rows, None]).squeeze(1) != state.ids.mask)
+        sampler.read_drafts(state, rows, _score(state, sampler, rows.repeat_interleave(D),
+                                                logits[:, 1:].flatten(0, 1), observe), usable)
+    return logits[:, 0]
 
 
 def _forward_shadowed(model, state: DecodeState, rows, at, width: int, padded: bool, key_end, shadow):
@@ -893,15 +882,13 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         out, shadow_logits = _forward_shadowed(model, state, rows, at, width, mask_keys, step.key_end, shadow)
         shadow_logits[..., state.ids.mask] = float("-inf")
         sampler.read_shadow(state, rows, *shadow, shadow_logits)
-    elif sampler.drafts and kv is None:
+    elif sampler.drafts:
         out = _forward_drafts(model, state, request, rows, at, width, mask_keys, step.key_end,
-                              policy.wants_confidence)
+                              policy.wants_confidence, kv, plan, logits_from,
+                              None if step.needs is None else step.needs.full)
     else:
         out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
                        (read["n_narrow"], read["narrow_width"]), hidden_only=fused, key_end=step.key_end)
-        if sampler.drafts:
-            _score_cached_drafts(model, state, request, rows, at, plan, logits_from, width, mask_keys, kv,
-                                 step.key_end, policy.wants_confidence, step.needs.full)
     add_at(state.nfe, rows, 1)
     scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out,
                                                                     policy.wants_confidence)
