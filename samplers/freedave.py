@@ -24,10 +24,10 @@ drafts write the block's other masks in the order of that forward's confidences.
 Confidences are the candidate's softmax probability in the request's `score_dtype`, as
 `low_confidence` computes them (its `logits_eos_inf` and `confidence_eos_eot_inf` options apply;
 FreeDave computes them in the logits' dtype: `score_dtype="logits"`).
-With a storing cache policy the drafts run in a second forward after the canvas's, with its
-recomputed columns, each reading a copy of its canvas's stored K/V: with `prefix` or `dual` (and
-no `refresh`, `guard` or `twins`) the tokens are those of `low_confidence` one token per step with
-that cache; on Dream a row's drafts verify nothing while its block's first column is masked (the
+With a storing cache policy the canvas and its drafts run with the canvas's recomputed columns
+through copies of its stored K/V (the canvas's copy written back), so each draft reads what the
+canvas reads: with `prefix` or `dual` (and no `refresh`, `guard` or `twins`) the tokens are those
+of `low_confidence` one token per step with that cache; on Dream a row's drafts verify nothing while its block's first column is masked (the
 column left of it is recomputed then, docs/samplers.md §25). Greedy only (temperature 0); no
 classifier-free guidance. `steps` is not used. Published
 settings (its evaluation scripts): drafts 4 (LLaDA; 8 for Dream and TraDo), block_length 32,
