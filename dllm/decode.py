@@ -562,6 +562,7 @@ class _Step:
     needs: Any = None                      # dllm.cache.Needs, or None without stored K/V
     recompute: torch.Tensor | None = None  # (B', L) bool: the needs' columns plus the logit sources
     key_end: torch.Tensor | None = None    # (B',) keys hidden from this column on (`Sampler.key_end`)
+    drafting: torch.Tensor | None = None   # 0-dim bool: some row has drafts to run (`Sampler.drafting`)
 
 
 def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _Step:
@@ -574,7 +575,8 @@ def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _
     row_end = state.row_end[rows]
     score_mask = score_mask & state.in_reach(rows)
     key_end = sampler.key_end(state, rows)
-    step = _Step(score_mask, row_end, policy.needs(state, rows, score_mask, key_end), key_end=key_end)
+    step = _Step(score_mask, row_end, policy.needs(state, rows, score_mask, key_end), key_end=key_end,
+                 drafting=sampler.drafting(state, rows) if sampler.drafts else None)
     if step.needs is not None:
         # The forward also recomputes the columns whose hidden states give the scored logits; a
         # row that scores nothing reads column 0.
@@ -590,7 +592,7 @@ def _read(state: DecodeState, rows, step: _Step, finite: torch.Tensor) -> dict[s
     the widths of the recompute plan."""
     finished = state.finished[rows]
     flags = {"finished": finished.any(), "all_finished": finished.all(), "stale": _stale_blocks(state, rows).any(),
-             "finite": finite}
+             "finite": finite, "drafting": step.drafting if step.drafting is not None else finite.new_ones(())}
     shortest, width = torch.aminmax(step.row_end)
     sizes = {"shortest": shortest, "width": width, "most": step.score_mask.sum(1).max()}
     if step.recompute is not None:
@@ -882,7 +884,7 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         out, shadow_logits = _forward_shadowed(model, state, rows, at, width, mask_keys, step.key_end, shadow)
         shadow_logits[..., state.ids.mask] = float("-inf")
         sampler.read_shadow(state, rows, *shadow, shadow_logits)
-    elif sampler.drafts:
+    elif sampler.drafts and read["drafting"]:
         out = _forward_drafts(model, state, request, rows, at, width, mask_keys, step.key_end,
                               policy.wants_confidence, kv, plan, logits_from,
                               None if step.needs is None else step.needs.full)
@@ -924,7 +926,7 @@ def _planned_widths(sampler, policy, state: DecodeState, cfg: GenerationConfig) 
 def _planned_read(state: DecodeState, most: int) -> dict[str, int]:
     """What `_read` would bring, known on the host for a step of a planned schedule."""
     length = state.length
-    return dict(finished=0, all_finished=0, stale=0, finite=1, shortest=length, width=length, most=most,
+    return dict(finished=0, all_finished=0, stale=0, finite=1, drafting=1, shortest=length, width=length, most=most,
                 all_full=1, plan_width=length, plan_min=length, n_narrow=0, narrow_width=0)
 
 

@@ -118,10 +118,17 @@ class Sampler:
         mask those of the row), scored at the row's scored columns."""
         raise NotImplementedError(f"sampler {self.name!r} declares drafts but no draft_canvases")
 
+    def drafting(self, state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
+        """For a `drafts` sampler: a 0-dim bool tensor, whether some row has a draft worth running
+        this step (read with the step's one host read; False: the forward runs the canvases alone).
+        Default: always."""
+        return torch.ones((), dtype=torch.bool, device=state.x.device)
+
     def read_drafts(self, state: DecodeState, rows: torch.Tensor, scores: TokenScores,
                     usable: torch.Tensor | None = None) -> None:
         """The `TokenScores` (B' * D, Q) of this step's drafts, row-major (row b's drafts first),
-        at the row's scored columns, before `step` and before the step's commits. `usable` (B',)
+        at the row's scored columns, before `step` and before the step's commits (not called at a
+        step that `drafting` says has none to run). `usable` (B',)
         bool, or None for every row: the rows whose drafts score what their canvases would score
         as canvases (False: a stored column the drafts recompute differs from the one a later step
         would read)."""

@@ -99,6 +99,10 @@ class FreeDave(LowConfidence):
             canvases[:, j:].scatter_(2, index, value[:, None, None].expand(B, D - j, 1))
         return canvases
 
+    def drafting(self, state, rows):
+        """Whether some row has a candidate to draft (a block's first forward has none)."""
+        return (state.extra["freedave_count"][rows] > 0).any()
+
     def read_drafts(self, state, rows, scores, usable=None) -> None:
         """Kept for `step`."""
         state.extra["freedave_read"] = scores, usable
@@ -141,6 +145,11 @@ class FreeDave(LowConfidence):
         conf = self.scores_for(state, rows, positions, valid, scores).double()[:, None]
         token, open_ = scores.token[:, None], valid[:, None]
         read, usable = state.extra.pop("freedave_read", (None, None))
+        if D and read is None:          # no drafts ran (no row had a candidate): none verifies
+            read, usable = scores, torch.zeros_like(valid[:, 0])
+            read = type(scores)(token=scores.token.repeat_interleave(D, 0),
+                                prob=None if scores.prob is None else scores.prob.repeat_interleave(D, 0),
+                                logits=None if scores.logits is None else scores.logits.repeat_interleave(D, 0))
         if D:
             conf_d = self.scores_for(state, rows.repeat_interleave(D), positions.repeat_interleave(D, 0),
                                      valid.repeat_interleave(D, 0), read).double().view(B, D, Q)
