@@ -588,11 +588,14 @@ def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _
 
 def _read(state: DecodeState, rows, step: _Step, finite: torch.Tensor) -> dict[str, int]:
     """The step's one host read: whether some or all rows finished or must move blocks, whether the last
-    scores were finite, the shortest and longest kept row, the most columns a row scores, and
-    the widths of the recompute plan."""
+    scores were finite, whether some row has drafts to run (1 for a sampler without drafts), the
+    shortest and longest kept row, the most columns a row scores, and the widths of the recompute
+    plan."""
     finished = state.finished[rows]
     flags = {"finished": finished.any(), "all_finished": finished.all(), "stale": _stale_blocks(state, rows).any(),
-             "finite": finite, "drafting": step.drafting if step.drafting is not None else finite.new_ones(())}
+             "finite": finite}
+    if step.drafting is not None:
+        flags["drafting"] = step.drafting
     shortest, width = torch.aminmax(step.row_end)
     sizes = {"shortest": shortest, "width": width, "most": step.score_mask.sum(1).max()}
     if step.recompute is not None:
@@ -603,6 +606,7 @@ def _read(state: DecodeState, rows, step: _Step, finite: torch.Tensor) -> dict[s
         sizes.update(plan_width=widest, plan_min=counts.min(), n_narrow=n_narrow, narrow_width=narrow_width)
     values = torch.cat([torch.stack(list(flags.values())).long(), torch.stack(list(sizes.values()))]).tolist()
     read = dict(zip([*flags, *sizes], values))
+    read.setdefault("drafting", 1)
     if step.recompute is None:     # no plan: every row runs its whole canvas
         read.update(all_full=1, plan_width=1, plan_min=1, n_narrow=0, narrow_width=0)
     return read
