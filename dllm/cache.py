@@ -193,7 +193,7 @@ class KVCache:
             into.v = [t.new_empty(shape) for t in self.v]
             into.length, into.head_index = self.length, self.head_index
         for copy, t in zip(into.k + into.v, self.k + self.v):
-            copy.copy_(t.index_select(0, rows).repeat_interleave(times, 0))
+            copy.view(len(rows), times, *shape[1:]).copy_(t.index_select(0, rows)[:, None])
         return into
 
     def write_rows(self, rows: torch.Tensor, source: "KVCache", stride: int) -> None:

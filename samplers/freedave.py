@@ -146,11 +146,9 @@ class FreeDave(LowConfidence):
         token, open_ = scores.token[:, None], valid[:, None]
         read, usable = state.extra.pop("freedave_read", (None, None))
         if D and read is None:          # no drafts ran (no row had a candidate): none verifies
-            read, usable = scores, torch.zeros_like(valid[:, 0])
-            read = type(scores)(token=scores.token.repeat_interleave(D, 0),
-                                prob=None if scores.prob is None else scores.prob.repeat_interleave(D, 0),
-                                logits=None if scores.logits is None else scores.logits.repeat_interleave(D, 0))
-        if D:
+            conf, token, open_ = (t.expand(B, D + 1, Q) for t in (conf, token, open_))
+            usable = torch.zeros_like(valid[:, 0])
+        elif D:
             conf_d = self.scores_for(state, rows.repeat_interleave(D), positions.repeat_interleave(D, 0),
                                      valid.repeat_interleave(D, 0), read).double().view(B, D, Q)
             cols = state.gen_start + state.extra["freedave_cols"][rows]
