@@ -10,6 +10,7 @@ from typing import Any
 
 from . import samplers
 from .cache import CachePolicy, policy_class
+from .dpad import SuffixDropout
 from .state import MAX_INTEGER_ARGUMENT, plain_number
 
 
@@ -322,6 +323,10 @@ class GenerationConfig:
         the lower position), "float32", or "float64" (Fast-dLLM, older LLaDA). Dream's samplers
         always follow Dream's `sample_tokens` in the logits dtype.
     trace: record the step at which every generated position was committed.
+    suffix_dropout: DPad's suffix dropout (`dllm.dpad`): a dict of its settings, e.g.
+        {"window": 256, "sigma": 4, "scale": 2}; each forward then keeps the canvas up to the end of
+        the active block and a random few of the masks after it. None (default): off. Stored with
+        every setting filled in (`SuffixDropout.arguments`).
 
     Argument dicts are `*_kwargs` here; outputs and result rows record the resolved arguments as
     `sampler_args` / `cache_args`.
@@ -342,6 +347,7 @@ class GenerationConfig:
     tokens_per_step: int | None = None
     cache: Any = "none"
     cache_kwargs: dict[str, Any] = field(default_factory=dict)
+    suffix_dropout: dict[str, Any] | None = None
 
     def __post_init__(self):
         self._plain_numbers()
@@ -381,6 +387,8 @@ class GenerationConfig:
                 raise ValueError(f"{name} keys must be argument names (strings), got {key!r} "
                                  f"({type(key).__name__})")
         self._check_guidance()
+        if self.suffix_dropout is not None:
+            self.suffix_dropout = SuffixDropout.from_value(self.suffix_dropout).arguments()
 
 
     def _plain_numbers(self) -> None:

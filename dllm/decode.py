@@ -24,6 +24,7 @@ import torch
 from . import samplers
 from .cache import CachePolicy, get_policy
 from .config import GenerationConfig, ModelConfig
+from .dpad import Dropout, SuffixDropout, compact, compact_width
 from .kernels import token_scores
 from .kernels.head_scoring import head_scores, head_scoring_impl, suppression_bias
 from .kernels.scoring import TokenScores
@@ -339,10 +340,17 @@ def resolve_request(model, cfg: GenerationConfig) -> Request:
     sampler = resolve_sampler(model, cfg)
     cfg = model_lengths(model, cfg.replace(sampler=sampler, sampler_kwargs={}))
     if block is not None:
+        if cfg.suffix_dropout is not None:
+            raise ValueError(f"suffix_dropout drops masks after the active block from the attention of a "
+                             f"bidirectional model; {model.config.family} attends block-causally and never sees "
+                             f"them: leave suffix_dropout out")
         return _block_causal_request(model, cfg, sampler)
     if not sampler.uses_blocks and cfg.block_length not in (None, cfg.gen_length):
         warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region at once; "
                       f"block_length {cfg.block_length} is ignored", stacklevel=3)
+    if not sampler.uses_blocks and cfg.suffix_dropout is not None:
+        warnings.warn(f"sampler {sampler.name!r} decodes the whole generation region as one block, after which "
+                      f"no column is left to drop; suffix_dropout changes nothing", stacklevel=3)
     _warn_unused_schedule(cfg, sampler, stacklevel=3)
     own = sampler.block_length_for(model_source(model)) if sampler.uses_blocks and cfg.block_length is None else None
     if own is not None and cfg.gen_length % own == 0:
@@ -387,10 +395,11 @@ def _stale_blocks(state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
     return ~(state.masked_in_block(rows).any(1) | state.finished[rows] | state.block_hold[rows])
 
 
-def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
+def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor, dropout: Dropout | None = None) -> None:
     """Move the rows whose active block has no mask left to their next block (or finish them), for
     every row at once without reading the device. A row whose next block has no mask either is
-    moved again at the loop's next read (`_stale_blocks`)."""
+    moved again at the loop's next read (`_stale_blocks`). `dropout`: the decode's suffix dropout,
+    which draws the opened blocks' kept suffixes."""
     done = _stale_blocks(state, rows)                                              # (B',)
     end, row_end = state.block_end[rows], state.row_end[rows]
     opening = done & (end < row_end)            # a done row's next block starts at its block's end
@@ -399,6 +408,8 @@ def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor) -> None:
     state.step_in_block[rows] = state.step_in_block[rows].masked_fill(done, 0)
     state.finished[rows] = state.finished[rows] | (done ^ opening)
     sampler.begin_blocks(state, rows, opening)
+    if dropout is not None:
+        dropout.begin_blocks(state, rows, opening)
 
 
 def _apply(state: DecodeState, sampler, rows, positions, valid, scores, dec: Decision, flush: bool) -> torch.Tensor:
@@ -506,28 +517,34 @@ def _width_groups(plan: torch.Tensor, sizes: tuple[int, int] | None = None) -> l
     return [(narrow.logical_not().nonzero(as_tuple=True)[0], P), (narrow.nonzero(as_tuple=True)[0], narrow_width)]
 
 
-def _key_mask(state: DecodeState, rows, width: int, padded: bool, key_end) -> torch.Tensor | None:
-    """(B', W) bool, the keys the rows' forward attends to (padding and columns from `key_end`
-    hidden), or None when every key counts."""
+def _key_mask(state: DecodeState, rows, width: int, padded: bool, key_end,
+              visible: torch.Tensor | None = None) -> torch.Tensor | None:
+    """(B', W) bool, the keys the rows' forward attends to (padding, columns from `key_end` and
+    columns not `visible` (B', L) hidden), or None when every key counts."""
     key_valid = state.key_valid[rows, :width] if padded else None
-    if key_end is not None:
-        before = state.columns()[None, :width] < key_end[:, None]
-        key_valid = before if key_valid is None else key_valid & before
+    for shown in (None if key_end is None else state.columns()[None, :width] < key_end[:, None],
+                  None if visible is None else visible[:, :width]):
+        if shown is not None:
+            key_valid = shown if key_valid is None else key_valid & shown
     return key_valid
 
 
 def _forward(model, state: DecodeState, rows, positions, plan, padded: bool, kv, cfg_scale: float,
              width: int | None = None, logits_from: torch.Tensor | None = None,
              group_sizes: tuple[int, int] | None = None, hidden_only: bool = False,
-             key_end: torch.Tensor | None = None):
+             key_end: torch.Tensor | None = None, visible: torch.Tensor | None = None, kept_width: int = 0):
     """Logits (B', Q, V) at `positions` for the rows `rows`, on the canvas columns [0, width)
     (truncated rows need no more); keys at columns >= `key_end` (B',) are hidden from this forward
-    when given (`Sampler.key_end`); with classifier-free guidance the prompt-masked copy runs in
-    the same batched forward."""
+    when given (`Sampler.key_end`), and so are the columns not `visible` (B', L) (suffix dropout):
+    without a cache the forward then runs on the visible columns alone, `kept_width` of them per
+    row (`dllm.dpad.compact`); with classifier-free guidance the prompt-masked copy runs in the
+    same batched forward."""
     width = state.length if width is None else width
     x = state.x[rows, :width]                                                       # (B', W)
     pos_ids = state.position_ids[rows, :width]
-    key_valid = _key_mask(state, rows, width, padded, key_end)
+    key_valid = _key_mask(state, rows, width, padded, key_end, visible)
+    if visible is not None and kv is None:
+        x, pos_ids, key_valid, positions = compact(visible[:, :width], kept_width, x, pos_ids, key_valid, positions)
     if kv is not None and width < kv.length:
         kv = kv.narrow(width)
     if cfg_scale <= 0:
@@ -562,10 +579,11 @@ class _Step:
     needs: Any = None                      # dllm.cache.Needs, or None without stored K/V
     recompute: torch.Tensor | None = None  # (B', L) bool: the needs' columns plus the logit sources
     key_end: torch.Tensor | None = None    # (B',) keys hidden from this column on (`Sampler.key_end`)
+    visible: torch.Tensor | None = None    # (B', L) bool: the columns suffix dropout keeps (`dllm.dpad`)
     drafting: torch.Tensor | None = None   # 0-dim bool: some row has drafts to run (`Sampler.drafting`)
 
 
-def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _Step:
+def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool, dropout: Dropout | None = None) -> _Step:
     score_mask = sampler.score_mask(state, rows)
     if flush is True:  # last allowed forward: score every remaining mask so it can be filled
         score_mask = score_mask | state.masked_in_generation(rows)
@@ -577,12 +595,21 @@ def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool) -> _
     key_end = sampler.key_end(state, rows)
     step = _Step(score_mask, row_end, policy.needs(state, rows, score_mask, key_end), key_end=key_end,
                  drafting=sampler.drafting(state, rows) if sampler.drafts else None)
+    if step.needs is None and dropout is None:
+        return step
+    # The forward also computes the columns whose hidden states give the scored logits; a row
+    # that scores nothing reads column 0.
+    nothing = ~score_mask.any(1, keepdim=True) & state.first_column()
+    sources = source_columns(score_mask | nothing, model.config.logit_shift)
+    if dropout is not None:
+        step.visible = dropout.visible(state, rows, score_mask, sources)
     if step.needs is not None:
-        # The forward also recomputes the columns whose hidden states give the scored logits; a
-        # row that scores nothing reads column 0.
-        nothing = ~score_mask.any(1, keepdim=True) & state.first_column()
-        sources = source_columns(score_mask | nothing, model.config.logit_shift)
         step.recompute = (step.needs.columns | sources) & state.in_any_reach(rows)
+        if step.visible is not None:
+            # a row's first step in a block also computes the columns it has not shown before
+            opening = (state.step_in_block[rows] == 0)[:, None] & (state.columns()[None, :]
+                                                                     >= state.block_start[rows, None])
+            step.recompute = (step.recompute | opening) & step.visible
     return step
 
 
@@ -598,11 +625,15 @@ def _read(state: DecodeState, rows, step: _Step, finite: torch.Tensor) -> dict[s
         flags["drafting"] = step.drafting
     shortest, width = torch.aminmax(step.row_end)
     sizes = {"shortest": shortest, "width": width, "most": step.score_mask.sum(1).max()}
+    if step.visible is not None:
+        sizes["kept"] = step.visible.sum(1).max()
     if step.recompute is not None:
         counts = step.recompute.sum(1)
         widest = counts.max()
         _, n_narrow, narrow_width = _narrow_rows(counts, widest)
         flags["all_full"] = step.needs.full.all()
+        if step.visible is not None:    # a column suffix dropout hides is never recomputed
+            flags["all_full"] = flags["all_full"] & (step.visible | ~state.in_reach(rows)).all()
         sizes.update(plan_width=widest, plan_min=counts.min(), n_narrow=n_narrow, narrow_width=narrow_width)
     values = torch.cat([torch.stack(list(flags.values())).long(), torch.stack(list(sizes.values()))]).tolist()
     read = dict(zip([*flags, *sizes], values))
@@ -651,7 +682,11 @@ class Decoder:
             _check_shadow_block(model, sampler, policy, cfg)
         if sampler.drafts:
             _check_drafts(sampler, cfg)
-        self.planned = _planned_widths(sampler, policy, state, cfg)
+        self.dropout = None
+        if cfg.suffix_dropout is not None:
+            self.dropout = Dropout(SuffixDropout.from_value(cfg.suffix_dropout), state)
+            self.dropout.begin_blocks(state, self.rows, torch.ones_like(state.finished))
+        self.planned = None if self.dropout is not None else _planned_widths(sampler, policy, state, cfg)
         self.fused = _fuses_head_scoring(model, sampler, state, cfg, policy.wants_confidence)
         self.forwards = 0
         self.finite = state.finished.new_ones(())   # every score so far finite (0-dim bool)
@@ -660,7 +695,7 @@ class Decoder:
         self.cap = cfg.max_forwards or schedule.resolved_max_forwards + tail + sampler.forward_allowance(state)
         self.starts = None      # (B,) the forward count at which each row joined; None: all at the first
         self.done = False
-        _open_blocks(state, sampler, self.rows)
+        _open_blocks(state, sampler, self.rows, self.dropout)
 
     @property
     def joinable(self) -> bool:
@@ -736,7 +771,7 @@ class Decoder:
         state, sampler, policy = self.state, self.request.sampler, self.request.policy
         while not self.done:
             flush = self._flush()
-            step = _prepare(self.model, state, sampler, policy, self.rows, flush)
+            step = _prepare(self.model, state, sampler, policy, self.rows, flush, self.dropout)
             if self.planned is not None and self.forwards < len(self.planned):
                 read = _planned_read(state, self.planned[self.forwards])
             else:
@@ -747,12 +782,12 @@ class Decoder:
                     self.done = True
                     break
                 if read["stale"]:
-                    _open_blocks(state, sampler, self.rows)
+                    _open_blocks(state, sampler, self.rows, self.dropout)
                     continue
                 if read["finished"]:
                     self.rows = (~state.finished).nonzero(as_tuple=True)[0]
                     continue
-            scores = _step(self.model, state, self.request, self.rows, step, read, flush, self.fused)
+            scores = _step(self.model, state, self.request, self.rows, step, read, flush, self.fused, self.dropout)
             self.finite = self.finite & scores.finite()
             self.forwards += 1
             return True
@@ -789,7 +824,7 @@ def _check_drafts(sampler, cfg: GenerationConfig) -> None:
 
 
 def _forward_drafts(model, state: DecodeState, request: Request, rows, at, width: int, padded: bool, key_end,
-                    observe: bool, kv=None, plan=None, logits_from=None, full=None) -> torch.Tensor:
+                    observe: bool, kv=None, plan=None, logits_from=None, full=None, visible=None) -> torch.Tensor:
     """One forward of the rows' canvas [0, width) and of their drafts (`Sampler.draft_canvases`,
     (B', D, L)), each a batch row of its own, with the canvas's plan `plan`: the canvas logits at
     `at` (B', Q, V); the drafts' scores at `at` go to `Sampler.read_drafts`, (B' * D, Q) in
@@ -798,7 +833,8 @@ def _forward_drafts(model, state: DecodeState, request: Request, rows, at, width
     reads what its canvas reads and writes only its copy, and the canvas's copy is written back.
     On a model with shifted logits a partial step's plan holds the column left of the block while
     the block's first column is masked, and later steps keep the K/V computed there then: the
-    drafts of those rows (`full` (B'): the rows refreshing every column) are not usable."""
+    drafts of those rows (`full` (B'): the rows refreshing every column) are not usable. Columns not
+    `visible` (B', L) (suffix dropout) are hidden keys of the canvas and its drafts."""
     sampler = request.sampler
     drafts = sampler.draft_canvases(state, rows)[..., :width]                              # (B', D, W)
     n, D = drafts.shape[:2]
@@ -809,7 +845,7 @@ def _forward_drafts(model, state: DecodeState, request: Request, rows, at, width
         kv = kv.narrow(width) if width < kv.length else kv
         copies = state.extra["draft_kv"] = kv.repeated_rows(rows, D + 1, into=state.extra.get("draft_kv"))
     logits = model(x, each(at), positions=each(plan), position_ids=each(state.position_ids[rows, :width]),
-                   key_valid=each(_key_mask(state, rows, width, padded, key_end)), cache=copies,
+                   key_valid=each(_key_mask(state, rows, width, padded, key_end, visible)), cache=copies,
                    logits_from=each(logits_from))
     if copies is not None:
         kv.write_rows(rows, copies, D + 1)
@@ -823,14 +859,14 @@ def _forward_drafts(model, state: DecodeState, request: Request, rows, at, width
     return logits[:, 0]
 
 
-def _forward_shadowed(model, state: DecodeState, rows, at, width: int, padded: bool, key_end, shadow):
+def _forward_shadowed(model, state: DecodeState, rows, at, width: int, padded: bool, key_end, shadow, visible=None):
     """A full forward of the rows' canvas [0, width) with the shadow copies `shadow` = (columns
     (B', K), valid (B', K)) appended (`Sampler.shadow_columns`): the logits at `at` (B', Q, V) and
-    those of the copies (B', K, V)."""
+    those of the copies (B', K, V). Columns not `visible` (B', L) (suffix dropout) are hidden keys."""
     columns, valid = shadow
     n, K = columns.shape
     cols = state.columns()[:width]
-    keys = _key_mask(state, rows, width, padded, key_end)
+    keys = _key_mask(state, rows, width, padded, key_end, visible)
     if keys is None:
         keys = torch.ones(n, width, dtype=torch.bool, device=cols.device)
     x = torch.cat([state.x[rows, :width], torch.full_like(columns, state.ids.mask)], 1)        # (B', W + K)
@@ -867,9 +903,9 @@ def partial_block_problem(sampler: Sampler, prompt_lengths: list[int], block: in
 
 
 def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: dict, flush: bool,
-          fused: bool) -> TokenScores:
-    """One forward (`flush`: the cap's last; `fused`: the LM head fused into the scoring), its
-    scoring and the commits it decides; returns the scores."""
+          fused: bool, dropout: Dropout | None = None) -> TokenScores:
+    """One forward (`flush`: the cap's last; `fused`: the LM head fused into the scoring; `dropout`:
+    the decode's suffix dropout), its scoring and the commits it decides; returns the scores."""
     sampler, policy, cfg = request.sampler, request.policy, request.config
     kv = policy.kv if policy.needs_storage else None
     policy.advance(state, rows, step.needs)
@@ -885,16 +921,18 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
     mask_keys = state.padded or read["shortest"] < width   # without padding or cuts, no attention mask
     if sampler.shadow_block:
         shadow = sampler.shadow_columns(state, rows)
-        out, shadow_logits = _forward_shadowed(model, state, rows, at, width, mask_keys, step.key_end, shadow)
+        out, shadow_logits = _forward_shadowed(model, state, rows, at, width, mask_keys, step.key_end, shadow,
+                                               step.visible)
         shadow_logits[..., state.ids.mask] = float("-inf")
         sampler.read_shadow(state, rows, *shadow, shadow_logits)
     elif sampler.drafts and read["drafting"]:
         out = _forward_drafts(model, state, request, rows, at, width, mask_keys, step.key_end,
                               policy.wants_confidence, kv, plan, logits_from,
-                              None if step.needs is None else step.needs.full)
+                              None if step.needs is None else step.needs.full, step.visible)
     else:
         out = _forward(model, state, rows, at, plan, mask_keys, kv, cfg.cfg_scale, width, logits_from,
-                       (read["n_narrow"], read["narrow_width"]), hidden_only=fused, key_end=step.key_end)
+                       (read["n_narrow"], read["narrow_width"]), hidden_only=fused, key_end=step.key_end,
+                       visible=step.visible, kept_width=compact_width(read.get("kept", 0), width))
     add_at(state.nfe, rows, 1)
     scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out,
                                                                     policy.wants_confidence)
@@ -909,7 +947,7 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         hit[rows] |= flushed
     add_at(state.step_in_block, rows, 1)
     state.global_step += 1
-    _open_blocks(state, sampler, rows)
+    _open_blocks(state, sampler, rows, dropout)
     # A row with no mask left in its generation region is done, unless its sampler holds its block.
     left = state.masked_in_generation(rows).any(1)
     state.finished[rows] = state.finished[rows] | ~(left | state.block_hold[rows])

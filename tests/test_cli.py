@@ -116,6 +116,10 @@ def test_generate_options_build_the_request():
     assert (cfg.sampler, cfg.sampler_kwargs, cfg.cache, cfg.cache_kwargs) == ("threshold", {"tau": 0.8},
                                                                               "dkv-decode", {"refresh": 4})
     assert cfg.tokens_per_step == 2 and cfg.seed == 0 and cfg.gen_length is None and cfg.resolved_steps == 64
+    assert cfg.suffix_dropout is None
+    args = build_parser().parse_args(["generate", "hi", "--suffix-dropout", "window=64", "--suffix-dropout", "sigma=3"])
+    assert generation_config(args).suffix_dropout == dict(window=64, distribution="gaussian", seed=0, sigma=3,
+                                                          scale=2.0)
 
 
 def test_write_data_of_a_train_shard_is_a_validation_set(tmp_path, capsys):
@@ -185,6 +189,8 @@ def test_an_argument_called_name_and_a_bad_key_value_are_usage_errors(capsys):
     assert "cache policy 'dual' has no argument(s) 'name'" in capsys.readouterr().err
     assert main(["generate", "hi", "--sampler-arg", "tau"]) == 2
     assert "--sampler-arg 'tau' must look like key=value" in capsys.readouterr().err
+    assert main(["generate", "hi", "--suffix-dropout", "sigma=3"]) == 2
+    assert "suffix_dropout needs a window" in capsys.readouterr().err
 
 
 def test_train_filter_out_must_be_a_safetensors_file(tmp_path, capsys):

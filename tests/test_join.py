@@ -71,6 +71,9 @@ def run_with_joins(model, cfg, joins=JOINS):
     ("dream_dparallel", {"threshold": 2.0}, dict(gen_length=12, block_length=4)),
     ("freedave", {"drafts": 3}, dict(gen_length=16, block_length=8)),
     ("freedave", {"drafts": 8, "commit_block_start": True}, dict(gen_length=12, block_length=4, cache="prefix")),
+    ("threshold", {"tau": 0.5}, dict(gen_length=16, block_length=4, suffix_dropout={"window": 6, "seed": 2})),
+    ("low_confidence", {}, dict(gen_length=16, block_length=4, steps=16, cache="dkv-greedy",
+                                suffix_dropout={"window": 8, "distribution": "uniform", "keep": 3})),
 ])
 def test_rows_that_join_and_leave_decode_as_alone(model, sampler, kwargs, lengths):
     cfg = dllm.GenerationConfig(sampler=sampler, sampler_kwargs=kwargs, **lengths)

@@ -86,12 +86,14 @@ def test_chat_completion_equals_offline_generate(client, shipped):
 def test_completion_with_the_extension_object(client, shipped):
     model, tok = shipped
     prompt = tok.apply_chat_template(copy_messages(QUESTIONS[1]), add_generation_prompt=True, tokenize=False)
-    extension = {"sampler": "threshold", "sampler_args": {"tau": 0.7}, "block_length": 16}
+    extension = {"sampler": "threshold", "sampler_args": {"tau": 0.7}, "block_length": 16,
+                 "suffix_dropout": {"window": 8}}
     reply = client.completions.create(model="llada-pb-tiny", prompt=prompt, max_tokens=48,
                                       extra_body={"dllm": extension})
     ids = tok(prompt)["input_ids"]                 # as dllm.generate(..., chat=False) encodes it
     want = dllm.generate(model, tok, [ids], DEFAULTS.replace(gen_length=48, sampler="threshold",
-                                                              sampler_kwargs={"tau": 0.7}, block_length=16))
+                                                              sampler_kwargs={"tau": 0.7}, block_length=16,
+                                                              suffix_dropout={"window": 8}))
     assert reply.choices[0].text == want.texts[0]
     assert reply.usage.model_extra["forwards"] <= want.nfe[0] < 48       # answered once its prefix stops
 
@@ -188,6 +190,9 @@ def test_stop_strings_cut_the_answer(client, shipped):
     ({"dllm": {"sampler": "prophet", "sampler_args": {"base": "learn2pd", "base_kwargs": {"filter": "/etc/passwd"}}}},
      "dllm.sampler_args"),
     ({"dllm": {"steps": 10 ** 6}}, "dllm.steps"),
+    ({"dllm": {"suffix_dropout": {"window": 0}}}, "dllm.suffix_dropout"),
+    ({"dllm": {"suffix_dropout": {"sigma": 2}}}, "dllm.suffix_dropout"),
+    ({"dllm": {"suffix_dropout": 4}}, "dllm.suffix_dropout"),
     ({"dllm": {"sampler": "remdm", "sampler_args": {"remdm_steps": 10 ** 6}}}, None),   # more forwards than the
                                                                                           # server takes per token
 ])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed issue's GPU checks on a lent GPU machine (H100 or H200), writing every row under $OUT
-# (default runs/gpu-checks). Run from the repository root; needs no network. Thirteen parts, each
+# (default runs/gpu-checks). Run from the repository root; needs no network. Fourteen parts, each
 # within one 10-minute device call (every step has its own time limit, so a slow one leaves time
 # for the rest; rows are written as they are made, so a stopped step keeps its finished rows, except
 # bench_peers, which writes its rows once the peer has run every configuration;
@@ -59,6 +59,9 @@
 #   bash benchmarks/gpu/speed_checks.sh gaps       # graphed LLaDA-8B-shape decodes profiled: per step the
 #                                                   # wall time, the forwards' time and the device's busy
 #                                                   # time, with each decode's operator table
+#   bash benchmarks/gpu/speed_checks.sh dpad       # bench_dpad at the LLaDA-8B shape, bf16, prompt 256, gen
+#                                                   # 1024, block 32: suffix dropout against the same decode
+#                                                   # without it, no cache, prefix and dual
 set -u
 export PYTHONUNBUFFERED=1
 PART=${1:-generate}
@@ -154,6 +157,10 @@ moe)
     step caches-moe 200 caches-moe.log python benchmarks/bench_generate.py --caches --presets llada-moe-7b,llada2-mini \
         --policies none,dual --repeats 1 --no-headline --cuda-graphs --out "$OUT/caches-moe.jsonl"
     ;;
+dpad)
+    step dpad 500 dpad.log python benchmarks/bench_dpad.py --presets llada-8b --device cuda --dtype bfloat16 \
+        --prompt-length 256 --gen-length 1024 --block-length 32 --tokens-per-step 4 --repeats 1 --out "$OUT/dpad.jsonl"
+    ;;
 freedave)
     for grid in freedave freedave-dual; do
         for graphs in "" "--cuda-graphs"; do
@@ -246,7 +253,7 @@ serve)
     ;;
 *)
     echo "unknown part $PART: give moe, step, short, generate, peers, dream, dream-entropy, serve, rope, attention," \
-        "loop or gaps" >&2
+        "loop, gaps, freedave or dpad" >&2
     exit 2
     ;;
 esac

@@ -111,7 +111,8 @@ def _decoding_options(args, keep: set[str]) -> list[str]:
     runtime, samples), but those in `keep` (destinations)."""
     flags = {"grammar_url": "--grammar-server"}
     named = [flags.get(d, "--" + d.replace("_", "-")) for d in sorted(given(args) - keep - set(_RECORD_SHAPES))]
-    named += [flag for flag, value in (("--sampler-arg", args.sampler_arg), ("--cache-arg", args.cache_arg)) if value]
+    named += [flag for flag, value in (("--sampler-arg", args.sampler_arg), ("--cache-arg", args.cache_arg),
+                                       ("--suffix-dropout", args.suffix_dropout)) if value]
     return named
 
 

@@ -105,6 +105,9 @@ def add_request_options(p) -> None:
                    help=f"KV cache policy: {' | '.join(available_policies())} (default none)")
     g.add_argument("--cache-arg", action="append", metavar="KEY=VALUE",
                    help="cache policy argument, e.g. refresh=4, twins=true, guard=0.99 (repeatable)")
+    g.add_argument("--suffix-dropout", action="append", metavar="KEY=VALUE",
+                   help="DPad's suffix dropout setting, e.g. window=256, sigma=4, scale=2, distribution=uniform, "
+                        "keep=64, seed=0 (repeatable; window turns it on)")
     g.add_argument("--gen-length", action=Given, type=int, default=None,
                    help="tokens to generate (default: the checkpoint's max_new_tokens when its generation "
                         "config names one, else 128 for generate; each task's max_tokens for bench)")
@@ -144,10 +147,11 @@ _REQUEST_FIELDS = ("gen_length", "block_length", "steps", "tokens_per_step", "te
 
 def generation_config(args: argparse.Namespace) -> GenerationConfig:
     """The request of the decoding options in `args` (sampler and cache by name, with their
-    `--sampler-arg` / `--cache-arg` dicts)."""
+    `--sampler-arg` / `--cache-arg` dicts, and the `--suffix-dropout` settings)."""
     fields = {name: getattr(args, name) for name in _REQUEST_FIELDS if hasattr(args, name)}
+    dropout = parse_kv(getattr(args, "suffix_dropout", None), "--suffix-dropout")
     return GenerationConfig(**fields, sampler_kwargs=parse_kv(args.sampler_arg, "--sampler-arg"),
-                            cache_kwargs=parse_kv(args.cache_arg, "--cache-arg"))
+                            cache_kwargs=parse_kv(args.cache_arg, "--cache-arg"), suffix_dropout=dropout or None)
 
 
 def check_before_load(cfg: GenerationConfig) -> None:

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["fastdllm_generate_ref", "forward_ref", "vicinity_generate_ref"]
+__all__ = ["canvas_ref", "commit_ref", "counts_ref", "fastdllm_generate_ref", "forward_ref", "vicinity_generate_ref"]
 
 
 def _rope(x: Tensor, positions: Tensor, theta: float, fp32: bool) -> Tensor:
@@ -67,8 +67,9 @@ def _attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return (scores.softmax(-1) @ v.float()).to(q.dtype)
 
 
-def forward_ref(model, tokens: Tensor, start: int, past: list | None, mode: str):
-    """Run `tokens` (1, P), the canvas columns start..start+P-1.
+def forward_ref(model, tokens: Tensor, start: int, past: list | None, mode: str, positions: Tensor | None = None):
+    """Run `tokens` (1, P), the canvas columns start..start+P-1 (rotary positions `positions` (P,)
+    when given, for a canvas with columns left out).
 
     mode "full":   no past.
     mode "prefix": past holds the K/V of columns < start; keys = past ++ fresh.
@@ -78,7 +79,7 @@ def forward_ref(model, tokens: Tensor, start: int, past: list | None, mode: str)
     cfg = model.config
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     P = tokens.shape[1]
-    positions = torch.arange(start, start + P)
+    positions = torch.arange(start, start + P) if positions is None else positions
     h = model.embed(tokens)                                                    # (1, P, d)
     kv = []
     for i, layer in enumerate(model.layers):
@@ -107,7 +108,7 @@ def forward_ref(model, tokens: Tensor, start: int, past: list | None, mode: str)
     return logits, kv
 
 
-def _commit(x: Tensor, logits: Tensor, cols: Tensor, block: tuple[int, int], mask_id: int,
+def commit_ref(x: Tensor, logits: Tensor, cols: Tensor, block: tuple[int, int], mask_id: int,
             threshold: float | None, count: int | None) -> None:
     """Commit in place within the block; logits (P, V) aligned to the canvas columns `cols` (P,)."""
     s, e = block
@@ -127,7 +128,19 @@ def _commit(x: Tensor, logits: Tensor, cols: Tensor, block: tuple[int, int], mas
         x[0, cols[j]] = x0[j]
 
 
-def _counts(n: int, steps: int) -> list[int]:
+def canvas_ref(prompt: list[int], gen_length: int, block_length: int, mask_id: int,
+               steps: int | None) -> tuple[Tensor, list[tuple[int, int]], int | None]:
+    """The starting canvas (1, Lp + gen_length), its blocks [(s, e)], and the steps per block of
+    `steps` over the whole generation (None without)."""
+    Lp = len(prompt)
+    x = torch.full((1, Lp + gen_length), mask_id, dtype=torch.long)
+    x[0, :Lp] = torch.tensor(prompt)
+    n_blocks = gen_length // block_length
+    blocks = [(Lp + b * block_length, Lp + (b + 1) * block_length) for b in range(n_blocks)]
+    return x, blocks, None if steps is None else steps // n_blocks
+
+
+def counts_ref(n: int, steps: int) -> list[int]:
     return [n // steps + (1 if i < n % steps else 0) for i in range(steps)]
 
 
@@ -142,21 +155,16 @@ def fastdllm_generate_ref(model, prompt: list[int], *, gen_length: int, block_le
     assert mode in ("prefix", "dual") and gen_length % block_length == 0
     cfg = model.config
     mask_id, shift = cfg.mask_token_id, int(cfg.logit_shift)
-    Lp = len(prompt)
-    x = torch.full((1, Lp + gen_length), mask_id, dtype=torch.long, device=model.device)
-    x[0, :Lp] = torch.tensor(prompt)
+    x, blocks, per_block = canvas_ref(prompt, gen_length, block_length, mask_id, None if threshold is not None else steps)
     L = x.shape[1]
-    n_blocks = gen_length // block_length
-    per_block = None if threshold is not None else steps // n_blocks
     nfe = 0
-    for b in range(n_blocks):
-        s, e = Lp + b * block_length, Lp + (b + 1) * block_length
-        counts = None if per_block is None else _counts(int((x[0, s:e] == mask_id).sum()), per_block)
+    for s, e in blocks:
+        counts = None if per_block is None else counts_ref(int((x[0, s:e] == mask_id).sum()), per_block)
         # 1. the block-start forward stores every column's K/V and is the first decoding step
         raw, kv = forward_ref(model, x, 0, None, "full")
         nfe += 1
         logits = torch.cat([raw[:, :1], raw[:, :-1]], dim=1) if shift else raw  # aligned
-        _commit(x, logits[0], torch.arange(L), (s, e), mask_id, threshold, None if counts is None else counts[0])
+        commit_ref(x, logits[0], torch.arange(L), (s, e), mask_id, threshold, None if counts is None else counts[0])
         i = 1
         while bool((x[0, s:e] == mask_id).any()):
             # Dream recomputes the column left of the block while the block's first position, which
@@ -177,7 +185,7 @@ def fastdllm_generate_ref(model, prompt: list[int], *, gen_length: int, block_le
             else:       # column s is not predicted here (it is not masked): a placeholder row
                 logits = torch.cat([raw[0, :1], raw[0, :end - s - 1]])
             count = None if counts is None else counts[min(i, len(counts) - 1)]
-            _commit(x, logits, torch.arange(s, end), (s, e), mask_id, threshold, count)
+            commit_ref(x, logits, torch.arange(s, end), (s, e), mask_id, threshold, count)
             i += 1
     return x, nfe
 
@@ -213,7 +221,7 @@ def vicinity_generate_ref(model, prompt: list[int], *, gen_length: int, block_le
                 raw, _ = forward_ref(model, x[:, a:z], a, kv, "dual")
                 cols = torch.arange(a, z)
             nfe += 1
-            _commit(x, raw[0], cols, (s, e), mask_id, threshold, None)
+            commit_ref(x, raw[0], cols, (s, e), mask_id, threshold, None)
             opening = False
     return x, nfe
 
