@@ -66,6 +66,7 @@ class SuffixDropout:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"suffix_dropout {name} must be a finite number > 0, got {value!r}")
+            object.__setattr__(self, name, float(value))     # 4 and 4.0 are one setting
         if self.keep is not None:
             if self.distribution != "uniform":
                 raise ValueError(f"suffix_dropout keep ({self.keep!r}) is for distribution 'uniform'; the gaussian "

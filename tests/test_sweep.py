@@ -284,8 +284,19 @@ def test_the_package_docstrings_grid_file_runs_the_top_level_product_and_its_ext
     block = "\n".join(line[4:] for line in text.split("\n\n")[1].splitlines())
     import yaml
     grid = sweep.parse_grid(yaml.safe_load(block))
-    # (4 low_confidence + 3 threshold + 2 learn2pd) x 3 caches, then threshold x prefix, dual
-    assert len(grid.points) == 9 * 3 + 2
+    # (4 low_confidence + 3 threshold + 2 learn2pd) x 3 caches x 2 dropouts, then threshold x prefix, dual x 2
+    assert len(grid.points) == 9 * 3 * 2 + 2 * 2
+    dropped = [p for p in grid.points if p.generation.suffix_dropout is not None]
+    assert len(dropped) == len(grid.points) // 2
+    assert all(p.label.endswith("+dpad(window=32, distribution=gaussian, seed=0, sigma=4, scale=2)") for p in dropped)
+    assert len({p.key() for p in grid.points}) == len(grid.points)
+
+
+def test_a_dropout_axis_of_equal_settings_runs_once():
+    grid = sweep.parse_grid({"samplers": ["threshold"], "suffix_dropouts": [{"window": 8}, {"window": 8, "sigma": 4},
+                                                                           None, "null"]})
+    assert [p.generation.suffix_dropout for p in grid.points][:2] == [
+        dict(window=8, distribution="gaussian", seed=0, sigma=4.0, scale=2.0), None]
 
 
 BAD_GRIDS = [
@@ -318,6 +329,8 @@ BAD_GRIDS = [
     ({"samplers": ["threshold"], "caches": [{"name": "dkv-decode", "args": {1: 4}}]}, r"caches\[0\] \(dkv-decode\)"
                                                                                       r".args: argument name 1"),
     ({"samplers": ["threshold"], "grids": [None]}, r"grid.grids\[0\] must be a mapping with keys models"),
+    ({"samplers": ["threshold"], "suffix_dropouts": [None, {"window": 0}]}, r"suffix_dropouts\[1\]: suffix_dropout "
+                                                                          r"window must be a positive integer"),
 ]
 
 

@@ -9,8 +9,8 @@ summary per configuration, Pareto plots, PB@X and a Markdown report.
 
 A *configuration* is one model, one sampler with its arguments, one cache policy with its
 arguments, a block length, a generation length (None: the checkpoint's generation length when it
-names one, else each task's `max_tokens`) and a step count
-or tokens per step; the grid is the cartesian product of the axes, and each sampler's argument
+names one, else each task's `max_tokens`), a step count
+or tokens per step, and a suffix dropout (None: off); the grid is the cartesian product of the axes, and each sampler's argument
 lists multiply out. Every configuration is run over the same tasks and samples (generated test
 split by default, the official files with `data_dir`), through `dllm.eval.runner.run_bench`, so its
 rows are the bench rows and its run id the bench run id.
@@ -22,6 +22,7 @@ Grid file (YAML or TOML; the command line builds the same structure)::
     models: [null]               # null (TOML: "default") = the shipped default model
     block_lengths: [null]        # null = one block over the generation
     gen_lengths: [null]          # null = the checkpoint's length, else each task's max_tokens
+    suffix_dropouts: [null, {window: 32}]   # DPad's suffix dropout: null = off (docs/suffix-dropout.md)
     caches: [none, {name: dkv-decode, args: {refresh: [4, 8]}}]
     samplers:
       - {name: low_confidence, tokens_per_step: [1, 2, 4, 8]}

@@ -19,10 +19,11 @@ from dllm import samplers
 from dllm.attention import get_backend
 from dllm.cache import available_policies, policy_class
 from dllm.config import GenerationConfig
+from dllm.dpad import SuffixDropout
 from dllm.eval.runner import BenchConfig, cache_identity, model_identity
 from dllm.models.loading import parse_device, resolve_dtype
 
-AXES = ("models", "samplers", "caches", "block_lengths", "gen_lengths")
+AXES = ("models", "samplers", "caches", "block_lengths", "gen_lengths", "suffix_dropouts")
 SAMPLER_KEYS = ("name", "args", "tokens_per_step", "steps", "block_lengths", "gen_lengths")
 CACHE_KEYS = ("name", "args")
 
@@ -110,8 +111,12 @@ class SweepPoint:
     label: str = ""
 
     def key(self) -> str:
-        """The configuration's identity (every field but the label): equal keys are one configuration."""
-        return json.dumps({"model": self.model, **dataclasses.asdict(self.generation)}, sort_keys=True, default=str)
+        """The configuration's identity (every field but the label, and `suffix_dropout` when off): equal
+        keys are one configuration."""
+        fields = dataclasses.asdict(self.generation)
+        if fields["suffix_dropout"] is None:
+            del fields["suffix_dropout"]
+        return json.dumps({"model": self.model, **fields}, sort_keys=True, default=str)
 
     def bench_config(self, settings: SweepSettings, out: str | None = None) -> BenchConfig:
         """The bench runner's config of this configuration under `settings`; `out`: its rows file."""
@@ -271,6 +276,21 @@ def _cache_entries(entries, where: str) -> list[tuple[str, dict, tuple]]:
     return out
 
 
+def _dropout_entries(entries, where: str) -> list[dict | None]:
+    """Each suffix dropout setting of the axis, its settings filled in: null, 'none' or 'default'
+    (off; TOML has no null) or a mapping of `dllm.dpad.SuffixDropout`'s fields."""
+    out = []
+    for i, e in enumerate(_alternatives(entries)):
+        if isinstance(e, str) and e.strip().lower() in ("default", "none", "null"):
+            e = None
+        try:
+            dropout = SuffixDropout.from_value(e)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{where}[{i}]: {err}") from None
+        out.append(None if dropout is None else dropout.arguments())
+    return out
+
+
 def parse_grid(data: dict, source: str = "grid") -> Grid:
     """A Grid from the mapping of a grid file (see the module doc). Raises ValueError naming any
     unknown key, name or argument and any value out of range, with what is allowed."""
@@ -290,7 +310,8 @@ def parse_grid(data: dict, source: str = "grid") -> Grid:
     for i, sub in enumerate(subs):
         where = source if data.get("grids") is None else f"{source}.grids[{i}]"
         _check_keys(sub, AXES, where)
-        axes = {"models": [None], "caches": ["none"], "block_lengths": [None], "gen_lengths": [None], **top, **sub}
+        axes = {"models": [None], "caches": ["none"], "block_lengths": [None], "gen_lengths": [None],
+                "suffix_dropouts": [None], **top, **sub}
         if "samplers" not in axes:
             raise ValueError(f"{where}: no samplers; give `samplers` (names or mappings with name/args), or "
                              f"--sampler on the command line")
@@ -301,24 +322,23 @@ def parse_grid(data: dict, source: str = "grid") -> Grid:
         blocks = [_length(v, f"{where}.block_lengths") for v in _alternatives(axes["block_lengths"])]
         gens = [_length(v, f"{where}.gen_lengths") for v in _alternatives(axes["gen_lengths"])]
         caches = _cache_entries(axes["caches"], f"{where}.caches")
+        dropouts = _dropout_entries(axes["suffix_dropouts"], f"{where}.suffix_dropouts")
         for model in models:
             for s in _sampler_entries(axes["samplers"], f"{where}.samplers"):
-                for combo in s["combos"]:
-                    for kind, count in s["schedule"]:
-                        for cache, cache_args, cache_same in caches:
-                            for block in s.get("block_lengths", blocks if combo.uses_blocks else [None]):
-                                for gen in s.get("gen_lengths", gens):
-                                    request = GenerationConfig(
-                                        sampler=s["name"], sampler_kwargs=combo.given, cache=cache,
-                                        cache_kwargs=cache_args, gen_length=gen, block_length=block,
-                                        **{kind: count})
-                                    # Equal as decoded: one model folder however spelled, arguments
-                                    # with their defaults filled in and compared as numbers (1 == 1.0).
-                                    same = (model_identity(model), s["name"], combo.resolved, cache_same, gen,
-                                            block, kind if count is not None else None, count)
-                                    if same not in seen:
-                                        seen.append(same)
-                                        points.append(SweepPoint(model=model, generation=request))
+                for combo, (kind, count), (cache, cache_args, cache_same), dropout in itertools.product(
+                        s["combos"], s["schedule"], caches, dropouts):
+                    for block in s.get("block_lengths", blocks if combo.uses_blocks else [None]):
+                        for gen in s.get("gen_lengths", gens):
+                            request = GenerationConfig(
+                                sampler=s["name"], sampler_kwargs=combo.given, cache=cache, cache_kwargs=cache_args,
+                                gen_length=gen, block_length=block, suffix_dropout=dropout, **{kind: count})
+                            # Equal as decoded: one model folder however spelled, arguments with their
+                            # defaults filled in and compared as numbers (1 == 1.0).
+                            same = (model_identity(model), s["name"], combo.resolved, cache_same, gen, block,
+                                    kind if count is not None else None, count, json.dumps(dropout, sort_keys=True))
+                            if same not in seen:
+                                seen.append(same)
+                                points.append(SweepPoint(model=model, generation=request))
     names = model_names([p.model for p in points])
     for p in points:
         p.label = point_label(p, model_name=names[p.model] if len(names) > 1 else None)
@@ -515,6 +535,8 @@ def point_label(p: SweepPoint, model_name: str | None = None) -> str:
         s += f" blk={g.block_length}"
     if g.gen_length is not None:
         s += f" gen={g.gen_length}"
+    if g.suffix_dropout is not None:
+        s += f" +dpad({_fmt_args(g.suffix_dropout)})"
     if model_name is not None:
         s = f"{model_name}: {s}"
     return s
