@@ -605,11 +605,8 @@ def _prepare(model, state: DecodeState, sampler, policy, rows, flush: bool, drop
         step.visible = dropout.visible(state, rows, score_mask, sources)
     if step.needs is not None:
         step.recompute = (step.needs.columns | sources) & state.in_any_reach(rows)
-        if step.visible is not None:
-            # a row's first step in a block also computes the columns it has not shown before
-            opening = (state.step_in_block[rows] == 0)[:, None] & (state.columns()[None, :]
-                                                                     >= state.block_start[rows, None])
-            step.recompute = (step.recompute | opening) & step.visible
+        if step.visible is not None:   # hidden columns are not computed; columns shown anew are
+            step.recompute = (step.recompute | dropout.newly_visible(rows, step.visible)) & step.visible
     return step
 
 
@@ -728,6 +725,8 @@ class Decoder:
         start = max(state.gen_start, other.state.gen_start)
         self.request.policy.append_rows(other.request.policy, start - state.gen_start,
                                         start - other.state.gen_start, state.ids.pad)
+        if self.dropout is not None:
+            self.dropout.append_rows(other.dropout, start - state.gen_start, start - other.state.gen_start)
         state.append_rows(other.state, self.request.sampler.row_state)
         starts = self.starts if self.starts is not None else torch.zeros(n, dtype=torch.long, device=self.rows.device)
         self.starts = torch.cat([starts, torch.full((other.state.batch_size,), self.forwards, dtype=torch.long,
@@ -745,6 +744,8 @@ class Decoder:
         keep = torch.tensor(order, dtype=torch.long, device=self.state.x.device)
         self.state.keep_rows(keep, self.request.sampler.row_state or (), padded=any(padded[r] for r in order))
         self.request.policy.keep_rows(keep, order)
+        if self.dropout is not None:
+            self.dropout.keep_rows(keep)
         if self.starts is not None:
             self.starts = self.starts[keep]
         self.rows = torch.arange(len(order), device=keep.device)
@@ -934,6 +935,8 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
                        (read["n_narrow"], read["narrow_width"]), hidden_only=fused, key_end=step.key_end,
                        visible=step.visible, kept_width=compact_width(read.get("kept", 0), width))
     add_at(state.nfe, rows, 1)
+    if kv is not None and step.visible is not None:
+        dropout.show(rows, step.visible)
     scores = _score_hidden(model, state, out) if fused else _score(state, sampler, rows, out,
                                                                     policy.wants_confidence)
     if policy.wants_confidence:

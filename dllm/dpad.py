@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .state import MAX_INTEGER_ARGUMENT, DecodeState, cover_columns, plain_number
+from .state import MAX_INTEGER_ARGUMENT, DecodeState, cover_columns, pad_columns_left, plain_number
 
 DISTRIBUTIONS = ("gaussian", "uniform")
-KEPT, BLOCKS = "dpad_kept", "dpad_blocks"      # per-row entries of `DecodeState.extra`
 COMPACT_MULTIPLE = 16     # a kept canvas is padded to a multiple of this many columns (fewer layouts to compile)
 
 
@@ -103,59 +102,86 @@ class SuffixDropout:
             out["keep"] = self.window if self.keep is None else self.keep
         return out
 
-    def probabilities(self) -> torch.Tensor:
-        """(window,) float64: the gaussian's keep probability of each offset (capped at 1)."""
-        x = torch.linspace(0.0, self.sigma, self.window, dtype=torch.float64)
+    def probabilities(self, width: int | None = None) -> torch.Tensor:
+        """(width,) float64: the gaussian's keep probability of the first `width` offsets (default
+        the window; capped at 1)."""
+        x = torch.linspace(0.0, self.sigma, self.window, dtype=torch.float64)[:width]
         return (self.scale * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)).clamp(max=1.0)
 
-    def uniforms(self, blocks: int) -> torch.Tensor:
-        """(blocks, window) float64 in [0, 1): the draw of a row's n-th block is row n."""
+    def uniforms(self, blocks: int, width: int) -> torch.Tensor:
+        """(blocks, width) float64 in [0, 1): the draws of the first `width` offsets, row n for a
+        row's n-th block."""
         gen = torch.Generator().manual_seed(self.seed)
-        return torch.rand(blocks, self.window, generator=gen, dtype=torch.float64)
+        return torch.rand(blocks, width, generator=gen, dtype=torch.float64)
 
     def kept(self, draws: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
-        """The kept offsets (B, window) bool of rows with the draws `draws` (B, window) and
-        `remaining` (B,) suffix columns after their block."""
-        offsets = torch.arange(self.window, device=draws.device)
-        present = offsets[None, :] < remaining[:, None]
+        """The kept offsets (B, W) bool of rows with the draws `draws` (B, W) of the first W offsets
+        and `remaining` (B,) suffix columns after their block (at most W of them count)."""
+        W = draws.shape[1]
+        present = torch.arange(W, device=draws.device)[None, :] < remaining[:, None]
         if self.distribution == "gaussian":
-            return present & (draws < self.probabilities().to(draws.device))
+            return present & (draws < self.probabilities(W).to(draws.device))
         keep = self.window if self.keep is None else self.keep
-        u = draws.masked_fill(~present, 2.0)
-        rank = (u[:, None, :] < u[:, :, None]).sum(-1)          # (B, W) how many present draws are smaller
+        rank = draws.masked_fill(~present, 2.0).argsort(1).argsort(1)        # present draws first, ascending
         return present & (rank < keep)
 
 
 class Dropout:
-    """A decode's suffix dropout: draws a row's kept columns when it opens a block (`begin_blocks`)
-    and gives each step's visible columns (`visible`)."""
+    """A decode's suffix dropout and its per-row state: the kept offsets of each row's block
+    (`kept` (B, W)), how many blocks it opened (`blocks` (B,)), and the columns its last forward
+    showed (`shown` (B, L)). `begin_blocks` draws when rows open blocks, `visible` gives a step's
+    columns, `newly_visible` those a stored K/V may lack; `keep_rows` / `append_rows` follow the
+    batch's rows as the policies' do."""
 
     def __init__(self, settings: SuffixDropout, state: DecodeState):
         self.settings = settings
-        # at most one block per generated column: a row's n-th block, n < gen_length + 1
-        self.draws = settings.uniforms(state.gen_length + 1).to(state.x.device)
-        state.extra[KEPT] = torch.zeros(state.batch_size, settings.window, dtype=torch.bool, device=state.x.device)
-        state.extra[BLOCKS] = torch.zeros(state.batch_size, dtype=torch.long, device=state.x.device)
+        device = state.x.device
+        # the offsets past the generation are never present; a row opens at most one block per column
+        width = min(settings.window, state.gen_length)
+        self.draws = settings.uniforms(state.gen_length + 1, width).to(device)
+        self.kept = torch.zeros(state.batch_size, width, dtype=torch.bool, device=device)
+        self.blocks = torch.zeros(state.batch_size, dtype=torch.long, device=device)
+        self.shown = torch.zeros(state.batch_size, state.length, dtype=torch.bool, device=device)
 
     def begin_blocks(self, state: DecodeState, rows: torch.Tensor, opening: torch.Tensor) -> None:
         """Draw the kept suffix of the rows `rows` (B',) marked `opening` (B',) bool, without a host read."""
-        blocks = state.extra[BLOCKS][rows]
+        blocks = self.blocks[rows]
         remaining = state.row_end[rows] - state.block_end[rows]
         kept = self.settings.kept(self.draws[blocks.clamp(max=len(self.draws) - 1)], remaining)
-        state.extra[KEPT][rows] = torch.where(opening[:, None], kept, state.extra[KEPT][rows])
-        state.extra[BLOCKS][rows] = blocks + opening.long()
+        self.kept[rows] = torch.where(opening[:, None], kept, self.kept[rows])
+        self.blocks[rows] = blocks + opening.long()
 
     def visible(self, state: DecodeState, rows: torch.Tensor, score_mask: torch.Tensor,
                 sources: torch.Tensor) -> torch.Tensor:
         """(B', L) bool, the columns this step's forward keeps: those before the block's end, the
         kept suffix masks, every written column, and the scored columns and their logit sources
         (`sources`, (B', L) bool); none past a row's end."""
-        window = self.settings.window
+        W = self.kept.shape[1]
         offset = state.columns()[None, :] - state.block_end[rows, None]           # (B', L)
-        in_window = (offset >= 0) & (offset < window)
-        kept = state.extra[KEPT][rows].gather(1, offset.clamp(0, window - 1)) & in_window
+        kept = self.kept[rows].gather(1, offset.clamp(0, W - 1)) & (offset >= 0) & (offset < W)
         keep = (offset < 0) | kept | ~state.is_mask[rows] | score_mask | sources
         return keep & state.in_reach(rows)
+
+    def newly_visible(self, rows: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """(B', L) bool: the `visible` columns the rows' last forward hid (a block that opened, an end
+        that moved, a column scored past the window): their stored K/V may be stale or never written."""
+        return visible & ~self.shown[rows]
+
+    def show(self, rows: torch.Tensor, visible: torch.Tensor) -> None:
+        """Record the columns the rows' forward showed."""
+        self.shown[rows] = visible
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep the rows `rows` only (`DecodeState.keep_rows`)."""
+        self.kept, self.blocks, self.shown = self.kept[rows], self.blocks[rows], self.shown[rows]
+
+    def append_rows(self, other: "Dropout", left: int, other_left: int) -> None:
+        """Append the rows of `other` (the same settings and generation length), this side's columns
+        moved `left` to the right and other's `other_left` (`DecodeState.append_rows`)."""
+        self.kept = torch.cat([self.kept, other.kept])
+        self.blocks = torch.cat([self.blocks, other.blocks])
+        self.shown = torch.cat([pad_columns_left(self.shown, left, False), pad_columns_left(other.shown, other_left,
+                                                                                            False)])
 
 
 def compact_width(count: int, width: int) -> int:

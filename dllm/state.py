@@ -286,7 +286,7 @@ class DecodeState:
     # -- rows joining and leaving (continuous batching) ---------------------------------------
     _ROW_TENSORS = ("x", "pad_len", "block_start", "block_end", "step_in_block", "nfe", "finished", "block_hold",
                     "edits", "remasks", "commit_step", "row_end", "key_valid", "position_ids")
-    _ROW_EXTRA = ("hit_cap", "dpad_kept", "dpad_blocks")   # per-row entries of `extra` the loop itself keeps
+    _ROW_EXTRA = ("hit_cap",)      # per-row entries of `extra` the loop itself keeps
 
     def keep_rows(self, rows: torch.Tensor, row_extra: tuple = (), padded: bool | None = None) -> None:
         """Keep only the rows `rows` (in that order), in place; `row_extra`: the keys of `extra`

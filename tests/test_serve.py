@@ -193,6 +193,8 @@ def test_stop_strings_cut_the_answer(client, shipped):
     ({"dllm": {"suffix_dropout": {"window": 0}}}, "dllm.suffix_dropout"),
     ({"dllm": {"suffix_dropout": {"sigma": 2}}}, "dllm.suffix_dropout"),
     ({"dllm": {"suffix_dropout": 4}}, "dllm.suffix_dropout"),
+    ({"dllm": {"suffix_dropout": {}}}, "dllm.suffix_dropout"),
+    ({"dllm": {"suffix_dropout": True}}, "dllm.suffix_dropout"),
     ({"dllm": {"sampler": "remdm", "sampler_args": {"remdm_steps": 10 ** 6}}}, None),   # more forwards than the
                                                                                           # server takes per token
 ])
@@ -347,6 +349,20 @@ def test_request_arguments_add_to_the_servers_for_its_sampler_and_cache():
     assert got.sampler_kwargs == {"logits_eos_inf": False} and got.cache_kwargs == {"refresh": 4}
     got = config(sampler="threshold", sampler_args={"tau": 0.8}, cache="dual")
     assert got.sampler_kwargs == {"tau": 0.8} and got.cache_kwargs == {}
+
+
+def test_a_request_replaces_or_turns_off_the_servers_suffix_dropout():
+    from dllm.serve.schema import CompletionRequest, request_config
+
+    defaults = DEFAULTS.replace(suffix_dropout={"window": 64})
+
+    def config(**dllm_fields):
+        return request_config(CompletionRequest(prompt="Hi", dllm=dllm_fields), defaults, None)
+
+    assert config().suffix_dropout["window"] == 64
+    assert config(suffix_dropout={"window": 8, "sigma": 2}).suffix_dropout == dict(
+        window=8, distribution="gaussian", seed=0, sigma=2.0, scale=2.0)
+    assert config(suffix_dropout=False).suffix_dropout is None
 
 
 def test_text_that_is_not_utf8_is_refused_by_name_in_messages_and_in_errors(server):

@@ -40,7 +40,7 @@ class DllmOptions(BaseModel):
     cache_args: dict[str, Any] | None = None
     block_length: StrictInt | None = Field(None, ge=1)
     steps: StrictInt | None = Field(None, ge=1)
-    suffix_dropout: dict[str, Any] | None = None
+    suffix_dropout: dict[str, Any] | Literal[False] | None = None    # false: off, whatever the server's default
     stream_canvas: StrictBool | None = None      # null: false, as OpenAI's own optional booleans
 
 
@@ -191,7 +191,8 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
         (_param("dllm.cache", options.cache, options.cache_args, available_policies()), _cache_fields(options, defaults)),
         ("dllm.block_length", dict(block_length=options.block_length) if options.block_length else {}),
         ("dllm.steps", dict(steps=options.steps, tokens_per_step=None) if options.steps else {}),
-        ("dllm.suffix_dropout", dict(suffix_dropout=options.suffix_dropout) if options.suffix_dropout else {}),
+        ("dllm.suffix_dropout", {} if options.suffix_dropout is None else
+         dict(suffix_dropout=None if options.suffix_dropout is False else options.suffix_dropout)),
     ]
     config = defaults
     for param, changes in stages:
