@@ -327,6 +327,10 @@ class GenerationConfig:
         {"window": 256, "sigma": 4, "scale": 2}; each forward then keeps the canvas up to the end of
         the active block and a random few of the masks after it. None (default): off. Stored with
         every setting filled in (`SuffixDropout.arguments`).
+    eos_early_stop: a row stops once a block it completes holds an EOS or end-of-turn token: its
+        later masked columns become EOS (committed at that step) and it takes no more forwards. The
+        answer, cut at its first EOS/EOT, is the one decoded without it, unless the sampler
+        re-masks columns of earlier blocks (`rcr`). False (default): every block is decoded.
 
     Argument dicts are `*_kwargs` here; outputs and result rows record the resolved arguments as
     `sampler_args` / `cache_args`.
@@ -348,6 +352,7 @@ class GenerationConfig:
     cache: Any = "none"
     cache_kwargs: dict[str, Any] = field(default_factory=dict)
     suffix_dropout: dict[str, Any] | None = None
+    eos_early_stop: bool = False
 
     def __post_init__(self):
         self._plain_numbers()
@@ -365,8 +370,9 @@ class GenerationConfig:
                              f"{self.temperature!r}")
         if self.chat is not None and not isinstance(self.chat, bool):
             raise ValueError(f"chat must be True, False or None (the model's default), got {self.chat!r}")
-        if not isinstance(self.trace, bool):
-            raise ValueError(f"trace must be True or False, got {self.trace!r}")
+        for name in ("trace", "eos_early_stop"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.cfg_scale, bool) or not isinstance(self.cfg_scale, (int, float)) \
                 or not 0 <= self.cfg_scale <= LARGEST_SCALE:
             raise ValueError(f"cfg_scale must be a finite number >= 0 (at most {LARGEST_SCALE:g}), got "

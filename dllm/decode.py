@@ -395,13 +395,19 @@ def _stale_blocks(state: DecodeState, rows: torch.Tensor) -> torch.Tensor:
     return ~(state.masked_in_block(rows).any(1) | state.finished[rows] | state.block_hold[rows])
 
 
-def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor, dropout: Dropout | None = None) -> None:
+def _open_blocks(state: DecodeState, sampler, rows: torch.Tensor, dropout: Dropout | None = None,
+                 eos_stop: bool = False) -> None:
     """Move the rows whose active block has no mask left to their next block (or finish them), for
     every row at once without reading the device. A row whose next block has no mask either is
     moved again at the loop's next read (`_stale_blocks`). `dropout`: the decode's suffix dropout,
-    which draws the opened blocks' kept suffixes."""
+    which draws the opened blocks' kept suffixes; `eos_stop`: finish the rows whose generation so
+    far holds an EOS or EOT, their later masks filled with EOS (`GenerationConfig.eos_early_stop`)."""
     done = _stale_blocks(state, rows)                                              # (B',)
     end, row_end = state.block_end[rows], state.row_end[rows]
+    if eos_stop:
+        stop = done & state.holds_stop_id(rows, end)
+        state.fill_eos_after(rows, stop, end)
+        row_end = torch.where(stop, end, row_end)      # nothing left to open
     opening = done & (end < row_end)            # a done row's next block starts at its block's end
     state.block_start[rows] = torch.where(done, end, state.block_start[rows])
     state.block_end[rows] = torch.where(opening, torch.minimum(end + state.block_length, row_end), end)
@@ -683,7 +689,9 @@ class Decoder:
         if cfg.suffix_dropout is not None:
             self.dropout = Dropout(SuffixDropout.from_value(cfg.suffix_dropout), state)
             self.dropout.begin_blocks(state, self.rows, torch.ones_like(state.finished))
-        self.planned = None if self.dropout is not None else _planned_widths(sampler, policy, state, cfg)
+        # a planned schedule runs every row to its end: not when rows draw columns or may stop early
+        self.planned = None if self.dropout is not None or cfg.eos_early_stop else _planned_widths(sampler, policy,
+                                                                                                    state, cfg)
         self.fused = _fuses_head_scoring(model, sampler, state, cfg, policy.wants_confidence)
         self.forwards = 0
         self.finite = state.finished.new_ones(())   # every score so far finite (0-dim bool)
@@ -692,7 +700,7 @@ class Decoder:
         self.cap = cfg.max_forwards or schedule.resolved_max_forwards + tail + sampler.forward_allowance(state)
         self.starts = None      # (B,) the forward count at which each row joined; None: all at the first
         self.done = False
-        _open_blocks(state, sampler, self.rows, self.dropout)
+        _open_blocks(state, sampler, self.rows, self.dropout, cfg.eos_early_stop)
 
     @property
     def joinable(self) -> bool:
@@ -783,7 +791,7 @@ class Decoder:
                     self.done = True
                     break
                 if read["stale"]:
-                    _open_blocks(state, sampler, self.rows, self.dropout)
+                    _open_blocks(state, sampler, self.rows, self.dropout, self.request.config.eos_early_stop)
                     continue
                 if read["finished"]:
                     self.rows = (~state.finished).nonzero(as_tuple=True)[0]
@@ -950,7 +958,7 @@ def _step(model, state: DecodeState, request: Request, rows, step: _Step, read: 
         hit[rows] |= flushed
     add_at(state.step_in_block, rows, 1)
     state.global_step += 1
-    _open_blocks(state, sampler, rows, dropout)
+    _open_blocks(state, sampler, rows, dropout, cfg.eos_early_stop)
     # A row with no mask left in its generation region is done, unless its sampler holds its block.
     left = state.masked_in_generation(rows).any(1)
     state.finished[rows] = state.finished[rows] | ~(left | state.block_hold[rows])

@@ -280,6 +280,27 @@ class DecodeState:
         self.block_end[rows] = torch.minimum(self.block_end[rows], cut + 1)
         self.block_start[rows] = torch.minimum(self.block_start[rows], cut + 1)
 
+    def holds_stop_id(self, rows: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        """(B',) bool: the rows `rows` whose generated columns before `end` (B',) hold an EOS or
+        end-of-turn token."""
+        x = self.x[rows]
+        stop = x == self.ids.eos
+        if self.ids.eot is not None:
+            stop |= x == self.ids.eot
+        cols = self.columns()[None, :]
+        return (stop & self.in_generation()[None, :] & (cols < end[:, None])).any(1)
+
+    def fill_eos_after(self, rows: torch.Tensor, fill: torch.Tensor, start: torch.Tensor) -> None:
+        """For the rows `rows` marked `fill` (B',) bool: every masked generated column from `start`
+        (B',) on becomes EOS, committed at the last step (the one that completed what decides the
+        fill); without reading the device."""
+        cols = self.columns()[None, :]
+        gone = fill[:, None] & (cols >= start[:, None]) & self.is_mask[rows] & self.in_generation()[None, :]
+        self.x[rows] = self.x[rows].masked_fill(gone, self.ids.eos)
+        steps = self.commit_step[rows]
+        self.commit_step[rows] = steps.masked_fill(gone[:, self.gen_start:self.gen_end] & (steps < 0),
+                                                   max(self.global_step - 1, 0))
+
     def _rows(self, rows):
         return torch.arange(self.batch_size, device=self.x.device) if rows is None else rows
 

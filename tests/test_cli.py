@@ -116,7 +116,8 @@ def test_generate_options_build_the_request():
     assert (cfg.sampler, cfg.sampler_kwargs, cfg.cache, cfg.cache_kwargs) == ("threshold", {"tau": 0.8},
                                                                               "dkv-decode", {"refresh": 4})
     assert cfg.tokens_per_step == 2 and cfg.seed == 0 and cfg.gen_length is None and cfg.resolved_steps == 64
-    assert cfg.suffix_dropout is None
+    assert cfg.suffix_dropout is None and cfg.eos_early_stop is False
+    assert generation_config(build_parser().parse_args(["generate", "hi", "--eos-early-stop"])).eos_early_stop is True
     args = build_parser().parse_args(["generate", "hi", "--suffix-dropout", "window=64", "--suffix-dropout", "sigma=3"])
     assert generation_config(args).suffix_dropout == dict(window=64, distribution="gaussian", seed=0, sigma=3,
                                                           scale=2.0)

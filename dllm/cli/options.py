@@ -108,6 +108,8 @@ def add_request_options(p) -> None:
     g.add_argument("--suffix-dropout", action="append", metavar="KEY=VALUE",
                    help="DPad's suffix dropout setting, e.g. window=256, sigma=4, scale=2, distribution=uniform, "
                         "keep=64, seed=0 (repeatable; window turns it on)")
+    _flag(g, "--eos-early-stop", help="stop a row once a block it completes holds an EOS or end-of-turn token "
+                                      "(its later masks become EOS)")
     g.add_argument("--gen-length", action=Given, type=int, default=None,
                    help="tokens to generate (default: the checkpoint's max_new_tokens when its generation "
                         "config names one, else 128 for generate; each task's max_tokens for bench)")
@@ -142,7 +144,7 @@ def add_benchmark_options(p) -> None:
 
 
 _REQUEST_FIELDS = ("gen_length", "block_length", "steps", "tokens_per_step", "temperature", "cfg_scale", "sampler",
-                   "cache", "seed", "max_forwards", "chat", "score_dtype")
+                   "cache", "seed", "max_forwards", "chat", "score_dtype", "eos_early_stop")
 
 
 def generation_config(args: argparse.Namespace) -> GenerationConfig:

@@ -53,7 +53,7 @@ ROW_VERSION = 2
 PREDICTION = "region"
 # Request fields that joined the run identity later: named in it only when not at their default,
 # so the run ids of earlier results files stay valid.
-_LATER_IDENTITY_FIELDS = ("cfg_scale", "chat", "score_dtype", "suffix_dropout")
+_LATER_IDENTITY_FIELDS = ("cfg_scale", "chat", "score_dtype", "suffix_dropout", "eos_early_stop")
 # Sampler arguments added later, with the value that decodes as before: left out of the identity at
 # that value, so the run ids of earlier results files stay valid.
 LATER_SAMPLER_ARGUMENTS = {"threshold": {"commit_block_start": False}}
