@@ -105,7 +105,8 @@ class SuffixDropout:
     def probabilities(self, width: int | None = None) -> torch.Tensor:
         """(width,) float64: the gaussian's keep probability of the first `width` offsets (default
         the window; capped at 1)."""
-        x = torch.linspace(0.0, self.sigma, self.window, dtype=torch.float64)[:width]
+        width = self.window if width is None else min(width, self.window)
+        x = self.sigma * torch.arange(width, dtype=torch.float64) / max(self.window - 1, 1)   # 0 .. sigma
         return (self.scale * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)).clamp(max=1.0)
 
     def uniforms(self, blocks: int, width: int) -> torch.Tensor:
