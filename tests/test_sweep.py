@@ -292,6 +292,16 @@ def test_the_package_docstrings_grid_file_runs_the_top_level_product_and_its_ext
     assert len({p.key() for p in grid.points}) == len(grid.points)
 
 
+def test_eos_early_stop_is_a_setting_every_configuration_shares():
+    grid = sweep.parse_grid({"samplers": ["threshold", "low_confidence"], "eos_early_stop": True})
+    assert all(p.bench_config(grid.settings).generation.eos_early_stop for p in grid.points)
+    with pytest.raises(ValueError, match="eos_early_stop 'yes' is not allowed; give true or false"):
+        sweep.parse_grid({"samplers": ["threshold"], "eos_early_stop": "yes"})
+    from dllm.cli import build_parser
+    args = build_parser().parse_args(["sweep", "--out-dir", "d", "--sampler", "threshold", "--eos-early-stop"])
+    assert sweep.grid_from_args(args).settings.eos_early_stop is True
+
+
 def test_a_dropout_axis_of_equal_settings_runs_once():
     grid = sweep.parse_grid({"samplers": ["threshold"], "suffix_dropouts": [{"window": 8}, {"window": 8, "sigma": 4},
                                                                            None, "null"]})

@@ -83,7 +83,7 @@ def add_runtime_options(p) -> None:
 
 
 def add_sampling_options(p) -> None:
-    """--temperature, --seed, --max-forwards."""
+    """--temperature, --seed, --max-forwards, --eos-early-stop."""
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", action=Given, type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--seed", action=Given, type=int, default=0, help="seed of every random draw (default 0)")
@@ -92,6 +92,8 @@ def add_sampling_options(p) -> None:
                         "counting for samplers that use them, plus the columns a block-causal model decodes to the "
                         "end of its attention block, plus the forwards a sampler that re-masks or edits tokens may "
                         "add)")
+    _flag(g, "--eos-early-stop", help="stop a row once a block it completes holds an EOS or end-of-turn token "
+                                      "(its later masks become EOS)")
 
 
 def add_request_options(p) -> None:
@@ -108,8 +110,6 @@ def add_request_options(p) -> None:
     g.add_argument("--suffix-dropout", action="append", metavar="KEY=VALUE",
                    help="DPad's suffix dropout setting, e.g. window=256, sigma=4, scale=2, distribution=uniform, "
                         "keep=64, seed=0 (repeatable; window turns it on)")
-    _flag(g, "--eos-early-stop", help="stop a row once a block it completes holds an EOS or end-of-turn token "
-                                      "(its later masks become EOS)")
     g.add_argument("--gen-length", action=Given, type=int, default=None,
                    help="tokens to generate (default: the checkpoint's max_new_tokens when its generation "
                         "config names one, else 128 for generate; each task's max_tokens for bench)")

@@ -52,6 +52,7 @@ class SweepSettings:
     seed: int | None = 0
     temperature: float = 0.0
     max_forwards: int | None = None
+    eos_early_stop: bool = False
     grammar_url: str | None = None
     bertscore_model: str | None = None
     levels: tuple = (80.0, 70.0, 60.0)
@@ -72,7 +73,7 @@ class SweepSettings:
         if self.attention is None:
             self.attention = next(f.default for f in dataclasses.fields(BenchConfig) if f.name == "attention")
         get_backend(self.attention)
-        for name in ("cuda_graphs", "compile"):
+        for name in ("cuda_graphs", "compile", "eos_early_stop"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} {getattr(self, name)!r} is not allowed; give true or false")
         if not isinstance(self.device, str) or not _names_a_device(self.device):
@@ -121,7 +122,8 @@ class SweepPoint:
     def bench_config(self, settings: SweepSettings, out: str | None = None) -> BenchConfig:
         """The bench runner's config of this configuration under `settings`; `out`: its rows file."""
         generation = self.generation.replace(temperature=float(settings.temperature), seed=settings.seed,
-                                             max_forwards=settings.max_forwards)
+                                             max_forwards=settings.max_forwards,
+                                             eos_early_stop=settings.eos_early_stop)
         return BenchConfig(
             model=self.model, tasks=settings.tasks, data_dir=settings.data_dir, limit=settings.limit, out=out,
             generation=generation, batch_size=settings.batch_size, dtype=settings.dtype, device=settings.device,
@@ -469,7 +471,7 @@ def grid_from_args(args) -> Grid:
     data = load_grid_file(args.grid) if args.grid else {}
     source = str(args.grid) if args.grid else "command line"
     for name in ("tasks", "data_dir", "limit", "batch_size", "dtype", "device", "attention", "cuda_graphs", "compile",
-                 "seed", "temperature", "max_forwards", "grammar_url", "bertscore_model"):
+                 "seed", "temperature", "max_forwards", "eos_early_stop", "grammar_url", "bertscore_model"):
         if name in getattr(args, "given", ()):
             data[name] = getattr(args, name)
     if args.pb is not None:
