@@ -328,9 +328,11 @@ class GenerationConfig:
         the active block and a random few of the masks after it. None (default): off. Stored with
         every setting filled in (`SuffixDropout.arguments`).
     eos_early_stop: a row stops once a block it completes holds an EOS or end-of-turn token: its
-        later masked columns become EOS (committed at that step) and it takes no more forwards. The
-        answer, cut at its first EOS/EOT, is the one decoded without it, unless the sampler
-        re-masks columns of earlier blocks (`rcr`). False (default): every block is decoded.
+        later masked columns become EOS (committed at that step, so counted in tokens per forward)
+        and it takes no more forwards. Greedy, the answer, cut at its first EOS/EOT, is the one
+        decoded without it, unless the sampler re-masks columns of earlier blocks (`rcr`); when
+        sampling, a batch shares one random stream, so a row that stops early changes the draws of
+        the others (a single row keeps its answer). False (default): every block is decoded.
 
     Argument dicts are `*_kwargs` here; outputs and result rows record the resolved arguments as
     `sampler_args` / `cache_args`.
