@@ -65,3 +65,14 @@ def test_the_trace_commits_the_filled_columns_when_the_row_stops(shipped):
 def test_a_non_bool_is_refused():
     with pytest.raises(ValueError, match="eos_early_stop must be True or False, got 'yes'"):
         dllm.GenerationConfig(eos_early_stop="yes")
+
+
+def test_a_sampled_row_alone_keeps_its_answer(shipped):
+    """When sampling, a row decoded alone draws the same numbers up to its stop, so its answer stays
+    (in a batch the rows share one stream, and a row that stops changes the others' draws)."""
+    model, tok = shipped
+    for q in QUESTIONS:
+        kw = dict(gen_length=GEN, block_length=BLOCK, sampler="threshold", temperature=0.8, seed=0)
+        plain = dllm.generate(model, tok, [q], **kw)
+        early = dllm.generate(model, tok, [q], eos_early_stop=True, **kw)
+        assert early.texts == plain.texts and early.nfe[0] <= plain.nfe[0]
