@@ -151,9 +151,14 @@ def _alternatives(v) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def _is_default(v) -> bool:
+    """Whether an axis value asks for the default: null, or 'default' / 'none' / 'null' (TOML has no null)."""
+    return v is None or (isinstance(v, str) and v.strip().lower() in ("default", "none", "null"))
+
+
 def _length(v, where: str) -> int | None:
     """A length axis value: a positive integer, or null / 'default' / 'none' for the default."""
-    if v is None or (isinstance(v, str) and v.strip().lower() in ("default", "none", "null")):
+    if _is_default(v):
         return None
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{where}: {v!r} is not allowed; give a positive integer, or null / 'default' for the "
@@ -283,10 +288,8 @@ def _dropout_entries(entries, where: str) -> list[dict | None]:
     (off; TOML has no null) or a mapping of `dllm.dpad.SuffixDropout`'s fields."""
     out = []
     for i, e in enumerate(_alternatives(entries)):
-        if isinstance(e, str) and e.strip().lower() in ("default", "none", "null"):
-            e = None
         try:
-            dropout = SuffixDropout.from_value(e)
+            dropout = None if _is_default(e) else SuffixDropout.from_value(e)
         except (ValueError, TypeError) as err:
             raise ValueError(f"{where}[{i}]: {err}") from None
         out.append(None if dropout is None else dropout.arguments())
