@@ -271,10 +271,7 @@ class DecodeState:
         rows, cut = rows[act], cut[act].clamp(min=self.gen_start - 1)
         cols = self.columns()[None, :]
         gone = (cols > cut[:, None]) & (cols < self.gen_end)                      # (B', L)
-        self.x[rows] = self.x[rows].masked_fill(gone, self.ids.eos)
-        steps = self.commit_step[rows]                                              # (B', G)
-        fresh = gone[:, self.gen_start:self.gen_end] & (steps < 0)
-        self.commit_step[rows] = steps.masked_fill(fresh, self.global_step)
+        self._write_eos(rows, gone, self.global_step)
         self.key_valid[rows] = self.key_valid[rows] & ~gone
         self.row_end[rows] = cut + 1
         self.block_end[rows] = torch.minimum(self.block_end[rows], cut + 1)
@@ -296,10 +293,15 @@ class DecodeState:
         fill); without reading the device."""
         cols = self.columns()[None, :]
         gone = fill[:, None] & (cols >= start[:, None]) & self.is_mask[rows] & self.in_generation()[None, :]
+        self._write_eos(rows, gone, max(self.global_step - 1, 0))
+
+    def _write_eos(self, rows: torch.Tensor, gone: torch.Tensor, step: int) -> None:
+        """EOS into the columns `gone` (B', L) bool of the rows `rows`, those not yet committed
+        recorded as committed at `step`."""
         self.x[rows] = self.x[rows].masked_fill(gone, self.ids.eos)
-        steps = self.commit_step[rows]
-        self.commit_step[rows] = steps.masked_fill(gone[:, self.gen_start:self.gen_end] & (steps < 0),
-                                                   max(self.global_step - 1, 0))
+        steps = self.commit_step[rows]                                              # (B', G)
+        fresh = gone[:, self.gen_start:self.gen_end] & (steps < 0)
+        self.commit_step[rows] = steps.masked_fill(fresh, step)
 
     def _rows(self, rows):
         return torch.arange(self.batch_size, device=self.x.device) if rows is None else rows
