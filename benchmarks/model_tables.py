@@ -50,6 +50,7 @@ SAMPLERS = [
     ("credit", "credit", {}),
     ("dparallel", "dparallel", {}),
     ("freedave", "freedave", {}),
+    ("pc_sampler, 1 token/step", "pc_sampler", {"tokens_per_step": 1}),
 ]
 # (sampler label, sampler, run settings, cache label, cache, cache args)
 CACHES = [

@@ -234,6 +234,14 @@ def check_number(name: str, value, *, low=None, high=None, integer=False, allow_
     return value
 
 
+def missing_from_checkpoint(sampler: str, source: str | None, what: str, file_name: str, remedy: str) -> ValueError:
+    """The error of a sampler whose file (a filter, a table) neither its arguments give nor the
+    model's checkpoint folder holds."""
+    where = f"model {source!r}" if source else "this model"
+    return ValueError(f"sampler {sampler!r} needs {what} and {where} ships none (no {file_name} in its checkpoint "
+                      f"folder): {remedy}")
+
+
 def block_region(state: DecodeState) -> tuple[str, str]:
     """How error messages name the region a block schedule covers, and a note when it runs past
     gen_length (to the end of a block-causal model's attention blocks)."""

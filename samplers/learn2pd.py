@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .base import check_number, top_k_mask
+from .base import check_number, missing_from_checkpoint, top_k_mask
 from .llada import LowConfidence
 from dllm.state import Decision
 
@@ -219,12 +219,10 @@ class Learn2PD(LowConfidence):
         if self.from_model:
             found = self._shipped(state.source)
             if found is None:
-                where = f"model {state.source!r}" if state.source else "this model"
-                raise ValueError(
-                    f"sampler {self.name!r} needs a trained filter and none ships with {where} (no {FILTER_FILE} in "
-                    f"its checkpoint folder): train one with `dllm train-filter --model MODEL --out "
-                    f"filter.safetensors` and pass filter='filter.safetensors', or filter='none' for LLaDA's schedule "
-                    f"with end-of-text prediction only")
+                raise missing_from_checkpoint(
+                    self.name, state.source, "a trained filter", FILTER_FILE,
+                    "train one with `dllm train-filter --model MODEL --out filter.safetensors` and pass "
+                    "filter='filter.safetensors', or filter='none' for LLaDA's schedule with end-of-text prediction only")
             self.accept_thres = self._resolve_thres()
             self._args.update(filter=str(found), accept_thres=self.accept_thres)
         if self.filter is not None:

@@ -41,6 +41,7 @@ _SAMPLERS: dict[str, str] = {
     "dparallel": "dllm.samplers.dparallel:DParallel",
     "dream_dparallel": "dllm.samplers.dparallel:DreamDParallel",
     "freedave": "dllm.samplers.freedave:FreeDave",
+    "pc_sampler": "dllm.samplers.pc_sampler:PCSampler",
 }
 
 

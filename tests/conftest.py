@@ -77,3 +77,23 @@ def peaked_llada():
 def peaked_llada_bf16():
     import dllm
     return dllm.build_model(dllm.ModelConfig.from_name("llada-tiny"), seed=0, init_std=1.0, dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="session")
+def shipped_float32():
+    """The shipped model and its tokenizer, float32."""
+    import dllm
+    return dllm.load(dtype="float32")
+
+
+@pytest.fixture
+def model_named(request):
+    """`model_named(which)`: the tiny LLaDA ("llada") or Dream ("dream") checkpoint, peaked random
+    LLaDA weights in float32 ("peaked") or bfloat16 ("bf16"), or the shipped model ("shipped")."""
+    fixtures = {"llada": "llada", "dream": "dream", "peaked": "peaked_llada", "bf16": "peaked_llada_bf16",
+                "shipped": "shipped_float32"}
+
+    def get(which):
+        value = request.getfixturevalue(fixtures[which])
+        return value[0] if isinstance(value, tuple) else value
+    return get

@@ -72,8 +72,8 @@ def _sampler_cases():
 
 
 # Samplers that need an argument to run on a random model: Learn2PD without a trained filter
-# (its schedule plus end-of-text truncation).
-SAMPLER_ARGS = {"learn2pd": {"filter": "none"}}
+# (its schedule plus end-of-text truncation), PC-Sampler without a frequency table.
+SAMPLER_ARGS = {"learn2pd": {"filter": "none"}, "pc_sampler": {"frequencies": "none"}}
 
 
 def _kwargs(name, cls, seed=3, gen=8, block=4):

@@ -15,18 +15,6 @@ from tests.reference.dparallel_ref import dparallel_ref, dream_dparallel_ref, en
 from tests.test_generate import PROMPTS4, _never_mask, equal_alone_and_batched, llada_logits_fn
 
 
-@pytest.fixture(scope="module")
-def shipped_model():
-    return dllm.load(dtype="float32")[0]
-
-
-def _model(request, which):
-    if which in ("llada", "dream"):
-        return request.getfixturevalue(which)[0]
-    return request.getfixturevalue({"peaked": "peaked_llada", "bf16": "peaked_llada_bf16",
-                                    "shipped": "shipped_model"}[which])
-
-
 DPARALLEL_CASES = [  # (model, gen_length, block_length, threshold, score_dtype)
     ("llada", 16, 8, 0.5, "float64"), ("llada", 12, 12, 6.0, "float64"), ("peaked", 16, 16, 0.5, "float64"),
     ("peaked", 24, 8, 1.2, "float64"), ("peaked", 20, 6, 1.0, "float32"), ("peaked", 16, 8, 0.0, "float64"),
@@ -35,8 +23,8 @@ DPARALLEL_CASES = [  # (model, gen_length, block_length, threshold, score_dtype)
 
 
 @pytest.mark.parametrize("which,gen,block,threshold,score_dtype", DPARALLEL_CASES, ids=str)
-def test_dparallel_equals_reference_alone_and_in_a_ragged_batch(request, which, gen, block, threshold, score_dtype):
-    model = _model(request, which)
+def test_dparallel_equals_reference_alone_and_in_a_ragged_batch(model_named, which, gen, block, threshold, score_dtype):
+    model = model_named(which)
     dtype = {"float64": torch.float64, "float32": torch.float32, "logits": model.dtype}[score_dtype]
 
     def ref(fn, prompt, **kw):
@@ -57,8 +45,8 @@ DREAM_CASES = [  # (model, gen_length, block_length, threshold)
 
 
 @pytest.mark.parametrize("which,gen,block,threshold", DREAM_CASES, ids=str)
-def test_dream_dparallel_equals_reference_alone_and_in_a_ragged_batch(request, which, gen, block, threshold):
-    model = _model(request, which)
+def test_dream_dparallel_equals_reference_alone_and_in_a_ragged_batch(model_named, which, gen, block, threshold):
+    model = model_named(which)
 
     def ref(fn, prompt, **kw):
         return dream_dparallel_ref(fn, prompt, threshold=threshold, **kw)

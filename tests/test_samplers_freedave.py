@@ -13,19 +13,6 @@ from tests.reference.freedave_ref import freedave_ref
 from tests.test_generate import PROMPTS4, equal_alone_and_batched
 
 
-@pytest.fixture(scope="module")
-def shipped():
-    return dllm.load(dtype="float32")
-
-
-def _model(request, which):
-    if which in ("llada", "dream"):
-        return request.getfixturevalue(which)[0]
-    if which == "shipped":
-        return request.getfixturevalue("shipped")[0]
-    return request.getfixturevalue({"peaked": "peaked_llada", "bf16": "peaked_llada_bf16"}[which])
-
-
 CASES = [  # (model, gen_length, block_length, drafts, score_dtype)
     ("llada", 16, 8, 4, "float64"), ("peaked", 16, 16, 4, "float64"), ("peaked", 24, 8, 3, "float32"),
     ("peaked", 20, 6, 8, "float64"), ("peaked", 12, 12, 1, "float64"), ("peaked", 10, 1, 4, "float64"),
@@ -35,8 +22,8 @@ CASES = [  # (model, gen_length, block_length, drafts, score_dtype)
 
 
 @pytest.mark.parametrize("which,gen,block,drafts,score_dtype", CASES, ids=str)
-def test_freedave_equals_reference_alone_and_in_a_ragged_batch(request, which, gen, block, drafts, score_dtype):
-    model = _model(request, which)
+def test_freedave_equals_reference_alone_and_in_a_ragged_batch(model_named, which, gen, block, drafts, score_dtype):
+    model = model_named(which)
     dtype = {"float64": torch.float64, "float32": torch.float32}[score_dtype]
 
     def ref(fn, prompt, **kw):
@@ -55,9 +42,9 @@ BLOCK_START_CASES = [  # (model, gen_length, block_length, drafts)
 
 
 @pytest.mark.parametrize("which,gen,block,drafts", BLOCK_START_CASES, ids=str)
-def test_freedave_committing_block_starts_equals_its_dream_loop(request, which, gen, block, drafts):
+def test_freedave_committing_block_starts_equals_its_dream_loop(model_named, which, gen, block, drafts):
     """FreeDave's loop for AR-adapted models: each block's first forward commits its first column."""
-    model = _model(request, which)
+    model = model_named(which)
 
     def ref(fn, prompt, **kw):
         return freedave_ref(fn, prompt, drafts=drafts, dtype=model.dtype, commit_block_start=True, **kw)
@@ -66,10 +53,10 @@ def test_freedave_committing_block_starts_equals_its_dream_loop(request, which, 
                             score_dtype="logits")
 
 
-def test_freedave_gives_low_confidence_tokens_in_fewer_forwards(shipped):
+def test_freedave_gives_low_confidence_tokens_in_fewer_forwards(shipped_float32):
     """On the shipped model's own prompts the drafts verify: the same texts in fewer forwards, and with
     one draft exactly the forwards of one token per step."""
-    model, tok = shipped
+    model, tok = shipped_float32
     prompts = ["Copy the list: red, blue, green, black, white, pink, gold",
                "Reverse the list: one, two, three, four, five, six"]
     kw = dict(gen_length=48, block_length=16, score_dtype="float64")
@@ -84,10 +71,10 @@ def test_freedave_gives_low_confidence_tokens_in_fewer_forwards(shipped):
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 @pytest.mark.parametrize("which,gen,block", [("peaked", 24, 8), ("shipped", 24, 8), ("dream", 20, 10),
                                              ("bf16", 16, 8)], ids=str)
-def test_freedave_with_a_cache_gives_low_confidences_tokens_with_that_cache(request, which, gen, block, cache):
+def test_freedave_with_a_cache_gives_low_confidences_tokens_with_that_cache(model_named, which, gen, block, cache):
     """Each draft reads a copy of its canvas's stored K/V: the tokens of low_confidence one token per
     step with the same cache, in fewer forwards, in a ragged batch and (float32) alone."""
-    model = _model(request, which)
+    model = model_named(which)
     kw = dict(gen_length=gen, block_length=block, cache=cache, score_dtype="float64")
     want = dllm.generate(model, None, PROMPTS4, sampler="low_confidence", steps=gen, **kw)
     got = dllm.generate(model, None, PROMPTS4, sampler="freedave", sampler_kwargs={"drafts": 4}, **kw)

@@ -676,7 +676,8 @@ def adversarial_logits(pattern, seed):
     return fn
 
 
-SAMPLER_KWARGS = {"adablock": dict(delimiter_ids=[NEWLINE], base_block=4), "learn2pd": dict(filter="none")}
+SAMPLER_KWARGS = {"adablock": dict(delimiter_ids=[NEWLINE], base_block=4), "learn2pd": dict(filter="none"),
+                  "pc_sampler": dict(frequencies="none")}
 
 
 @pytest.mark.parametrize("name", samplers.available())

@@ -1,5 +1,5 @@
 """The `dllm` command: `dllm generate`, `dllm bench`, `dllm sweep`, `dllm train`,
-`dllm train-filter`, `dllm samplers`, `dllm serve`. Each command's options and action live in its own module;
+`dllm train-filter`, `dllm token-frequencies`, `dllm samplers`, `dllm serve`. Each command's options and action live in its own module;
 the options several commands share are defined once in `options`."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 import warnings
 
-from . import bench, generate, samplers, serve, sweep, train
+from . import bench, frequencies, generate, samplers, serve, sweep, train
 from .options import parse_kv
 
 __all__ = ["build_parser", "main", "parse_kv"]
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parser(sub)
     bench.add_parser(sub)
     train.add_parsers(sub)
+    frequencies.add_parser(sub)
     sweep.add_parser(sub)
     samplers.add_parser(sub)
     serve.add_parser(sub)

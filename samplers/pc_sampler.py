@@ -1,0 +1,91 @@
+"""PC-Sampler: position-aware calibration of decoding bias (arXiv:2508.13021, "PC-Sampler:
+Position-Aware Calibration of Decoding Bias in Masked Diffusion Models"; NEUIR/PC-Sampler
+`src/generate.py`, `generate_with_pc_sampler`).
+
+LLaDA's schedule (`low_confidence`, docs/samplers.md §2): semi-autoregressive blocks, the steps split
+evenly over them, and step j of a block with n masks commits n // s positions plus one for the first
+n % s steps. What changes is the score that picks them among the block's masks. With p the
+un-tempered probability of a position's candidate token x, f(x) the token's frequency in a reference
+corpus and d the position's offset from the block's first column:
+
+    score = exp(-lambd * d) * min(alpha, -p * log(f(x) + 1e-9))
+
+The first factor steers the order towards the left of the block (lambd = 0: none); the second, the
+calibrated confidence, holds back tokens that are frequent everywhere (punctuation, filler words)
+and is clipped at `alpha`. Frequencies come from a table of token counts (`dllm.token_frequencies`,
+written by `dllm token-frequencies`, or one of PC-Sampler's corpus files), as float32 with 1 / N for a
+token the corpus never holds; the log term is float32, p is in the request's `score_dtype` (the
+reference: the logits' dtype, `score_dtype="logits"`).
+
+The table is `frequencies=PATH`; without one, the `token_frequencies.json` shipped in the model's
+checkpoint folder is used; with neither, setup fails and names `dllm token-frequencies`.
+`frequencies="none"` drops the calibration: score = exp(-lambd * d) * p. A `TokenFrequencies`
+instance may be passed directly. Ties (frequent with lambd = 0, where many scores reach alpha) go to
+the lower position.
+
+Published settings: lambd 0.25, alpha 10, block_length = steps = gen_length (one block, one token per
+step); lambd 0 for Sudoku and 1 for Countdown; temperature 0.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .base import check_number, missing_from_checkpoint
+from .llada import LowConfidence
+from dllm import token_frequencies
+from dllm.token_frequencies import TokenFrequencies
+
+LOG_FLOOR = 1e-9   # added to the frequency inside the log, as in the reference
+
+
+class PCSampler(LowConfidence):
+    """PC-Sampler: LLaDA's schedule, positions by a position-weighted, frequency-calibrated confidence."""
+
+    name = "pc_sampler"
+    row_state = ("counts",)
+
+    def __init__(self, *, lambd: float = 0.25, alpha: float = 10.0, frequencies=None):
+        super().__init__()
+        check_number("lambd", lambd, low=0, sampler=self.name)
+        check_number("alpha", alpha, low=0, low_open=True, sampler=self.name)
+        self.lambd, self.alpha = float(lambd), float(alpha)
+        self.table: TokenFrequencies | None = None
+        self.calibrated, self.from_model = True, frequencies is None
+        if isinstance(frequencies, TokenFrequencies):
+            self.table, shown = frequencies, frequencies.path or "given table"
+        elif isinstance(frequencies, str) and frequencies.lower() == "none":
+            self.calibrated, shown = False, "none"
+        elif isinstance(frequencies, (str, os.PathLike)):
+            self.table, shown = token_frequencies.load(frequencies), str(frequencies)   # errors before any model work
+        elif frequencies is None:
+            shown = None                                                              # resolved at each setup
+        else:
+            raise ValueError(f"sampler {self.name!r}: frequencies must be a file path, 'none' or a TokenFrequencies, "
+                             f"got {type(frequencies).__name__}")
+        self._args = dict(lambd=lambd, alpha=alpha, frequencies=shown)
+        self._log_frequency: torch.Tensor | None = None
+
+    def setup(self, state):
+        if self.from_model:
+            found = token_frequencies.shipped(state.source)
+            if found is None:
+                raise missing_from_checkpoint(
+                    self.name, state.source, "token frequencies", token_frequencies.FILE_NAME,
+                    "count a corpus with `dllm token-frequencies --model MODEL --data CORPUS --out freq.json` and pass "
+                    "frequencies='freq.json', or frequencies='none' for the position weighting alone")
+            if self.table is None or self.table.path != str(found):
+                self.table = token_frequencies.load(found)
+            self._args["frequencies"] = str(found)
+        if self.calibrated:
+            table = self.table.probabilities(state.vocab_size)                           # (V,) float32
+            self._log_frequency = torch.log(table + LOG_FLOOR).to(state.x.device)
+        super().setup(state)   # LLaDA's requirements and per-block counts
+
+    def scores_for(self, state, rows, positions, valid, scores):
+        p = scores.prob                                                                 # (B', Q)
+        if self.calibrated:
+            p = (-p * self._log_frequency[scores.token]).clamp(max=self.alpha)
+        offset = (positions - state.block_start[rows, None]).to(torch.float32)
+        return torch.exp(-self.lambd * offset) * p

@@ -1,0 +1,53 @@
+"""PC-Sampler's loop re-stated from the algorithm (NEUIR/PC-Sampler `src/generate.py`,
+`generate_with_pc_sampler`), the oracle for dllm's `pc_sampler` (docs/samplers.md §27).
+
+Batch 1, no KV cache, LLaDA's blocks and per-step counts (`llada_transfer_counts`). Every step runs
+the model over the whole canvas; the candidate is the argmax of the logits (Gumbel-max in float64 at
+temperature > 0, (masks, V) float64 uniforms at the block's masked columns in order: the reference
+draws over the whole canvas, the same distribution, another stream) and p its softmax probability
+under the raw logits in `dtype`. Over the active block's columns (offset d from its first column):
+score = exp(-lambd * d) * min(alpha, -p * log(f[x] + 1e-9)) with f the float32 frequency table
+(`frequency=None`: score = exp(-lambd * d) * p); the block's masked columns with the k highest
+scores are committed, ties to the lower column (`torch.topk` leaves their order open).
+`logits_fn(x, None)` gives the logits aligned with the canvas columns.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .samplers_ref import LogitsFn, llada_transfer_counts
+
+__all__ = ["pc_sampler_ref"]
+
+
+@torch.no_grad()
+def pc_sampler_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, block_length: int, steps: int,
+                   mask_id: int, lambd: float, alpha: float, frequency: Tensor | None,
+                   dtype: torch.dtype = torch.float32, temperature: float = 0.0,
+                   generator: torch.Generator | None = None) -> tuple[Tensor, int]:
+    """(canvas (1, Lp + gen_length), forwards)."""
+    Lp = prompt.shape[1]
+    x = torch.full((1, Lp + gen_length), mask_id, dtype=torch.long)
+    x[:, :Lp] = prompt
+    per_block, forwards = steps // (gen_length // block_length), 0
+    for start in range(Lp, Lp + gen_length, block_length):
+        end = start + block_length
+        counts = llada_transfer_counts(x[:, start:end] == mask_id, per_block)[0]
+        for i in range(per_block):
+            logits = logits_fn(x, None)[0, start:end]                                     # (K, V)
+            forwards += 1
+            masked = x[0, start:end] == mask_id
+            x0 = logits.argmax(-1)                                                        # (K,)
+            if temperature > 0:
+                u = torch.rand((int(masked.sum()), logits.shape[-1]), dtype=torch.float64, generator=generator)
+                x0[masked] = (logits[masked].double() - temperature * torch.log(-torch.log(u))).argmax(-1)
+            p = F.softmax(logits.to(dtype), dim=-1).gather(-1, x0[:, None])[:, 0]
+            if frequency is not None:
+                p = torch.clamp(-p * torch.log(frequency[x0] + 1e-9), max=alpha)
+            weight = torch.exp(-lambd * torch.arange(block_length, dtype=torch.float32))
+            score = torch.where(masked, weight * p, -torch.inf)
+            chosen = torch.sort(score.double(), descending=True, stable=True).indices[: int(counts[i])]
+            x[0, start + chosen] = x0[chosen]
+    return x, forwards
