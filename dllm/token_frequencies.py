@@ -1,5 +1,5 @@
 """Token frequencies of a reference corpus: the background distribution that PC-Sampler's calibrated
-confidence weighs candidate tokens against (docs/samplers.md §27), counted with a model's tokenizer.
+confidence weighs candidate tokens against (docs/samplers.md §26), counted with a model's tokenizer.
 
 File format (JSON), the layout PC-Sampler's loader reads:
 

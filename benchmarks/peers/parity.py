@@ -41,12 +41,14 @@ def in_process_parser(description: str, checkout: str, checkout_help: str, modes
 
 
 def parse_in_process(argv, description: str, checkout: str, checkout_help: str, modes: tuple[str, ...],
-                     float32_modes: tuple[str, ...] = ()):
-    """(args, chosen modes) of a parity run with both sides in this process (`in_process_parser`);
-    the parser's error names a mode that is not one of `modes`, and a `float32_modes` one (run on the
-    written-out reference transformer) asked for in another dtype. Puts the repository root on
-    sys.path for `tests.reference`."""
+                     float32_modes: tuple[str, ...] = (), add_options: Callable | None = None):
+    """(args, chosen modes) of a parity run with both sides in this process (`in_process_parser`,
+    plus what `add_options(parser)` adds); the parser's error names a mode that is not one of
+    `modes`, and a `float32_modes` one (run on the written-out reference transformer) asked for in
+    another dtype. Puts the repository root on sys.path for `tests.reference`."""
     parser = in_process_parser(description, checkout, checkout_help, modes)
+    if add_options is not None:
+        add_options(parser)
     args = parser.parse_args(argv)
     chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not chosen or any(m not in modes for m in chosen):

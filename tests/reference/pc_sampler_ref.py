@@ -1,5 +1,5 @@
 """PC-Sampler's loop re-stated from the algorithm (NEUIR/PC-Sampler `src/generate.py`,
-`generate_with_pc_sampler`), the oracle for dllm's `pc_sampler` (docs/samplers.md §27).
+`generate_with_pc_sampler`), the oracle for dllm's `pc_sampler` (docs/samplers.md §26).
 
 Batch 1, no KV cache, LLaDA's blocks and per-step counts (`llada_transfer_counts`). Every step runs
 the model over the whole canvas; the candidate is the argmax of the logits (Gumbel-max in float64 at
