@@ -13,6 +13,7 @@ has frequency 1 / N, as in the reference.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -35,6 +36,7 @@ class TokenFrequencies:
     total: int
     metadata: dict = field(default_factory=dict)
     path: str | None = None
+    _logs: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def probabilities(self, vocab_size: int) -> torch.Tensor:
         """(vocab_size,) float32: count / total per token id, 1 / total for the ids never counted."""
@@ -49,6 +51,19 @@ class TokenFrequencies:
             ids = torch.tensor(list(self.counts), dtype=torch.long)
             table[ids] = torch.tensor([c / self.total for c in self.counts.values()], dtype=torch.float32)
         return table
+
+    def digest(self) -> str:
+        """"sha256:<12 hex digits>" of the counts and the total: what names a table without a file."""
+        body = json.dumps([self.total, sorted(self.counts.items())])
+        return "sha256:" + hashlib.sha256(body.encode()).hexdigest()[:12]
+
+    def log_probabilities(self, vocab_size: int, floor: float, device) -> torch.Tensor:
+        """(vocab_size,) float32 log(probabilities + floor) on `device`, computed once per size,
+        floor and device (the counts are not to change after it is asked)."""
+        key = (vocab_size, floor, str(device))
+        if key not in self._logs:
+            self._logs[key] = torch.log(self.probabilities(vocab_size) + floor).to(device)
+        return self._logs[key]
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the table as JSON (the format in the module docstring)."""
@@ -84,10 +99,7 @@ def load(path: str | os.PathLike) -> TokenFrequencies:
     if not path.is_file():
         raise FileNotFoundError(f"no token frequency file at {str(path)!r}; count one with `dllm token-frequencies "
                                 f"--model MODEL --data CORPUS --out {path}`")
-    try:
-        body = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"token frequency file {str(path)!r} is not JSON: {err}") from None
+    body = read_json(path, "token frequency file")
     key = next((k for k in COUNT_KEYS if isinstance(body, dict) and k in body), None)
     if key is None:
         raise ValueError(f"token frequency file {str(path)!r} must be a JSON object with 'num_token' and "
@@ -123,25 +135,39 @@ def corpus_texts(path: str | os.PathLike, keys: tuple[str, ...] = ()) -> Iterato
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no corpus file at {str(path)!r}")
-    if path.suffix == ".json":
-        records = json.loads(path.read_text())
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        records = read_json(path, "corpus")
         if not isinstance(records, list):
             raise ValueError(f"corpus {str(path)!r}: a .json corpus must hold a list of records")
         for i, record in enumerate(records):
             yield _record_text(record, keys, f"{path} record {i}")
         return
     with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            if path.suffix != ".jsonl":
-                yield line.rstrip("\n")
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"corpus {str(path)!r} line {number} is not JSON: {err}") from None
-            yield _record_text(record, keys, f"{path} line {number}")
+        number = 0
+        try:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                if suffix != ".jsonl":
+                    yield line.rstrip("\n")
+                    continue
+                try:
+                    record = json.loads(line)
+                except (json.JSONDecodeError, RecursionError) as err:
+                    raise ValueError(f"corpus {str(path)!r} line {number} is not JSON: {err}") from None
+                yield _record_text(record, keys, f"{path} line {number}")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"corpus {str(path)!r} after line {number} is not UTF-8 text: {err}") from None
+
+
+def read_json(path: Path, what: str):
+    """The JSON value in a file; an error naming the file when it is not UTF-8 JSON (or nests too deep)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        reason = "nests too deep" if isinstance(err, RecursionError) else f"is not JSON: {err}"
+        raise ValueError(f"{what} {str(path)!r} {reason}") from None
 
 
 def _record_text(record, keys: tuple[str, ...], where: str) -> str:

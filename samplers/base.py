@@ -43,6 +43,7 @@ class Sampler:
       row_state:       what rows joining a running batch carry (below); None: they cannot join.
       draws:           it draws from the request's generator at temperature 0 too (a random order):
                        its tokens then depend on the rows decoded beside it, which share the stream.
+      file_arguments:  its arguments that name a file on the machine (a server request may not).
       remasks:         the sampler may mask written tokens again (`Decision.remask`), so a row's
                        mask count may grow between steps.
       reaches_back:    its commits and re-masks may also land on generated columns before the
@@ -71,6 +72,8 @@ class Sampler:
     # the canvas is not final until the whole row is.
     rewrites_tokens: ClassVar[bool] = False
     draws: ClassVar[bool] = False
+    # Arguments that name a file (Learn2PD's filter, PC-Sampler's table): a server request may not.
+    file_arguments: ClassVar[tuple[str, ...]] = ()
     remasks: ClassVar[bool] = False
     reaches_back: ClassVar[bool] = False
     shadow_block: ClassVar[bool] = False

@@ -163,6 +163,7 @@ class Learn2PD(LowConfidence):
 
     name = "learn2pd"
     row_state = None
+    file_arguments = ("filter",)
     uses_blocks = True
     fixed_schedule = False
     needs_logits = False

@@ -12,7 +12,8 @@ corpus and d the position's offset from the block's first column:
 
 The first factor steers the order towards the left of the block (lambd = 0: none); the second, the
 calibrated confidence, holds back tokens that are frequent everywhere (punctuation, filler words)
-and is clipped at `alpha`. Frequencies come from a table of token counts (`dllm.token_frequencies`,
+and is clipped at `alpha`; a token the corpus never holds (EOS, when it was counted without special
+tokens) scores as the rarest. Frequencies come from a table of token counts (`dllm.token_frequencies`,
 written by `dllm token-frequencies`, or one of PC-Sampler's corpus files), as float32 with 1 / N for a
 token the corpus never holds; the log term is float32, p is in the request's `score_dtype` (the
 reference: the logits' dtype, `score_dtype="logits"`).
@@ -20,7 +21,8 @@ reference: the logits' dtype, `score_dtype="logits"`).
 The table is `frequencies=PATH`; without one, the `token_frequencies.json` shipped in the model's
 checkpoint folder is used; with neither, setup fails and names `dllm token-frequencies`.
 `frequencies="none"` drops the calibration: score = exp(-lambd * d) * p. A `TokenFrequencies`
-instance may be passed directly. Ties (frequent with lambd = 0, where many scores reach alpha) go to
+instance may be passed directly (its arguments name it by a digest of its counts). The table a
+request reads lives in its decode state, so one instance serves requests of several models. Ties (frequent with lambd = 0, where many scores reach alpha) go to
 the lower position.
 
 Published settings: lambd 0.25, alpha 10, block_length = steps = gen_length (one block, one token per
@@ -45,6 +47,7 @@ class PCSampler(LowConfidence):
 
     name = "pc_sampler"
     row_state = ("counts",)
+    file_arguments = ("frequencies",)
 
     def __init__(self, *, lambd: float = 0.25, alpha: float = 10.0, frequencies=None):
         super().__init__()
@@ -54,7 +57,7 @@ class PCSampler(LowConfidence):
         self.table: TokenFrequencies | None = None
         self.calibrated, self.from_model = True, frequencies is None
         if isinstance(frequencies, TokenFrequencies):
-            self.table, shown = frequencies, frequencies.path or "given table"
+            self.table, shown = frequencies, frequencies.path or frequencies.digest()
         elif isinstance(frequencies, str) and frequencies.lower() == "none":
             self.calibrated, shown = False, "none"
         elif isinstance(frequencies, (str, os.PathLike)):
@@ -65,27 +68,31 @@ class PCSampler(LowConfidence):
             raise ValueError(f"sampler {self.name!r}: frequencies must be a file path, 'none' or a TokenFrequencies, "
                              f"got {type(frequencies).__name__}")
         self._args = dict(lambd=lambd, alpha=alpha, frequencies=shown)
-        self._log_frequency: torch.Tensor | None = None
+        self._shipped: dict[str, TokenFrequencies] = {}     # tables shipped with models, by file
+
+    def table_for(self, state) -> TokenFrequencies:
+        """The table of a request: the given one, else the one shipped with the request's model."""
+        if not self.from_model:
+            return self.table
+        found = token_frequencies.shipped(state.source)
+        if found is None:
+            raise missing_from_checkpoint(
+                self.name, state.source, "token frequencies", token_frequencies.FILE_NAME,
+                "count a corpus with `dllm token-frequencies --model MODEL --data CORPUS --out freq.json` and pass "
+                "frequencies='freq.json', or frequencies='none' for the position weighting alone")
+        if str(found) not in self._shipped:
+            self._shipped[str(found)] = token_frequencies.load(found)
+        return self._shipped[str(found)]
 
     def setup(self, state):
-        if self.from_model:
-            found = token_frequencies.shipped(state.source)
-            if found is None:
-                raise missing_from_checkpoint(
-                    self.name, state.source, "token frequencies", token_frequencies.FILE_NAME,
-                    "count a corpus with `dllm token-frequencies --model MODEL --data CORPUS --out freq.json` and pass "
-                    "frequencies='freq.json', or frequencies='none' for the position weighting alone")
-            if self.table is None or self.table.path != str(found):
-                self.table = token_frequencies.load(found)
-            self._args["frequencies"] = str(found)
-        if self.calibrated:
-            table = self.table.probabilities(state.vocab_size)                           # (V,) float32
-            self._log_frequency = torch.log(table + LOG_FLOOR).to(state.x.device)
+        if self.calibrated:      # (V,) float32, the same for every row (not row state: joins keep it)
+            state.extra["log_frequency"] = self.table_for(state).log_probabilities(state.vocab_size, LOG_FLOOR,
+                                                                                    state.x.device)
         super().setup(state)   # LLaDA's requirements and per-block counts
 
     def scores_for(self, state, rows, positions, valid, scores):
         p = scores.prob                                                                 # (B', Q)
         if self.calibrated:
-            p = (-p * self._log_frequency[scores.token]).clamp(max=self.alpha)
+            p = (-p * state.extra["log_frequency"][scores.token]).clamp(max=self.alpha)
         offset = (positions - state.block_start[rows, None]).to(torch.float32)
         return torch.exp(-self.lambd * offset) * p

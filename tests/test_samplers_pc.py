@@ -140,6 +140,42 @@ def test_joining_rows_decode_as_alone_and_reading_the_device_as_low_confidence(t
     assert counts.syncs == (1 if cache == "none" else 16 + 1)      # without a cache the widths are planned
 
 
+def test_one_instance_decodes_two_models_with_their_own_tables(tmp_path, llada_dir):
+    """A sampler instance shared by decodes of two checkpoints, stepped in turn, reads each one's
+    shipped table, and records no table of either in its arguments."""
+    import shutil
+
+    from tests.test_join import fresh
+
+    models = []
+    for seed in (0, 1):
+        folder = tmp_path / f"m{seed}"
+        shutil.copytree(llada_dir, folder)
+        model = dllm.load(folder, dtype="float32")[0]
+        counts = random_counts(model.config.vocab_size, seed)
+        TokenFrequencies(counts, sum(counts.values())).save(folder / token_frequencies.FILE_NAME)
+        models.append(model)
+    sampler = samplers.get("pc_sampler", lambd=0.0)
+    cfg = dllm.GenerationConfig(sampler=sampler, gen_length=16, block_length=16, steps=16)
+    alone = [dllm.generate(model, None, PROMPTS4[:2], cfg).generated.tolist() for model in models]
+    assert alone[0] != alone[1]
+    decoders = [fresh(model, PROMPTS4[:2], cfg) for model in models]
+    while not all(bool(d.state.finished.all()) for d in decoders):
+        for d in decoders:
+            if not d.state.finished.all():
+                d.step()
+    assert [d.state.generated().tolist() for d in decoders] == alone
+    assert sampler.arguments()["frequencies"] is None
+
+
+def test_tables_without_a_file_are_named_by_their_content():
+    def shown(counts, total):
+        return samplers.get("pc_sampler", frequencies=TokenFrequencies(counts, total)).arguments()["frequencies"]
+
+    assert shown({1: 2, 5: 3}, 9) == shown({5: 3, 1: 2}, 9) != shown({1: 2, 5: 4}, 9) != shown({1: 2, 5: 3}, 10)
+    assert shown({1: 2}, 9).startswith("sha256:")
+
+
 # -- the tables -------------------------------------------------------------------------------
 
 def test_probabilities_save_and_load(tmp_path):
@@ -195,6 +231,26 @@ def test_count_and_corpus_files(tmp_path, shipped_float32):
         list(token_frequencies.corpus_texts(bad))
     with pytest.raises(ValueError, match="holds no tokens"):
         token_frequencies.count(tok, ["", ""])
+    upper = tmp_path / "C.JSONL"
+    upper.write_text(json.dumps({"text": "a b"}) + "\n")
+    assert list(token_frequencies.corpus_texts(upper)) == ["a b"]
+
+
+@pytest.mark.parametrize("name,body,match", [
+    ("deep.json", "[" * 200_000, "nests too deep"),
+    ("bad.json", "{not json", "is not JSON"),
+    ("latin.txt", b"caf\xe9\n", "after line 0 is not UTF-8 text"),
+    ("deep.jsonl", "[" * 200_000 + "\n", "line 1 is not JSON"),
+])
+def test_corpus_files_that_cannot_be_read_are_errors_naming_them(tmp_path, name, body, match):
+    path = tmp_path / name
+    path.write_bytes(body if isinstance(body, bytes) else body.encode())
+    with pytest.raises(ValueError, match=match) as err:
+        list(token_frequencies.corpus_texts(path))
+    assert str(path) in str(err.value)
+    if name == "deep.json":
+        with pytest.raises(ValueError, match="token frequency file .* nests too deep"):
+            token_frequencies.load(path)
 
 
 def test_the_command_counts_files_and_generated_tasks(tmp_path, capsys):

@@ -189,6 +189,10 @@ def test_stop_strings_cut_the_answer(client, shipped):
     ({"dllm": {"sampler": "learn2pd", "sampler_args": {"filter": "/etc/passwd"}}}, "dllm.sampler_args"),
     ({"dllm": {"sampler": "prophet", "sampler_args": {"base": "learn2pd", "base_kwargs": {"filter": "/etc/passwd"}}}},
      "dllm.sampler_args"),
+    ({"dllm": {"sampler": "pc_sampler", "sampler_args": {"frequencies": "/etc/passwd"}}}, "dllm.sampler_args"),
+    ({"dllm": {"sampler": "prophet", "sampler_args": {"base": "pc_sampler",
+                                                      "base_kwargs": {"frequencies": "/nonexistent.json"}}}},
+     "dllm.sampler_args"),
     ({"dllm": {"steps": 10 ** 6}}, "dllm.steps"),
     ({"dllm": {"suffix_dropout": {"window": 0}}}, "dllm.suffix_dropout"),
     ({"dllm": {"suffix_dropout": {"sigma": 2}}}, "dllm.suffix_dropout"),
@@ -349,6 +353,24 @@ def test_request_arguments_add_to_the_servers_for_its_sampler_and_cache():
     assert got.sampler_kwargs == {"logits_eos_inf": False} and got.cache_kwargs == {"refresh": 4}
     got = config(sampler="threshold", sampler_args={"tau": 0.8}, cache="dual")
     assert got.sampler_kwargs == {"tau": 0.8} and got.cache_kwargs == {}
+
+
+def test_a_request_names_no_file_but_the_servers_own(tmp_path):
+    from dllm.serve.schema import CompletionRequest, RequestError, request_config
+    from dllm.token_frequencies import TokenFrequencies
+
+    served = str(TokenFrequencies({1: 2}, 4).save(tmp_path / "served.json"))
+    defaults = DEFAULTS.replace(sampler="pc_sampler", sampler_kwargs={"frequencies": served})
+
+    def config(**dllm_fields):
+        return request_config(CompletionRequest(prompt="Hi", dllm=dllm_fields), defaults, None)
+
+    assert config(sampler_args={"lambd": 0.5}).sampler_kwargs == {"frequencies": served, "lambd": 0.5}
+    assert config(sampler_args={"frequencies": served}).sampler_kwargs["frequencies"] == served
+    assert config(sampler_args={"frequencies": "none"}).sampler_kwargs["frequencies"] == "none"
+    with pytest.raises(RequestError, match="sampler_args.frequencies: a request cannot name a file") as err:
+        config(sampler_args={"frequencies": str(tmp_path / "other.json")})
+    assert err.value.param == "dllm.sampler_args"
 
 
 def test_a_request_replaces_or_turns_off_the_servers_suffix_dropout():

@@ -70,7 +70,7 @@ def run(args) -> int:
         texts, total, source = _texts(args)
         table = token_frequencies.count(tokenizer, texts, progress=not args.no_progress, total=total)
         table.probabilities(cfg.vocab_size)          # every counted id fits the model's vocabulary
-        table.metadata.update(tokenizer=str(folder), vocab_size=cfg.vocab_size, **source)
+        table.metadata.update(tokenizer=args.model or folder.name, vocab_size=cfg.vocab_size, **source)
         path = table.save(args.out)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -10,6 +10,7 @@ Any other field is an error that names it.
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valid
 from ..cache import available_policies
 from ..config import GenerationConfig
 from ..decode import with_instances
-from ..samplers import available as available_samplers
+from ..samplers import available as available_samplers, sampler_class
 
 
 class RequestError(ValueError):
@@ -181,7 +182,7 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
     together against the model by `dllm.serve.api.Server.job`)."""
     check_neutral(body)
     options = body.dllm or DllmOptions()
-    _check_filter(options, defaults)
+    _check_files(options, defaults)
     stages = [
         (length_field, dict(gen_length=max_tokens) if max_tokens is not None else {}),
         ("temperature", dict(temperature=body.temperature) if body.temperature is not None else {}),
@@ -207,22 +208,29 @@ def request_config(body: _Request, defaults: GenerationConfig, max_tokens: int |
     return config
 
 
-def _filters(args: dict) -> list:
-    """Every `filter` argument in `args`, also inside a wrapper's arguments (Prophet's base_kwargs)."""
-    found = [args["filter"]] if "filter" in args else []
+@functools.lru_cache(maxsize=1)
+def file_arguments() -> frozenset[str]:
+    """The sampler arguments that name a file (`Sampler.file_arguments` of every registered sampler)."""
+    return frozenset(name for sampler in available_samplers() for name in sampler_class(sampler).file_arguments)
+
+
+def _file_values(args: dict) -> list[tuple[str, Any]]:
+    """(name, value) of every file argument in `args`, also inside a wrapper's arguments (Prophet's
+    base_kwargs)."""
+    found = [(name, value) for name, value in args.items() if name in file_arguments()]
     for value in args.values():
         if isinstance(value, dict):
-            found += _filters(value)
+            found += _file_values(value)
     return found
 
 
-def _check_filter(options: DllmOptions, defaults: GenerationConfig) -> None:
-    """A request names no file on the server: a Learn2PD `filter` may be left out, "none", or the
-    server's own (its --sampler-arg)."""
-    allowed = (None, "none", defaults.sampler_kwargs.get("filter"))
-    if any(value not in allowed for value in _filters(options.sampler_args or {})):
-        raise RequestError("dllm.sampler_args.filter: a request cannot name a file on the server; leave it out "
-                           "(the model's or the server's filter) or give \"none\"", "dllm.sampler_args")
+def _check_files(options: DllmOptions, defaults: GenerationConfig) -> None:
+    """A request names no file on the server: a file argument (Learn2PD's `filter`, PC-Sampler's
+    `frequencies`) may be left out, "none", or the server's own (its --sampler-arg)."""
+    for name, value in _file_values(options.sampler_args or {}):
+        if value not in (None, "none", defaults.sampler_kwargs.get(name)):
+            raise RequestError(f"dllm.sampler_args.{name}: a request cannot name a file on the server; leave it out "
+                               f"(the model's or the server's file) or give \"none\"", "dllm.sampler_args")
 
 
 def _param(field: str, name: str | None, args: dict | None, names: list[str]) -> str:
