@@ -180,6 +180,7 @@ class Learn2PD(LowConfidence):
         self.filter: Learn2PDFilter | None = None
         self.use_filter = True
         self.from_model = filter is None
+        self._shipped_filters: dict[str, Learn2PDFilter] = {}   # filters shipped with models, by file
         if isinstance(filter, Learn2PDFilter):
             self.filter, shown = filter, filter.path or repr(filter)
         elif isinstance(filter, str) and filter.lower() == "none":
@@ -194,47 +195,52 @@ class Learn2PD(LowConfidence):
         self.accept_thres = self._resolve_thres()
         self._args = dict(filter=shown, accept_thres=self.accept_thres, eotp=eotp)
 
-    def _resolve_thres(self) -> float:
+    def _resolve_thres(self, filt: Learn2PDFilter | None = None) -> float:
+        """The given accept_thres, else the one `filt` (default: the given filter) records, else 0.96."""
         if self._given_thres is not None:
             return float(self._given_thres)
-        recorded = (self.filter.metadata if self.filter is not None else {}).get("accept_thres")
+        filt = self.filter if filt is None else filt
+        recorded = (filt.metadata if filt is not None else {}).get("accept_thres")
         return float(recorded) if isinstance(recorded, (int, float)) else DEFAULT_ACCEPT_THRES
 
     # -- lifecycle -------------------------------------------------------------------------
+    def filter_for(self, source) -> Learn2PDFilter | None:
+        """The filter a request on the model from `source` reads: the given one, else the one shipped
+        with that model (loaded once per file), else None."""
+        if not self.use_filter or not self.from_model:
+            return self.filter
+        found = shipped_filter(source)
+        if found is None:
+            return None
+        if str(found) not in self._shipped_filters:
+            self._shipped_filters[str(found)] = load_filter(found)
+        return self._shipped_filters[str(found)]
+
     def block_length_for(self, source):
         """The block length of the filter: the given one, else the one shipped with `source`."""
-        if not self.use_filter:
-            return None
-        if self.from_model and self._shipped(source) is None:
-            return None
-        return self.filter.block_length
-
-    def _shipped(self, source) -> Path | None:
-        """The filter shipped with `source`, loaded into `self.filter` unless it is already there."""
-        found = shipped_filter(source)
-        if found is not None and (self.filter is None or self.filter.path != str(found)):
-            self.filter = load_filter(found)
-        return found
+        filt = self.filter_for(source)
+        return None if filt is None else filt.block_length
 
     def setup(self, state):
+        filt = self.filter_for(state.source)
         if self.from_model:
-            found = self._shipped(state.source)
-            if found is None:
+            if filt is None:
                 raise missing_from_checkpoint(
                     self.name, state.source, "a trained filter", FILTER_FILE,
                     "train one with `dllm train-filter --model MODEL --out filter.safetensors` and pass "
                     "filter='filter.safetensors', or filter='none' for LLaDA's schedule with end-of-text prediction only")
-            self.accept_thres = self._resolve_thres()
-            self._args.update(filter=str(found), accept_thres=self.accept_thres)
-        if self.filter is not None:
-            if self.filter.block_length != state.block_length:
-                which = f"the filter {self.filter.path!r}" if self.filter.path else "the filter"
+            self._args.update(filter=filt.path, accept_thres=self._resolve_thres(filt))
+        if filt is not None:
+            if filt.block_length != state.block_length:
+                which = f"the filter {filt.path!r}" if filt.path else "the filter"
                 raise ValueError(
-                    f"sampler {self.name!r}: {which} was trained for block_length {self.filter.block_length}, and "
+                    f"sampler {self.name!r}: {which} was trained for block_length {filt.block_length}, and "
                     f"this request has block_length {state.block_length}; pass block_length="
-                    f"{self.filter.block_length}, or train a filter for {state.block_length} with "
+                    f"{filt.block_length}, or train a filter for {state.block_length} with "
                     f"`dllm train-filter --block-length {state.block_length}`")
-            self.filter.to(device=state.x.device, dtype=torch.float32).eval()
+            filt.to(device=state.x.device, dtype=torch.float32).eval()
+        # The request's filter and threshold (one instance may serve requests on several models).
+        state.extra["learn2pd_filter"], state.extra["accept_thres"] = filt, self._resolve_thres(filt)
         super().setup(state)   # LLaDA's requirements and per-block counts
 
     def score_mask(self, state, rows):
@@ -250,17 +256,18 @@ class Learn2PD(LowConfidence):
         (masked or not; the caller keeps the masked ones)."""
         start = state.block_start[rows, None]
         in_block = valid & (positions >= start) & (positions < state.block_end[rows, None])
-        if not self.use_filter:
+        filt = state.extra["learn2pd_filter"]
+        if filt is None:
             return torch.zeros_like(in_block)
-        K = self.filter.block_length
+        K = filt.block_length
         offset = (positions - start).clamp(0, K - 1)                                   # (B', Q)
         feats = torch.zeros(positions.shape[0], K, dtype=torch.float32, device=positions.device)   # (B', K)
         r, q = in_block.nonzero(as_tuple=True)
         feats[r, offset[r, q]] = conf[r, q].float()
         # sigmoid(z) > thres, compared as z > logit(thres): exact where float32 sigmoid would
         # round to 0 or 1 (thres 0 accepts every position, thres 1 none)
-        z = self.filter(feats).double()
-        t = float(self.accept_thres)
+        z = filt(feats).double()
+        t = float(state.extra["accept_thres"])
         accept = z > (math.log(t) - math.log1p(-t)) if 0 < t < 1 else torch.full_like(z, t == 0, dtype=torch.bool)
         return in_block & accept.gather(1, offset)
 

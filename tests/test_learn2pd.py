@@ -652,3 +652,28 @@ def test_train_filter_refuses_a_multi_process_launch(tmp_path, capsys, monkeypat
     assert main(["train-filter", "--out", str(tmp_path / "f.safetensors"), "--tasks", "waiting_line/copy"]) == 2
     assert "train-filter runs in one process, but this is one of 2 launched processes" in capsys.readouterr().err
     assert not (tmp_path / "f.safetensors").exists()
+
+
+def test_one_instance_decodes_two_models_with_their_own_shipped_filters(tmp_path, llada_dir):
+    """A sampler instance shared by decodes of two checkpoints, stepped in turn, reads each one's
+    shipped filter and its recorded threshold."""
+    from tests.test_generate import PROMPTS4
+    from tests.test_join import fresh
+
+    models = []
+    for i, (t, thres) in enumerate([(0.0, 0.5), (1.0, 0.99)]):    # one accepts every position, one none
+        folder = tmp_path / f"m{i}"
+        shutil.copytree(llada_dir, folder)
+        save_filter(threshold_filter(8, t), folder / FILTER_FILE, {"accept_thres": thres})
+        models.append(dllm.load(folder, dtype="float32")[0])
+    sampler = samplers.get("learn2pd", eotp=False)
+    cfg = dllm.GenerationConfig(sampler=sampler, gen_length=16, block_length=8, steps=16)
+    alone = [dllm.generate(model, None, PROMPTS4[:2], cfg) for model in models]
+    assert alone[0].nfe != alone[1].nfe
+    decoders = [fresh(model, PROMPTS4[:2], cfg) for model in models]
+    while not all(bool(d.state.finished.all()) for d in decoders):
+        for d in decoders:
+            if not d.state.finished.all():
+                d.step()
+    assert [d.state.generated().tolist() for d in decoders] == [out.generated.tolist() for out in alone]
+    assert [d.state.nfe.tolist() for d in decoders] == [out.nfe for out in alone]
