@@ -51,6 +51,7 @@ SAMPLERS = [
     ("dparallel", "dparallel", {}),
     ("freedave", "freedave", {}),
     ("pc_sampler, 1 token/step", "pc_sampler", {"tokens_per_step": 1}),
+    ("certainty_prior, 1 token/step", "certainty_prior", {"tokens_per_step": 1}),
 ]
 # (sampler label, sampler, run settings, cache label, cache, cache args)
 CACHES = [

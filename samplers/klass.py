@@ -99,8 +99,7 @@ class KLASS(LowConfidence):
         in_block = valid & (positions >= state.block_start[rows, None]) & (positions < state.block_end[rows, None])
         settled = (state.step_in_block[rows] >= self.history - 1)[:, None]
         ready = in_block & settled & (hist < self.kl_threshold).all(-1) & (conf > self.conf_threshold)
-        step = state.step_in_block[rows].clamp(max=state.extra["steps_per_block"] - 1)
-        k = state.extra["counts"][rows].gather(1, step[:, None]).squeeze(1)               # (B',)
+        k = self.step_counts(state, rows)                                                  # (B',)
         fallback = top_k_mask(conf.masked_fill(~in_block, float("-inf")), k) & in_block
         return Decision(commit=torch.where(ready.any(1, keepdim=True), ready, fallback))
 

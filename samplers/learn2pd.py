@@ -277,9 +277,7 @@ class Learn2PD(LowConfidence):
         in_block = (positions >= state.block_start[rows, None]) & (positions < state.block_end[rows, None])
         due = masked & in_block
         accepted = self.filter_accepts(state, rows, positions, valid, conf) & due
-        step = state.step_in_block[rows].clamp(max=state.extra["steps_per_block"] - 1)
-        k = state.extra["counts"][rows].gather(1, step[:, None]).squeeze(1)           # (B',)
-        baseline = top_k_mask(conf.double().masked_fill(~due, float("-inf")), k) & due
+        baseline = top_k_mask(conf.double().masked_fill(~due, float("-inf")), self.step_counts(state, rows)) & due
         dec = Decision(commit=accepted | baseline)
         if self.eotp:
             dec.truncate_at = eotp_cut(positions, conf, scores.token == state.ids.eos, accepted, masked)

@@ -112,12 +112,15 @@ class LowConfidence(Sampler):
             logits[..., state.ids.eos] = float("-inf")
         return torch.softmax(logits, dim=-1).gather(-1, scores.token[..., None]).squeeze(-1)
 
-    def step(self, state, rows, positions, valid, scores):
+    def step_counts(self, state, rows) -> torch.Tensor:
+        """(B',) the tokens this step of each row's block commits."""
         step = state.step_in_block[rows].clamp(max=state.extra["steps_per_block"] - 1)
-        k = state.extra["counts"][rows].gather(1, step[:, None]).squeeze(1)         # (B',)
+        return state.extra["counts"][rows].gather(1, step[:, None]).squeeze(1)
+
+    def step(self, state, rows, positions, valid, scores):
         score = self.scores_for(state, rows, positions, valid, scores).double()
         score = score.masked_fill(~valid, float("-inf"))
-        return Decision(commit=top_k_mask(score, k) & valid)
+        return Decision(commit=top_k_mask(score, self.step_counts(state, rows)) & valid)
 
 
 class RandomRemasking(LowConfidence):

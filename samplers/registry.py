@@ -42,6 +42,7 @@ _SAMPLERS: dict[str, str] = {
     "dream_dparallel": "dllm.samplers.dparallel:DreamDParallel",
     "freedave": "dllm.samplers.freedave:FreeDave",
     "pc_sampler": "dllm.samplers.pc_sampler:PCSampler",
+    "certainty_prior": "dllm.samplers.certainty_prior:CertaintyPrior",
 }
 
 

@@ -75,6 +75,8 @@ def run_with_joins(model, cfg, joins=JOINS):
     ("low_confidence", {}, dict(gen_length=16, block_length=4, steps=16, cache="dkv-greedy",
                                 suffix_dropout={"window": 8, "distribution": "uniform", "keep": 3})),
     ("threshold", {"tau": 0.5}, dict(gen_length=16, block_length=4, cache="prefix", eos_early_stop=True)),
+    ("certainty_prior", {"sigma": 3.0}, dict(gen_length=16, block_length=8, steps=16, cache="dual")),
+    ("certainty_prior", {"threshold": 0.2}, dict(gen_length=16, block_length=16, steps=16)),
 ])
 def test_rows_that_join_and_leave_decode_as_alone(model, sampler, kwargs, lengths):
     cfg = dllm.GenerationConfig(sampler=sampler, sampler_kwargs=kwargs, **lengths)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .samplers_ref import LogitsFn, llada_transfer_counts
+from .samplers_ref import LogitsFn, counted_block_loop
 
 __all__ = ["pc_sampler_ref"]
 
@@ -28,26 +28,19 @@ def pc_sampler_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, bloc
                    dtype: torch.dtype = torch.float32, temperature: float = 0.0,
                    generator: torch.Generator | None = None) -> tuple[Tensor, int]:
     """(canvas (1, Lp + gen_length), forwards)."""
-    Lp = prompt.shape[1]
-    x = torch.full((1, Lp + gen_length), mask_id, dtype=torch.long)
-    x[:, :Lp] = prompt
-    per_block, forwards = steps // (gen_length // block_length), 0
-    for start in range(Lp, Lp + gen_length, block_length):
-        end = start + block_length
-        counts = llada_transfer_counts(x[:, start:end] == mask_id, per_block)[0]
-        for i in range(per_block):
-            logits = logits_fn(x, None)[0, start:end]                                     # (K, V)
-            forwards += 1
-            masked = x[0, start:end] == mask_id
-            x0 = logits.argmax(-1)                                                        # (K,)
-            if temperature > 0:
-                u = torch.rand((int(masked.sum()), logits.shape[-1]), dtype=torch.float64, generator=generator)
-                x0[masked] = (logits[masked].double() - temperature * torch.log(-torch.log(u))).argmax(-1)
-            p = F.softmax(logits.to(dtype), dim=-1).gather(-1, x0[:, None])[:, 0]
-            if frequency is not None:
-                p = torch.clamp(-p * torch.log(frequency[x0] + 1e-9), max=alpha)
-            weight = torch.exp(-lambd * torch.arange(block_length, dtype=torch.float32))
-            score = torch.where(masked, weight * p, -torch.inf)
-            chosen = torch.sort(score.double(), descending=True, stable=True).indices[: int(counts[i])]
-            x[0, start + chosen] = x0[chosen]
-    return x, forwards
+    def commit(logits, x, start, end, k):
+        logits = logits[start:end]                                                         # (K, V)
+        masked = x[start:end] == mask_id
+        x0 = logits.argmax(-1)                                                            # (K,)
+        if temperature > 0:
+            u = torch.rand((int(masked.sum()), logits.shape[-1]), dtype=torch.float64, generator=generator)
+            x0[masked] = (logits[masked].double() - temperature * torch.log(-torch.log(u))).argmax(-1)
+        p = F.softmax(logits.to(dtype), dim=-1).gather(-1, x0[:, None])[:, 0]
+        if frequency is not None:
+            p = torch.clamp(-p * torch.log(frequency[x0] + 1e-9), max=alpha)
+        weight = torch.exp(-lambd * torch.arange(end - start, dtype=torch.float32))
+        score = torch.where(masked, weight * p, -torch.inf)
+        chosen = torch.sort(score.double(), descending=True, stable=True).indices[:k]
+        x[start + chosen] = x0[chosen]
+
+    return counted_block_loop(logits_fn, prompt, gen_length, block_length, steps, mask_id, commit)

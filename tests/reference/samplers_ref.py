@@ -78,6 +78,26 @@ def llada_transfer_counts(block_mask: Tensor, steps: int) -> Tensor:
     return counts
 
 
+def counted_block_loop(logits_fn: LogitsFn, prompt: Tensor, gen_length: int, block_length: int, steps: int,
+                       mask_id: int, commit: Callable[[Tensor, Tensor, int, int, int], None]) -> tuple[Tensor, int]:
+    """LLaDA's blocks and per-step counts at batch 1, no cache: each step of a block that still holds
+    a mask runs the model over the whole canvas and calls `commit(logits (L, V), x (L,), start, end,
+    k)`, which writes x in place. Returns (canvas (1, Lp + gen_length), forwards)."""
+    Lp = prompt.shape[1]
+    x = torch.full((1, Lp + gen_length), mask_id, dtype=torch.long)
+    x[:, :Lp] = prompt
+    per_block, forwards = steps // (gen_length // block_length), 0
+    for start in range(Lp, Lp + gen_length, block_length):
+        end = start + block_length
+        counts = llada_transfer_counts(x[:, start:end] == mask_id, per_block)[0]
+        for i in range(per_block):
+            if not (x[0, start:end] == mask_id).any():        # a sampler that commits more emptied it early
+                break
+            commit(logits_fn(x, None)[0], x[0], start, end, int(counts[i]))
+            forwards += 1
+    return x, forwards
+
+
 def _add_gumbel_noise(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
     """Gumbel-max in float64: argmax of exp(l) / (-log u)^T samples softmax(l / T).
 

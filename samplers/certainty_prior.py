@@ -1,0 +1,84 @@
+"""d2Cache's certainty-prior decoding (arXiv:2509.23094, "d2Cache: Accelerating Diffusion-Based LLMs
+via Dual Adaptive Caching"; Kamichanw/d2Cache, Apache-2.0: `generate_step` and `confidence_unmasking`
+of `src/generation/vanilla.py`, `certainty_density` of `src/utils/common.py`).
+
+LLaDA's schedule (`low_confidence`, docs/samplers.md §2) with a score that prefers masks next to
+decoded text. Over the G columns of the generation region, with m(j) = 1 where column j holds a token
+(the region's columns j in [0, G)), m(j) = 1 left of the region (the prompt) and, right of it, m(j) =
+m(G - 1) (decoded when the region's last column is), the certainty density of column i is
+
+    density(i) = sum_{j = -G}^{2G - 1} m(j) w(i - j) / sum_{d = -3G}^{3G - 1} w(d),   w(d) = exp(-d^2 / (2 sigma^2))
+
+and a masked position's score is its confidence c (the un-tempered probability of its candidate)
+times density(i): the order runs roughly left to right, from the prompt on, without committing the
+end of the answer early. Each step commits, among the block's masks, those with the highest scores:
+LLaDA's count for the step (`steps` / `tokens_per_step`), or with `threshold` every mask whose score
+reaches it and at least that count (d2Cache's threshold rule on the weighted scores).
+
+The density is computed in float64 as the sums above (d2Cache convolves in float32 with FFTs: the same
+sums up to rounding); c is in the request's `score_dtype`. Ties go to the lower position.
+
+Published settings (d2Cache's `d2cache` configuration): sigma 10, one token per step, blocks of 32,
+temperature 0; `threshold` off.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import check_number, top_k_mask
+from .llada import LowConfidence
+from dllm.state import Decision
+
+
+def density_weights(length: int, sigma: float, device) -> torch.Tensor:
+    """(G, 3G) float64: w(i - j) / sum_d w(d) for the region's columns i and the extended columns
+    j = -G .. 2G - 1 (see the module docstring)."""
+    i = torch.arange(length, dtype=torch.float64, device=device)
+    j = torch.arange(-length, 2 * length, dtype=torch.float64, device=device)
+    d = torch.arange(-3 * length, 3 * length, dtype=torch.float64, device=device)
+    kernel = lambda t: torch.exp(-t ** 2 / (2 * sigma ** 2))       # noqa: E731
+    return kernel(i[:, None] - j[None, :]) / kernel(d).sum()
+
+
+def certainty_density(decoded: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """(B, G) bool decoded columns of the generation region -> (B, G) float64 density."""
+    B, G = decoded.shape
+    m = decoded.to(torch.float64)
+    extended = torch.cat([m.new_ones(B, G), m, m[:, -1:].expand(B, G)], dim=1)      # (B, 3G)
+    return extended @ weights.T
+
+
+class CertaintyPrior(LowConfidence):
+    """d2Cache: LLaDA's schedule, positions by confidence times the density of decoded columns nearby."""
+
+    name = "certainty_prior"
+    row_state = ("counts",)
+
+    def __init__(self, *, sigma: float = 10.0, threshold: float | None = None):
+        super().__init__()
+        check_number("sigma", sigma, low=0, low_open=True, sampler=self.name)
+        check_number("threshold", threshold, low=0, high=1, allow_none=True, sampler=self.name)
+        self.sigma = float(sigma)
+        self.threshold = None if threshold is None else float(threshold)
+        self._args = dict(sigma=sigma, threshold=threshold)
+
+    def setup(self, state):
+        super().setup(state)
+        state.extra["density_weights"] = density_weights(state.gen_length, self.sigma, state.x.device)
+
+    def planned_widths(self, state):
+        """LLaDA's widths when every step commits its count; a threshold may commit more."""
+        return None if self.threshold is not None else super().planned_widths(state)
+
+    def scores_for(self, state, rows, positions, valid, scores):
+        region = state.x[rows, state.gen_start:state.gen_start + state.gen_length]           # (B', G)
+        density = certainty_density(region != state.ids.mask, state.extra["density_weights"])
+        column = (positions - state.gen_start).clamp(0, state.gen_length - 1)
+        return scores.prob * density.gather(1, column)
+
+    def step(self, state, rows, positions, valid, scores):
+        score = self.scores_for(state, rows, positions, valid, scores).double().masked_fill(~valid, float("-inf"))
+        commit = top_k_mask(score, self.step_counts(state, rows)) & valid
+        if self.threshold is not None:
+            commit |= valid & (score >= self.threshold)
+        return Decision(commit=commit)
