@@ -15,37 +15,48 @@ end of the answer early. Each step commits, among the block's masks, those with 
 LLaDA's count for the step (`steps` / `tokens_per_step`), or with `threshold` every mask whose score
 reaches it and at least that count (d2Cache's threshold rule on the weighted scores).
 
-The density is computed in float64 as the sums above (d2Cache convolves in float32 with FFTs: the same
-sums up to rounding); c is in the request's `score_dtype`. Ties go to the lower position.
+The density is computed in float64 as a convolution over the columns within 39 sigma (beyond them every
+term is 0 in float64; d2Cache convolves in float32 with FFTs: the same sums up to rounding); c is in the
+request's `score_dtype`. Ties go to the lower position.
 
 Published settings (d2Cache's `d2cache` configuration): sigma 10, one token per step, blocks of 32,
 temperature 0; `threshold` off.
 """
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from .base import check_number, top_k_mask
 from .llada import LowConfidence
 from dllm.state import Decision
 
 
-def density_weights(length: int, sigma: float, device) -> torch.Tensor:
-    """(G, 3G) float64: w(i - j) / sum_d w(d) for the region's columns i and the extended columns
-    j = -G .. 2G - 1 (see the module docstring)."""
-    i = torch.arange(length, dtype=torch.float64, device=device)
-    j = torch.arange(-length, 2 * length, dtype=torch.float64, device=device)
-    d = torch.arange(-3 * length, 3 * length, dtype=torch.float64, device=device)
-    kernel = lambda t: torch.exp(-t ** 2 / (2 * sigma ** 2))       # noqa: E731
-    return kernel(i[:, None] - j[None, :]) / kernel(d).sum()
+# exp(-x) is 0 in float64 for x > 745: kernel terms farther than this many sigmas add exactly 0.
+REACH_IN_SIGMAS = 39
 
 
-def certainty_density(decoded: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """(B, G) bool decoded columns of the generation region -> (B, G) float64 density."""
+def density_kernel(length: int, sigma: float, device) -> tuple[torch.Tensor, float]:
+    """(kernel w(d) for d = -R .. R as a float64 tensor, the normaliser sum_{d=-3G}^{3G-1} w(d)),
+    R = min(3G, 39 sigma) (beyond it every w(d) is 0 in float64)."""
+    reach = min(3 * length, math.ceil(REACH_IN_SIGMAS * sigma))
+    w = lambda d: torch.exp(-d ** 2 / (2 * sigma ** 2))          # noqa: E731
+    kernel = w(torch.arange(-reach, reach + 1, dtype=torch.float64, device=device))
+    norm = float(w(torch.arange(-3 * length, 3 * length, dtype=torch.float64)).sum())
+    return kernel, norm
+
+
+def certainty_density(decoded: torch.Tensor, kernel: torch.Tensor, norm: float) -> torch.Tensor:
+    """(B, G) bool decoded columns of the generation region -> (B, G) float64 density: the extended
+    mask (B, 3G) convolved with the kernel, read at the region's columns, over the normaliser."""
     B, G = decoded.shape
+    reach = (kernel.shape[0] - 1) // 2
     m = decoded.to(torch.float64)
-    extended = torch.cat([m.new_ones(B, G), m, m[:, -1:].expand(B, G)], dim=1)      # (B, 3G)
-    return extended @ weights.T
+    extended = torch.cat([m.new_ones(B, G), m, m[:, -1:].expand(B, G)], dim=1)      # (B, 3G): j = -G .. 2G-1
+    window = F.pad(extended, (reach, reach))[:, G:2 * G + 2 * reach]                # j = i - R .. i + R per i
+    return F.conv1d(window[:, None], kernel.flip(0)[None, None])[:, 0] / norm
 
 
 class CertaintyPrior(LowConfidence):
@@ -64,7 +75,7 @@ class CertaintyPrior(LowConfidence):
 
     def setup(self, state):
         super().setup(state)
-        state.extra["density_weights"] = density_weights(state.gen_length, self.sigma, state.x.device)
+        state.extra["density_kernel"] = density_kernel(state.gen_length, self.sigma, state.x.device)
 
     def planned_widths(self, state):
         """LLaDA's widths when every step commits its count; a threshold may commit more."""
@@ -72,7 +83,7 @@ class CertaintyPrior(LowConfidence):
 
     def scores_for(self, state, rows, positions, valid, scores):
         region = state.x[rows, state.gen_start:state.gen_start + state.gen_length]           # (B', G)
-        density = certainty_density(region != state.ids.mask, state.extra["density_weights"])
+        density = certainty_density(region != state.ids.mask, *state.extra["density_kernel"])
         column = (positions - state.gen_start).clamp(0, state.gen_length - 1)
         return scores.prob * density.gather(1, column)
 

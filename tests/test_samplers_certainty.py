@@ -9,22 +9,24 @@ import torch
 
 import dllm
 from dllm import samplers
-from dllm.samplers.certainty_prior import certainty_density, density_weights
+from dllm.samplers.certainty_prior import certainty_density, density_kernel
 from tests.reference.certainty_prior_ref import certainty_prior_ref, density_fft_ref, density_sum_ref
 from tests.test_generate import PROMPTS4, equal_alone_and_batched
 
 
 def test_the_density_is_d2caches_convolution_and_the_plain_sums():
     gen = torch.Generator().manual_seed(0)
-    for G, sigma in [(1, 1.0), (7, 0.5), (16, 10.0), (33, 3.0), (64, 10.0)]:
+    for G, sigma in [(1, 1.0), (7, 0.5), (16, 10.0), (33, 3.0), (64, 10.0), (300, 0.6), (400, 2.0)]:
         decoded = torch.rand(5, G, generator=gen) < torch.rand(5, 1, generator=gen)
         decoded[0], decoded[1, -1] = False, True                 # nothing decoded; the last column decoded
-        ours = certainty_density(decoded, density_weights(G, sigma, "cpu"))
+        ours = certainty_density(decoded, *density_kernel(G, sigma, "cpu"))
         assert torch.allclose(ours, density_fft_ref(decoded, sigma), rtol=0, atol=1e-12)
         for row in range(5):
             assert ours[row].tolist() == pytest.approx(density_sum_ref(decoded[row].tolist(), sigma), abs=1e-12)
-    all_decoded = certainty_density(torch.ones(1, 8, dtype=torch.bool), density_weights(8, 2.0, "cpu"))
+    all_decoded = certainty_density(torch.ones(1, 8, dtype=torch.bool), *density_kernel(8, 2.0, "cpu"))
     assert torch.all(all_decoded < 1) and torch.all(all_decoded > 0.49)   # the kernel's mass beyond 3G is cut
+    kernel, _ = density_kernel(8192, 10.0, "cpu")          # a long generation: the kernel spans 39 sigmas
+    assert kernel.shape == (2 * 390 + 1,) and kernel[0] == kernel[-1] == 0 and kernel[390] == 1   # nothing cut is > 0
 
 
 CASES = [  # (model, gen_length, block_length, steps, sigma, threshold, score_dtype)
