@@ -1125,6 +1125,6 @@ def _output(state: DecodeState, tokenizer, request: Request, forwards: int, seco
         steps=forwards,
         tokens_per_forward=[c / max(n, 1) for c, n in zip(committed.tolist(), nfe)], answer_lengths=lengths,
         seconds=seconds, hit_cap=[b in capped for b in range(state.batch_size)], sampler=request.sampler.name,
-        sampler_args=request.sampler.arguments(), trace=answer_steps if request.config.trace else None,
+        sampler_args=request.sampler.resolved_arguments(state), trace=answer_steps if request.config.trace else None,
         cache=request.policy.name, cache_args=request.policy.arguments(), edits=state.edits.tolist(),
         remasks=state.remasks.tolist(), block_length=request.block_length)

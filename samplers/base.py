@@ -188,6 +188,11 @@ class Sampler:
         """The constructor arguments of this instance (logged with every result)."""
         return dict(getattr(self, "_args", {}))
 
+    def resolved_arguments(self, state: DecodeState) -> dict[str, Any]:
+        """The arguments a request ran with: `arguments()`, with what `setup` resolved for it from the
+        model (`state.extra["resolved_arguments"]`, e.g. a filter shipped in its checkpoint folder)."""
+        return {**self.arguments(), **state.extra.get("resolved_arguments", {})}
+
 
 def top_k_mask(score: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """(B, Q) bool selecting the k[b] highest scores of each row; ties go to the lower index.

@@ -34,6 +34,8 @@ from .llada import LowConfidence
 from dllm.state import Decision
 
 
+# sigma's range: its square and the kernel's sums stay finite and non-zero in float64.
+MIN_SIGMA, MAX_SIGMA = 1e-6, 1e6
 # exp(-x) is 0 in float64 for x > 745: kernel terms farther than this many sigmas add exactly 0.
 REACH_IN_SIGMAS = 39
 
@@ -67,7 +69,7 @@ class CertaintyPrior(LowConfidence):
 
     def __init__(self, *, sigma: float = 10.0, threshold: float | None = None):
         super().__init__()
-        check_number("sigma", sigma, low=0, low_open=True, sampler=self.name)
+        check_number("sigma", sigma, low=MIN_SIGMA, high=MAX_SIGMA, sampler=self.name)
         check_number("threshold", threshold, low=0, high=1, allow_none=True, sampler=self.name)
         self.sigma = float(sigma)
         self.threshold = None if threshold is None else float(threshold)

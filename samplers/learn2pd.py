@@ -229,7 +229,7 @@ class Learn2PD(LowConfidence):
                     self.name, state.source, "a trained filter", FILTER_FILE,
                     "train one with `dllm train-filter --model MODEL --out filter.safetensors` and pass "
                     "filter='filter.safetensors', or filter='none' for LLaDA's schedule with end-of-text prediction only")
-            self._args.update(filter=filt.path, accept_thres=self._resolve_thres(filt))
+            state.extra["resolved_arguments"] = dict(filter=filt.path, accept_thres=self._resolve_thres(filt))
         if filt is not None:
             if filt.block_length != state.block_length:
                 which = f"the filter {filt.path!r}" if filt.path else "the filter"

@@ -677,3 +677,6 @@ def test_one_instance_decodes_two_models_with_their_own_shipped_filters(tmp_path
                 d.step()
     assert [d.state.generated().tolist() for d in decoders] == [out.generated.tolist() for out in alone]
     assert [d.state.nfe.tolist() for d in decoders] == [out.nfe for out in alone]
+    assert [sampler.resolved_arguments(d.state) for d in decoders] == [out.sampler_args for out in alone]
+    assert [out.sampler_args["accept_thres"] for out in alone] == [0.5, 0.99]
+    assert sampler.arguments()["filter"] is None

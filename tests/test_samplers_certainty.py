@@ -35,6 +35,7 @@ CASES = [  # (model, gen_length, block_length, steps, sigma, threshold, score_dt
     ("peaked", 32, 32, 32, 10.0, 0.3, "float32"), ("peaked", 16, 8, 16, 1.0, 0.4, "float32"),
     ("bf16", 16, 16, 16, 10.0, None, "logits"), ("dream", 16, 8, 16, 4.0, 0.3, "float32"),
     ("shipped", 32, 16, 32, 10.0, None, "float32"), ("shipped", 32, 32, 32, 10.0, 0.45, "float32"),
+    ("peaked", 32, 8, 16, 3.0, 0.05, "float32"), ("peaked", 24, 12, 6, 10.0, 0.2, "float64"),   # k > 1 per step
 ]
 
 
@@ -72,8 +73,9 @@ def test_the_order_runs_from_the_prompt(shipped_float32):
 
 
 def test_arguments_are_checked():
-    with pytest.raises(ValueError, match="sigma must be > 0"):
-        samplers.get("certainty_prior", sigma=0)
+    for sigma, bound in ((0, ">= 1e-06"), (1e-200, ">= 1e-06"), (1e200, "<= 1000000.0")):
+        with pytest.raises(ValueError, match=f"sigma must be {bound}"):
+            samplers.get("certainty_prior", sigma=sigma)
     with pytest.raises(ValueError, match="threshold must be <= 1"):
         samplers.get("certainty_prior", threshold=1.5)
     assert samplers.get("certainty_prior").arguments() == {"sigma": 10.0, "threshold": None}

@@ -69,7 +69,7 @@ def certainty_prior_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int,
         masked = (x == mask_id) & (columns >= start) & (columns < end)
         score = torch.full((x.shape[0],), -torch.inf, dtype=torch.float64)
         score[masked] = p[masked].double() * density[masked[Lp:]]
-        chosen = torch.sort(score, descending=True, stable=True).indices[:k]
+        chosen = torch.sort(score, descending=True, stable=True).indices[:min(k, int(masked.sum()))]
         if threshold is not None and int((score >= threshold).sum()) >= k:
             chosen = (score >= threshold).nonzero()[:, 0]
         x[chosen] = x0[chosen]
