@@ -22,8 +22,9 @@ The table is `frequencies=PATH`; without one, the `token_frequencies.json` shipp
 checkpoint folder is used; with neither, setup fails and names `dllm token-frequencies`.
 `frequencies="none"` drops the calibration: score = exp(-lambd * d) * p. A `TokenFrequencies`
 instance may be passed directly (its arguments name it by a digest of its counts). The table a
-request reads lives in its decode state, so one instance serves requests of several models. Ties (frequent with lambd = 0, where many scores reach alpha) go to
-the lower position.
+request reads lives in its decode state, so one instance serves requests of several models; outputs
+record the file a request found in its checkpoint folder. Ties (frequent with lambd = 0, where many
+scores reach alpha) go to the lower position.
 
 Published settings: lambd 0.25, alpha 10, block_length = steps = gen_length (one block, one token per
 step); lambd 0 for Sudoku and 1 for Countdown; temperature 0.
@@ -82,6 +83,7 @@ class PCSampler(LowConfidence):
                 "frequencies='freq.json', or frequencies='none' for the position weighting alone")
         if str(found) not in self._shipped:
             self._shipped[str(found)] = token_frequencies.load(found)
+        state.extra["resolved_arguments"] = dict(frequencies=str(found))
         return self._shipped[str(found)]
 
     def setup(self, state):

@@ -79,6 +79,7 @@ def test_the_shipped_model_reads_its_shipped_table(shipped_float32):
                                  steps=32, mask_id=model.config.mask_token_id, lambd=0.25, alpha=10.0,
                                  frequency=frequency)
         assert out.sequences[b, lp:].tolist() == want[0, len(row):].tolist()
+    assert out.sampler_args["frequencies"].endswith(token_frequencies.FILE_NAME)
     plain = dllm.generate(model, None, prompts, gen_length=32, block_length=16, steps=32, sampler="low_confidence")
     assert not torch.equal(out.sequences, plain.sequences)     # the calibration and the weights change the order
 
@@ -166,6 +167,8 @@ def test_one_instance_decodes_two_models_with_their_own_tables(tmp_path, llada_d
                 d.step()
     assert [d.state.generated().tolist() for d in decoders] == alone
     assert sampler.arguments()["frequencies"] is None
+    assert [sampler.resolved_arguments(d.state)["frequencies"] for d in decoders] == [
+        str(tmp_path / f"m{seed}" / token_frequencies.FILE_NAME) for seed in (0, 1)]
 
 
 def test_tables_without_a_file_are_named_by_their_content():
