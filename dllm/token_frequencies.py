@@ -4,7 +4,10 @@ confidence weighs candidate tokens against (docs/samplers.md §26), counted with
 File format (JSON), the layout PC-Sampler's loader reads:
 
     {"num_token": N, "p_baseline_dict": {"<token id>": <count>, ...},
-     "format": "dllm-token-frequencies", "tokenizer": ..., "sources": [...], "texts": ...}
+     "format": "dllm-token-frequencies", "tokenizer": ..., "vocab_size": V, "texts": n, ...}
+
+with where the texts came from (`dllm token-frequencies`: "sources" and "keys" for corpus files;
+"tasks", "samples_per_task", "shard" and "names" for generated records).
 
 `num_token` is the corpus's token count and every count a non-negative integer. The reference's own
 corpus files (a count per token id under `p_baseline_dict`) load as they are; its counting script

@@ -21,7 +21,7 @@ reference: the logits' dtype, `score_dtype="logits"`).
 The table is `frequencies=PATH`; without one, the `token_frequencies.json` shipped in the model's
 checkpoint folder is used; with neither, setup fails and names `dllm token-frequencies`.
 `frequencies="none"` drops the calibration: score = exp(-lambd * d) * p. A `TokenFrequencies`
-instance may be passed directly (its arguments name it by a digest of its counts). The table a
+instance may be passed directly (its arguments name it by its file, else by a digest of its counts). The table a
 request reads lives in its decode state, so one instance serves requests of several models; outputs
 record the file a request found in its checkpoint folder. Ties (frequent with lambd = 0, where many
 scores reach alpha) go to the lower position.
