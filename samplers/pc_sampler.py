@@ -26,6 +26,11 @@ request reads lives in its decode state, so one instance serves requests of seve
 record the file a request found in its checkpoint folder. Ties (frequent with lambd = 0, where many
 scores reach alpha) go to the lower position.
 
+`weighting="linear"` is the paper's linear-position baseline (`generate_with_linear_position`): the
+calibrated confidence C of every block position (a written one with its own token and its argmax's
+probability) is min-max normalised over the block, and score = (1 - lambd) * C_norm + lambd * (K - d) / K
+for a block of K columns (lambd in [0, 1]).
+
 Published settings: lambd 0.25, alpha 10, block_length = steps = gen_length (one block, one token per
 step); lambd 0 for Sudoku and 1 for Countdown; temperature 0.
 """
@@ -35,12 +40,15 @@ import os
 
 import torch
 
-from .base import check_number, missing_from_checkpoint
+from .base import check_number, missing_from_checkpoint, top_k_mask
 from .llada import LowConfidence
+from dllm.state import Decision
 from dllm import token_frequencies
 from dllm.token_frequencies import TokenFrequencies
 
 LOG_FLOOR = 1e-9   # added to the frequency inside the log, as in the reference
+NORM_FLOOR = 1e-9  # the linear weighting's least max - min of a block's scores, as in the reference
+WEIGHTINGS = ("exponential", "linear")
 
 
 class PCSampler(LowConfidence):
@@ -50,9 +58,12 @@ class PCSampler(LowConfidence):
     row_state = ("counts",)
     file_arguments = ("frequencies",)
 
-    def __init__(self, *, lambd: float = 0.25, alpha: float = 10.0, frequencies=None):
+    def __init__(self, *, lambd: float = 0.25, alpha: float = 10.0, frequencies=None, weighting: str = "exponential"):
         super().__init__()
-        check_number("lambd", lambd, low=0, sampler=self.name)
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"sampler {self.name!r}: weighting must be one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
+        self.weighting = weighting
+        check_number("lambd", lambd, low=0, high=1 if weighting == "linear" else None, sampler=self.name)
         check_number("alpha", alpha, low=0, low_open=True, sampler=self.name)
         self.lambd, self.alpha = float(lambd), float(alpha)
         self.table: TokenFrequencies | None = None
@@ -68,7 +79,7 @@ class PCSampler(LowConfidence):
         else:
             raise ValueError(f"sampler {self.name!r}: frequencies must be a file path, 'none' or a TokenFrequencies, "
                              f"got {type(frequencies).__name__}")
-        self._args = dict(lambd=lambd, alpha=alpha, frequencies=shown)
+        self._args = dict(lambd=lambd, alpha=alpha, frequencies=shown, weighting=weighting)
         self._shipped: dict[str, TokenFrequencies] = {}     # tables shipped with models, by file
 
     def table_for(self, state) -> TokenFrequencies:
@@ -92,9 +103,34 @@ class PCSampler(LowConfidence):
                                                                                     state.x.device)
         super().setup(state)   # LLaDA's requirements and per-block counts
 
+    def calibrated_confidence(self, state, prob: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """min(alpha, -p log(f(token) + 1e-9)), or p itself without a table."""
+        if not self.calibrated:
+            return prob
+        return (-prob * state.extra["log_frequency"][tokens]).clamp(max=self.alpha)
+
+    def planned_widths(self, state):
+        """LLaDA's widths (the masks left) for the exponential weighting; the linear one scores the whole block."""
+        return None if self.weighting == "linear" else super().planned_widths(state)
+
+    def score_mask(self, state, rows):
+        # The linear weighting normalises over every block position, written ones too.
+        return state.in_block(rows) if self.weighting == "linear" else super().score_mask(state, rows)
+
     def scores_for(self, state, rows, positions, valid, scores):
-        p = scores.prob                                                                 # (B', Q)
-        if self.calibrated:
-            p = (-p * state.extra["log_frequency"][scores.token]).clamp(max=self.alpha)
         offset = (positions - state.block_start[rows, None]).to(torch.float32)
-        return torch.exp(-self.lambd * offset) * p
+        if self.weighting == "exponential":
+            return torch.exp(-self.lambd * offset) * self.calibrated_confidence(state, scores.prob, scores.token)
+        written = state.x[rows].gather(1, positions)
+        tokens = torch.where(written == state.ids.mask, scores.token, written)
+        conf = self.calibrated_confidence(state, scores.prob, tokens)
+        low = conf.masked_fill(~valid, float("inf")).amin(1, keepdim=True)
+        high = conf.masked_fill(~valid, float("-inf")).amax(1, keepdim=True)
+        norm = (conf - low) / (high - low).clamp(min=NORM_FLOOR)
+        K = state.block_length
+        return (1 - self.lambd) * norm + self.lambd * (K - offset) / K
+
+    def step(self, state, rows, positions, valid, scores):
+        masked = valid & (state.x[rows].gather(1, positions) == state.ids.mask)
+        score = self.scores_for(state, rows, positions, valid, scores).double().masked_fill(~masked, float("-inf"))
+        return Decision(commit=top_k_mask(score, self.step_counts(state, rows)) & masked)

@@ -581,6 +581,12 @@ def test_sampler_arguments_added_later_keep_earlier_run_ids():
     assert runner.sampler_identity(samplers.get("threshold", commit_block_start=True))["commit_block_start"]
     inner = runner.sampler_identity(samplers.get("prophet", base="threshold", base_kwargs={"tau": 0.8}))
     assert inner["base_kwargs"] == {"tau": 0.8}
+    # pc_sampler's weighting, at "exponential" however the string was made (a command line's is
+    # another object), is left out; "linear" is in.
+    typed = "".join(["expo", "nential"])
+    for given in ({}, {"weighting": typed}):
+        assert "weighting" not in runner.sampler_identity(samplers.get("pc_sampler", frequencies="none", **given))
+    assert runner.sampler_identity(samplers.get("pc_sampler", frequencies="none", weighting="linear"))["weighting"]
 
 
 def test_rows_record_the_blocks_the_decode_used(bench_data, tmp_path):

@@ -46,6 +46,10 @@ CASES = [  # (model, gen_length, block_length, steps, lambd, alpha, score_dtype,
     ("peaked", 16, 8, 16, 0.25, 10.0, "float32", False), ("bf16", 16, 16, 16, 0.25, 10.0, "logits", True),
     ("dream", 16, 8, 16, 0.25, 10.0, "float32", True),
 ]
+LINEAR_CASES = [  # the linear-position baseline: (model, gen_length, block_length, steps, lambd, alpha, calibrated)
+    ("llada", 16, 16, 16, 0.25, 10.0, True), ("peaked", 24, 8, 12, 0.5, 10.0, True),
+    ("peaked", 16, 16, 8, 1.0, 3.0, True), ("peaked", 16, 8, 16, 0.0, 10.0, False), ("shipped", 32, 32, 32, 0.25, 10.0, True),
+]
 
 
 @pytest.mark.parametrize("which,gen,block,steps,lambd,alpha,score_dtype,calibrated", CASES, ids=str)
@@ -63,6 +67,21 @@ def test_pc_sampler_equals_reference_alone_and_in_a_ragged_batch(model_named, tm
     # Dream's model hands over logits already shifted onto the canvas columns, as the loop reads them.
     forwards = equal_alone_and_batched(model, "pc_sampler", args, ref, gen, block, steps=steps, score_dtype=score_dtype)
     assert forwards == [steps] * len(PROMPTS4)
+
+
+@pytest.mark.parametrize("which,gen,block,steps,lambd,alpha,calibrated", LINEAR_CASES, ids=str)
+def test_the_linear_position_baseline_equals_reference(model_named, tmp_path, which, gen, block, steps, lambd, alpha,
+                                                         calibrated):
+    model = model_named(which)
+    path, table = _table_file(tmp_path, model)
+    args = dict(lambd=lambd, alpha=alpha, frequencies=str(path) if calibrated else "none", weighting="linear")
+
+    def ref(fn, prompt, **kw):
+        return pc_sampler_ref(fn, prompt, steps=steps, lambd=lambd, alpha=alpha, frequency=table if calibrated else None,
+                              weighting="linear", **kw)
+
+    assert equal_alone_and_batched(model, "pc_sampler", args, ref, gen, block, steps=steps,
+                                   score_dtype="float32") == [steps] * len(PROMPTS4)
 
 
 def test_the_shipped_model_reads_its_shipped_table(shipped_float32):
@@ -108,6 +127,10 @@ def test_the_arguments_and_the_missing_table_are_errors(tmp_path, peaked_llada, 
         samplers.get("pc_sampler", lambd=-0.1)
     with pytest.raises(ValueError, match="alpha must be > 0"):
         samplers.get("pc_sampler", alpha=0)
+    with pytest.raises(ValueError, match="weighting must be one of exponential, linear, got 'cosine'"):
+        samplers.get("pc_sampler", weighting="cosine")
+    with pytest.raises(ValueError, match="lambd must be <= 1"):
+        samplers.get("pc_sampler", weighting="linear", lambd=1.5)
     with pytest.raises(ValueError, match="frequencies must be a file path, 'none' or a TokenFrequencies"):
         samplers.get("pc_sampler", frequencies=3)
     with pytest.raises(FileNotFoundError, match="dllm token-frequencies"):

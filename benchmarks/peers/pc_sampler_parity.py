@@ -1,7 +1,8 @@
-"""PC-Sampler's own loop against dllm's `pc_sampler` on tiny random LLaDA models: tokens and forwards,
+"""PC-Sampler's own loops against dllm's `pc_sampler` on tiny random LLaDA models: tokens and forwards,
 case by case (no timing).
 
-PC-Sampler's `generate_with_pc_sampler` (`src/generate.py`) is imported from the checkout given with
+PC-Sampler's `generate_with_pc_sampler` (`src/generate.py`; mode `linear`: its linear-position
+baseline `generate_with_linear_position`, against `weighting="linear"`) is imported from the checkout given with
 `--pc-sampler DIR`; it needs torch and numpy only, so both sides run in this environment. Its model is
 the same dllm model, the mask token's logit at -inf (dllm never offers it as a candidate). Each case
 writes a random frequency table in the layout PC-Sampler's corpus files use, which both sides load
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from parity import TINY_MODELS, exit_code, parse_in_process, tiny_models
 
-MODES = ("lambd", "lambd0")
+MODES = ("lambd", "lambd0", "linear")
 
 
 def import_pc_sampler(root: Path) -> types.ModuleType:
@@ -84,9 +85,11 @@ def write_table(case: dict, folder: Path, index: int) -> Path:
 
 def dllm_side(model, case: dict, table: Path) -> dict:
     import dllm
+    weighting = "linear" if case["mode"] == "linear" else "exponential"
     out = dllm.generate(model, None, [case["prompt"]], gen_length=case["gen_length"], block_length=case["block_length"],
                         steps=case["steps"], sampler="pc_sampler", score_dtype="logits",
-                        sampler_kwargs=dict(lambd=case["lambd"], alpha=case["alpha"], frequencies=str(table)))
+                        sampler_kwargs=dict(lambd=case["lambd"], alpha=case["alpha"], frequencies=str(table),
+                                            weighting=weighting))
     return dict(tokens=out.generated[0].tolist(), forwards=out.forwards)
 
 
@@ -111,10 +114,10 @@ def peer_side(peer, model, case: dict, table: Path) -> dict:
     import torch
     counted = PeerModel(model, model.config.mask_token_id)
     peer.BASE_LINE = None                      # the loop loads its table once per process: load this case's
-    canvas = peer.generate_with_pc_sampler(counted, torch.tensor([case["prompt"]]), steps=case["steps"],
-                                           gen_length=case["gen_length"], block_length=case["block_length"],
-                                           lambd=case["lambd"], alpha=case["alpha"], baseline_name=str(table),
-                                           temperature=0.0, mask_id=model.config.mask_token_id)
+    loop = peer.generate_with_linear_position if case["mode"] == "linear" else peer.generate_with_pc_sampler
+    canvas = loop(counted, torch.tensor([case["prompt"]]), steps=case["steps"], gen_length=case["gen_length"],
+                  block_length=case["block_length"], lambd=case["lambd"], alpha=case["alpha"],
+                  baseline_name=str(table), temperature=0.0, mask_id=model.config.mask_token_id)
     return dict(tokens=canvas[0, len(case["prompt"]):].tolist(), forwards=counted.calls)
 
 

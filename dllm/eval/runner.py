@@ -56,7 +56,7 @@ PREDICTION = "region"
 _LATER_IDENTITY_FIELDS = ("cfg_scale", "chat", "score_dtype", "suffix_dropout", "eos_early_stop")
 # Sampler arguments added later, with the value that decodes as before: left out of the identity at
 # that value, so the run ids of earlier results files stay valid.
-LATER_SAMPLER_ARGUMENTS = {"threshold": {"commit_block_start": False}}
+LATER_SAMPLER_ARGUMENTS = {"threshold": {"commit_block_start": False}, "pc_sampler": {"weighting": "exponential"}}
 
 
 def _bench_generation() -> GenerationConfig:
@@ -275,7 +275,7 @@ def _canonical_arguments(name: str, arguments: dict) -> dict:
         return dict(arguments)
     out, later = {}, LATER_SAMPLER_ARGUMENTS.get(name, {})
     for key, value in arguments.items():
-        if key in later and value is later[key]:
+        if key in later and type(value) is type(later[key]) and value == later[key]:
             continue
         annotation = str(params[key].annotation) if key in params else ""
         if type(value) is int and "float" in annotation:

@@ -26,8 +26,11 @@ __all__ = ["pc_sampler_ref"]
 def pc_sampler_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, block_length: int, steps: int,
                    mask_id: int, lambd: float, alpha: float, frequency: Tensor | None,
                    dtype: torch.dtype = torch.float32, temperature: float = 0.0,
-                   generator: torch.Generator | None = None) -> tuple[Tensor, int]:
-    """(canvas (1, Lp + gen_length), forwards)."""
+                   generator: torch.Generator | None = None, weighting: str = "exponential") -> tuple[Tensor, int]:
+    """(canvas (1, Lp + gen_length), forwards). `weighting="linear"`: the linear-position baseline
+    (`generate_with_linear_position`): every block column's calibrated confidence (a written column
+    with its own token and the probability of its argmax), min-max normalised over the block (the
+    spread at least 1e-9), mixed as (1 - lambd) * normalised + lambd * (K - d) / K."""
     def commit(logits, x, start, end, k):
         logits = logits[start:end]                                                         # (K, V)
         masked = x[start:end] == mask_id
@@ -36,10 +39,16 @@ def pc_sampler_ref(logits_fn: LogitsFn, prompt: Tensor, *, gen_length: int, bloc
             u = torch.rand((int(masked.sum()), logits.shape[-1]), dtype=torch.float64, generator=generator)
             x0[masked] = (logits[masked].double() - temperature * torch.log(-torch.log(u))).argmax(-1)
         p = F.softmax(logits.to(dtype), dim=-1).gather(-1, x0[:, None])[:, 0]
+        tokens = torch.where(masked, x0, x[start:end])
         if frequency is not None:
-            p = torch.clamp(-p * torch.log(frequency[x0] + 1e-9), max=alpha)
-        weight = torch.exp(-lambd * torch.arange(end - start, dtype=torch.float32))
-        score = torch.where(masked, weight * p, -torch.inf)
+            p = torch.clamp(-p * torch.log(frequency[tokens] + 1e-9), max=alpha)
+        d = torch.arange(end - start, dtype=torch.float32)
+        if weighting == "linear":
+            spread = (p.max() - p.min()).clamp(min=1e-9)
+            score = (1 - lambd) * (p - p.min()) / spread + lambd * (end - start - d) / (end - start)
+        else:
+            score = torch.exp(-lambd * d) * p
+        score = torch.where(masked, score, -torch.inf)
         chosen = torch.sort(score.double(), descending=True, stable=True).indices[:k]
         x[start + chosen] = x0[chosen]
 
