@@ -40,17 +40,17 @@ MIN_SIGMA, MAX_SIGMA = 1e-6, 1e6
 REACH_IN_SIGMAS = 39
 
 
-def density_kernel(length: int, sigma: float, device) -> tuple[torch.Tensor, float]:
-    """(kernel w(d) for d = -R .. R as a float64 tensor, the normaliser sum_{d=-3G}^{3G-1} w(d)),
-    R = min(3G, 39 sigma) (beyond it every w(d) is 0 in float64)."""
+def density_kernel(length: int, sigma: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kernel w(d) for d = -R .. R, the normaliser sum_{d=-3G}^{3G-1} w(d)) as float64 tensors on
+    `device` (nothing read back), R = min(3G, 39 sigma) (beyond it every w(d) is 0 in float64)."""
     reach = min(3 * length, math.ceil(REACH_IN_SIGMAS * sigma))
     w = lambda d: torch.exp(-d ** 2 / (2 * sigma ** 2))          # noqa: E731
     kernel = w(torch.arange(-reach, reach + 1, dtype=torch.float64, device=device))
-    norm = float(w(torch.arange(-3 * length, 3 * length, dtype=torch.float64)).sum())
+    norm = w(torch.arange(-3 * length, 3 * length, dtype=torch.float64, device=device)).sum()
     return kernel, norm
 
 
-def certainty_density(decoded: torch.Tensor, kernel: torch.Tensor, norm: float) -> torch.Tensor:
+def certainty_density(decoded: torch.Tensor, kernel: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
     """(B, G) bool decoded columns of the generation region -> (B, G) float64 density: the extended
     mask (B, 3G) convolved with the kernel, read at the region's columns, over the normaliser."""
     B, G = decoded.shape

@@ -79,3 +79,21 @@ def test_arguments_are_checked():
     with pytest.raises(ValueError, match="threshold must be <= 1"):
         samplers.get("certainty_prior", threshold=1.5)
     assert samplers.get("certainty_prior").arguments() == {"sigma": 10.0, "threshold": None}
+
+
+@pytest.mark.parametrize("threshold", [None, 0.3])
+def test_it_reads_the_device_as_low_confidence_or_once_per_step(peaked_llada, threshold):
+    """Without a threshold the widths are planned as `low_confidence`'s (one read in all); with one,
+    one read per step plus the last (one row: rows finishing apart cost a read each)."""
+    from dllm.overhead import count_decode
+
+    cfg = dllm.GenerationConfig(sampler="certainty_prior", sampler_kwargs=dict(threshold=threshold), gen_length=16,
+                                block_length=8, steps=16)
+    prompts = PROMPTS4[:3] if threshold is None else PROMPTS4[:1]
+    counts = count_decode(peaked_llada, prompts, cfg)
+    loop = counts.counts["loop"]
+    if threshold is None:
+        plain = count_decode(peaked_llada, prompts, cfg.replace(sampler="low_confidence", sampler_kwargs={}))
+        assert loop.sync_sites == plain.counts["loop"].sync_sites and loop.syncs == 1
+    else:
+        assert counts.forwards < 16 and loop.syncs == counts.forwards + 1, loop.sync_sites
