@@ -124,6 +124,8 @@ class PCSampler(LowConfidence):
         written = state.x[rows].gather(1, positions)
         tokens = torch.where(written == state.ids.mask, scores.token, written)
         conf = self.calibrated_confidence(state, scores.prob, tokens)
+        if conf.dtype == torch.float16:      # its 1e-9 spread floor would round to 0 (0 / 0 on a flat block)
+            conf = conf.float()
         low = conf.masked_fill(~valid, float("inf")).amin(1, keepdim=True)
         high = conf.masked_fill(~valid, float("-inf")).amax(1, keepdim=True)
         norm = (conf - low) / (high - low).clamp(min=NORM_FLOOR)

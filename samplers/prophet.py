@@ -135,6 +135,12 @@ class Prophet(Sampler):
         self.answer_columns(state)  # validate against this request
         self.base.setup(state)
 
+    def resolved_arguments(self, state):
+        """Prophet resolves nothing of its own: what its base resolved goes in `base_kwargs`."""
+        args = self.arguments()
+        args["base_kwargs"] = self.base.resolved_arguments(state)
+        return args
+
     def logits_needed(self, state):
         return self.base.logits_needed(state)
 

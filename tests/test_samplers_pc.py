@@ -69,6 +69,17 @@ def test_pc_sampler_equals_reference_alone_and_in_a_ragged_batch(model_named, tm
     assert forwards == [steps] * len(PROMPTS4)
 
 
+def test_the_linear_weighting_stays_finite_on_a_flat_float16_block():
+    from types import SimpleNamespace
+
+    sampler = samplers.get("pc_sampler", frequencies="none", weighting="linear", lambd=0.5)
+    state = SimpleNamespace(block_start=torch.tensor([0]), block_length=4, x=torch.tensor([[9, 9, 9, 9]]),
+                            ids=SimpleNamespace(mask=9))
+    scores = SimpleNamespace(prob=torch.full((1, 4), 0.5, dtype=torch.float16), token=torch.tensor([[1, 2, 3, 4]]))
+    got = sampler.scores_for(state, torch.tensor([0]), torch.arange(4)[None], torch.ones(1, 4, dtype=torch.bool), scores)
+    assert torch.isfinite(got).all() and got[0].tolist() == sorted(got[0].tolist(), reverse=True)
+
+
 @pytest.mark.parametrize("which,gen,block,steps,lambd,alpha,calibrated", LINEAR_CASES, ids=str)
 def test_the_linear_position_baseline_equals_reference(model_named, tmp_path, which, gen, block, steps, lambd, alpha,
                                                          calibrated):
@@ -99,6 +110,10 @@ def test_the_shipped_model_reads_its_shipped_table(shipped_float32):
                                  frequency=frequency)
         assert out.sequences[b, lp:].tolist() == want[0, len(row):].tolist()
     assert out.sampler_args["frequencies"].endswith(token_frequencies.FILE_NAME)
+    wrapped = dllm.generate(model, None, prompts[:1], gen_length=32, block_length=16, steps=32, sampler="prophet",
+                            sampler_kwargs=dict(base="pc_sampler"))
+    assert wrapped.sampler_args["base_kwargs"]["frequencies"] == out.sampler_args["frequencies"]
+    assert "frequencies" not in wrapped.sampler_args
     plain = dllm.generate(model, None, prompts, gen_length=32, block_length=16, steps=32, sampler="low_confidence")
     assert not torch.equal(out.sequences, plain.sequences)     # the calibration and the weights change the order
 
