@@ -242,6 +242,13 @@ def check_number(name: str, value, *, low=None, high=None, integer=False, allow_
     return value
 
 
+def loaded_once(cache: dict, path, load):
+    """`load(path)`, read once per file and kept in `cache` (a sampler's files shipped with models)."""
+    if str(path) not in cache:
+        cache[str(path)] = load(path)
+    return cache[str(path)]
+
+
 def missing_from_checkpoint(sampler: str, source: str | None, what: str, file_name: str, remedy: str) -> ValueError:
     """The error of a sampler whose file (a filter, a table) neither its arguments give nor the
     model's checkpoint folder holds."""

@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .base import check_number, missing_from_checkpoint, top_k_mask
+from .base import check_number, loaded_once, missing_from_checkpoint, top_k_mask
 from .llada import LowConfidence
 from dllm.state import Decision
 
@@ -210,11 +210,7 @@ class Learn2PD(LowConfidence):
         if not self.use_filter or not self.from_model:
             return self.filter
         found = shipped_filter(source)
-        if found is None:
-            return None
-        if str(found) not in self._shipped_filters:
-            self._shipped_filters[str(found)] = load_filter(found)
-        return self._shipped_filters[str(found)]
+        return None if found is None else loaded_once(self._shipped_filters, found, load_filter)
 
     def block_length_for(self, source):
         """The block length of the filter: the given one, else the one shipped with `source`."""

@@ -40,7 +40,7 @@ import os
 
 import torch
 
-from .base import check_number, missing_from_checkpoint, top_k_mask
+from .base import check_number, loaded_once, missing_from_checkpoint, top_k_mask
 from .llada import LowConfidence
 from dllm.state import Decision
 from dllm import token_frequencies
@@ -92,10 +92,8 @@ class PCSampler(LowConfidence):
                 self.name, state.source, "token frequencies", token_frequencies.FILE_NAME,
                 "count a corpus with `dllm token-frequencies --model MODEL --data CORPUS --out freq.json` and pass "
                 "frequencies='freq.json', or frequencies='none' for the position weighting alone")
-        if str(found) not in self._shipped:
-            self._shipped[str(found)] = token_frequencies.load(found)
         state.extra["resolved_arguments"] = dict(frequencies=str(found))
-        return self._shipped[str(found)]
+        return loaded_once(self._shipped, found, token_frequencies.load)
 
     def setup(self, state):
         if self.calibrated:      # (V,) float32, the same for every row (not row state: joins keep it)

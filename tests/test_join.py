@@ -23,6 +23,14 @@ def fresh(model, prompts, cfg):
     return Decoder(model, build_state(model, prompts, request.config, request.block_length), request)
 
 
+def step_in_turn(decoders) -> None:
+    """Step each unfinished decoder once per round until all are finished."""
+    while not all(bool(d.state.finished.all()) for d in decoders):
+        for d in decoders:
+            if not d.state.finished.all():
+                d.step()
+
+
 def run_with_joins(model, cfg, joins=JOINS):
     """Decode PROMPTS through one decoder that rows join at the given forward counts and leave when
     finished; returns {prompt index: (generated ids, forwards the row took part in, hit the cap)}."""

@@ -658,7 +658,7 @@ def test_one_instance_decodes_two_models_with_their_own_shipped_filters(tmp_path
     """A sampler instance shared by decodes of two checkpoints, stepped in turn, reads each one's
     shipped filter and its recorded threshold."""
     from tests.test_generate import PROMPTS4
-    from tests.test_join import fresh
+    from tests.test_join import fresh, step_in_turn
 
     models = []
     for i, (t, thres) in enumerate([(0.0, 0.5), (1.0, 0.99)]):    # one accepts every position, one none
@@ -671,10 +671,7 @@ def test_one_instance_decodes_two_models_with_their_own_shipped_filters(tmp_path
     alone = [dllm.generate(model, None, PROMPTS4[:2], cfg) for model in models]
     assert alone[0].nfe != alone[1].nfe
     decoders = [fresh(model, PROMPTS4[:2], cfg) for model in models]
-    while not all(bool(d.state.finished.all()) for d in decoders):
-        for d in decoders:
-            if not d.state.finished.all():
-                d.step()
+    step_in_turn(decoders)
     assert [d.state.generated().tolist() for d in decoders] == [out.generated.tolist() for out in alone]
     assert [d.state.nfe.tolist() for d in decoders] == [out.nfe for out in alone]
     assert [sampler.resolved_arguments(d.state) for d in decoders] == [out.sampler_args for out in alone]

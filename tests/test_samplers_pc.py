@@ -184,7 +184,7 @@ def test_one_instance_decodes_two_models_with_their_own_tables(tmp_path, llada_d
     shipped table, and records no table of either in its arguments."""
     import shutil
 
-    from tests.test_join import fresh
+    from tests.test_join import fresh, step_in_turn
 
     models = []
     for seed in (0, 1):
@@ -199,10 +199,7 @@ def test_one_instance_decodes_two_models_with_their_own_tables(tmp_path, llada_d
     alone = [dllm.generate(model, None, PROMPTS4[:2], cfg).generated.tolist() for model in models]
     assert alone[0] != alone[1]
     decoders = [fresh(model, PROMPTS4[:2], cfg) for model in models]
-    while not all(bool(d.state.finished.all()) for d in decoders):
-        for d in decoders:
-            if not d.state.finished.all():
-                d.step()
+    step_in_turn(decoders)
     assert [d.state.generated().tolist() for d in decoders] == alone
     assert sampler.arguments()["frequencies"] is None
     assert [sampler.resolved_arguments(d.state)["frequencies"] for d in decoders] == [
